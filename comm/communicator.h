@@ -1,0 +1,146 @@
+// The one communication interface the sharding core knows.
+//
+// A Communicator is a group of `size()` ranks; this process (or thread) is
+// `rank()`. Collectives are asynchronous: each returns a Work handle that is
+// waited on (with the communicator's timeout unless another is given); errors
+// surface from Wait() as CommError / CommTimeoutError naming the operation and
+// group. Backends: GlooCommunicator (CPU tensors, comm/gloo_communicator.h) and
+// NcclCommunicator (CUDA tensors, comm/nccl_communicator.h, --config=cuda).
+//
+// Thread-safety contract: one thread issues collectives on a communicator at a
+// time, and every rank of the group issues the same collectives in the same
+// order. Work handles may be waited on from any thread. Statistics can be read
+// at any time.
+#ifndef SHARDTRAIN_COMM_COMMUNICATOR_H_
+#define SHARDTRAIN_COMM_COMMUNICATOR_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace shardtrain::comm {
+
+// Default timeout of every collective (as c10d's kProcessGroupDefaultTimeout).
+inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(30);
+
+enum class ReduceOp { kSum, kAvg, kMax, kMin };
+const char* ReduceOpName(ReduceOp op);
+
+// How a reduction is scaled: the input is divided by `pre_divide` before the
+// sum and the result by `post_divide` after it (fairscale's gradient
+// pre/post-divide factors). kAvg divides by the group size on top of these.
+struct ReduceOptions {
+  ReduceOp op = ReduceOp::kSum;
+  double pre_divide = 1.0;
+  double post_divide = 1.0;
+};
+
+// Operations that are counted in CommStats.
+enum class CommOp { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier, kCount };
+const char* CommOpName(CommOp op);
+
+// Calls and bytes this rank sent, per operation. Bytes follow the algorithm
+// actually used (ring/all-to-all: (W-1)/W of the full buffer for all-gather
+// and reduce-scatter; 2(W-1)/W for all-reduce).
+struct CommStats {
+  std::array<int64_t, static_cast<int>(CommOp::kCount)> calls{};
+  std::array<int64_t, static_cast<int>(CommOp::kCount)> bytes_sent{};
+  int64_t Calls(CommOp op) const { return calls[static_cast<int>(op)]; }
+  int64_t BytesSent(CommOp op) const { return bytes_sent[static_cast<int>(op)]; }
+  int64_t TotalBytesSent() const;
+  std::string ToString() const;
+};
+
+// Handle of an asynchronous collective.
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the collective completed. Throws CommError (or
+  // CommTimeoutError) naming operation, group and peer on failure. A timeout
+  // of zero means the communicator's own timeout.
+  virtual void Wait(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) = 0;
+  // True once complete (successfully or not); never blocks.
+  virtual bool IsCompleted() = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+// A Work that is already complete (for W=1 fast paths and no-op collectives).
+WorkPtr CompletedWork();
+
+class Communicator;
+using CommunicatorPtr = std::shared_ptr<Communicator>;
+
+// The two groups HYBRID_SHARD needs: shard within `shard`, replicate across `replicate`.
+struct HybridGroups {
+  CommunicatorPtr shard;
+  CommunicatorPtr replicate;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // Group name used in errors and logs ("world", "world/shard0", ...).
+  const std::string& name() const { return name_; }
+  // Backend name: "gloo" or "nccl".
+  virtual std::string backend() const = 0;
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  // Gathers every rank's `input` (numel n, contiguous) into `output` (numel
+  // size()*n, contiguous, same dtype and device): rank r's data lands at
+  // [r*n, (r+1)*n).
+  virtual WorkPtr AllGather(const at::Tensor& input, const at::Tensor& output) = 0;
+
+  // Reduces `input` (numel size()*n) across ranks and leaves block rank() of
+  // the result in `output` (numel n).
+  virtual WorkPtr ReduceScatter(const at::Tensor& input, const at::Tensor& output,
+                                const ReduceOptions& options = {}) = 0;
+
+  // In-place reduction of `tensor` across ranks.
+  virtual WorkPtr AllReduce(const at::Tensor& tensor, const ReduceOptions& options = {}) = 0;
+
+  // Copies `tensor` from `root` to every rank, in place.
+  virtual WorkPtr Broadcast(const at::Tensor& tensor, int root) = 0;
+
+  virtual WorkPtr Barrier() = 0;
+
+  // Creates the sub-group of `ranks` (ranks of this group, ascending). Every
+  // rank of this group must call it with the same arguments in the same order;
+  // ranks outside `ranks` get nullptr.
+  virtual CommunicatorPtr NewGroup(const std::vector<int>& ranks, const std::string& name) = 0;
+
+  // Splits the group into size()/shard_size shard groups of consecutive ranks
+  // and shard_size replicate groups of ranks with the same index within their
+  // shard group (a 2x2 world: shard {0,1},{2,3}; replicate {0,2},{1,3}).
+  HybridGroups SplitHybrid(int shard_size);
+
+  CommStats stats() const;
+  void ResetStats();
+
+ protected:
+  Communicator(int rank, int size, std::string name, std::chrono::milliseconds timeout);
+  void Count(CommOp op, int64_t bytes_sent);
+  // Checks the arguments common to all-gather / reduce-scatter.
+  void CheckGatherScatter(const char* op, const at::Tensor& shard, const at::Tensor& full) const;
+
+  int rank_;
+  int size_;
+  std::string name_;
+  std::chrono::milliseconds timeout_;
+
+ private:
+  std::array<std::atomic<int64_t>, static_cast<int>(CommOp::kCount)> calls_{};
+  std::array<std::atomic<int64_t>, static_cast<int>(CommOp::kCount)> bytes_{};
+};
+
+}  // namespace shardtrain::comm
+
+#endif  // SHARDTRAIN_COMM_COMMUNICATOR_H_

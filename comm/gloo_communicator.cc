@@ -1,0 +1,220 @@
+#include "comm/gloo_communicator.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+
+#include "comm/errors.h"
+
+namespace shardtrain::comm {
+namespace {
+
+// Wraps a c10d Work: turns engine errors into CommError naming the operation
+// and group, and runs a local completion step (unpacking, local sums, scaling)
+// exactly once after the collective finished.
+class GlooWork : public Work {
+ public:
+  GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, std::chrono::milliseconds timeout,
+           std::function<void()> finish)
+      : work_(std::move(work)), what_(std::move(what)), timeout_(timeout), finish_(std::move(finish)) {}
+
+  void Wait(std::chrono::milliseconds timeout) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return;
+    if (!error_.empty()) ST_THROW(CommError, error_);
+    const auto t = timeout.count() > 0 ? timeout : timeout_;
+    try {
+      work_->wait(t);
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      const bool timed_out = msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;
+      error_ = what_ + (timed_out ? " timed out after " + std::to_string(t.count()) + " ms" : " failed") +
+               " (a peer rank may have died or not reached this collective): " + msg.substr(0, 600);
+      if (timed_out) ST_THROW(CommTimeoutError, error_);
+      ST_THROW(CommError, error_);
+    }
+    if (finish_) finish_();
+    done_ = true;
+  }
+
+  bool IsCompleted() override { return work_->isCompleted(); }
+
+ private:
+  std::mutex mu_;
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::string what_;
+  std::chrono::milliseconds timeout_;
+  std::function<void()> finish_;
+  bool done_ = false;
+  std::string error_;
+};
+
+bool IsSupportedDtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
+    case at::kInt: case at::kLong: case at::kChar: case at::kByte: case at::kBool:
+      return true;
+    default:
+      return false;
+  }
+}
+
+}  // namespace
+
+GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int rank, int size, GlooOptions options)
+    : Communicator(rank, size, options.name, options.timeout), store_(std::move(store)), options_(std::move(options)) {
+  ST_CHECK_ARG(options_.threads >= 1, "GlooOptions.threads must be >= 1, got ", options_.threads);
+  auto opts = c10d::ProcessGroupGloo::Options::create(options_.timeout);
+  try {
+    if (!options_.hostname.empty()) {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options_.hostname));
+    } else if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    } else {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    opts->threads = options_.threads;
+    pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank, size, opts);
+  } catch (const std::exception& e) {
+    ST_THROW(CommError, "connecting gloo group '", name_, "' (rank ", rank, "/", size, ") failed within ",
+             options_.timeout.count(), " ms: ", e.what());
+  }
+}
+
+GlooCommunicator::~GlooCommunicator() = default;
+
+std::shared_ptr<GlooCommunicator> GlooCommunicator::Create(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                                                           GlooOptions options) {
+  ST_CHECK_ARG(store, "GlooCommunicator::Create needs a rendezvous store");
+  return std::shared_ptr<GlooCommunicator>(new GlooCommunicator(std::move(store), rank, size, std::move(options)));
+}
+
+void GlooCommunicator::CheckCpu(const char* op, const at::Tensor& t) const {
+  ST_CHECK_ARG(t.defined(), op, " on group '", name_, "': tensor must be defined");
+  ST_CHECK_ARG(t.device().is_cpu(), op, " on gloo group '", name_, "': tensors must be on the CPU, got ", t.device(),
+               " (use the nccl backend for CUDA tensors)");
+  ST_CHECK_ARG(IsSupportedDtype(t.scalar_type()), op, " on gloo group '", name_, "': unsupported dtype ",
+               t.scalar_type(), "; valid: float32, float64, float16, bfloat16, int8/uint8/int32/int64, bool");
+  ST_CHECK_ARG(t.is_contiguous(), op, " on group '", name_, "': tensor must be contiguous");
+}
+
+static std::string Describe(const char* op, const Communicator& c) {
+  return internal::StrCat(op, " on gloo group '", c.name(), "' (rank ", c.rank(), "/", c.size(), ")");
+}
+
+WorkPtr GlooCommunicator::AllGather(const at::Tensor& input, const at::Tensor& output) {
+  CheckCpu("AllGather", input);
+  CheckCpu("AllGather", output);
+  CheckGatherScatter("AllGather", input, output);
+  Count(CommOp::kAllGather, (size_ - 1) * input.numel() * input.element_size());
+  if (size_ == 1) {
+    output.copy_(input);
+    return CompletedWork();
+  }
+  at::Tensor in = input, out = output;
+  auto work = pg_->_allgather_base(out, in);
+  return std::make_shared<GlooWork>(work, Describe("AllGather", *this), timeout_, nullptr);
+}
+
+WorkPtr GlooCommunicator::ReduceScatter(const at::Tensor& input, const at::Tensor& output,
+                                        const ReduceOptions& options) {
+  CheckCpu("ReduceScatter", input);
+  CheckCpu("ReduceScatter", output);
+  CheckGatherScatter("ReduceScatter", output, input);
+  ST_CHECK_ARG(options.op == ReduceOp::kSum || options.op == ReduceOp::kAvg, "ReduceScatter on group '", name_,
+               "': unsupported op ", ReduceOpName(options.op), "; valid: SUM, AVG");
+  ST_CHECK_ARG(options.pre_divide > 0 && options.post_divide > 0, "ReduceScatter: divide factors must be > 0");
+  Count(CommOp::kReduceScatter, (size_ - 1) * output.numel() * output.element_size());
+  const double scale =
+      1.0 / (options.pre_divide * options.post_divide * (options.op == ReduceOp::kAvg ? size_ : 1));
+  const int64_t n = output.numel();
+  const int world = size_;
+  // Every rank sends block j of its input to rank j, then sums what it got.
+  at::Tensor recv = size_ == 1 ? input : at::empty_like(input);
+  auto finish = [recv, output, n, world, scale, pre = options.pre_divide]() mutable {
+    at::Tensor blocks = recv.view({world, n});
+    const bool low = output.scalar_type() == at::kHalf || output.scalar_type() == at::kBFloat16;
+    at::Tensor sum = low ? blocks.sum(0, false, at::kFloat) : blocks.sum(0);
+    (void)pre;
+    if (scale != 1.0) sum.mul_(scale);
+    output.copy_(sum);
+  };
+  if (size_ == 1) {
+    finish();
+    return CompletedWork();
+  }
+  at::Tensor in = input;
+  std::vector<int64_t> counts;  // empty: equal splits
+  auto work = pg_->alltoall_base(recv, in, counts, counts);
+  return std::make_shared<GlooWork>(work, Describe("ReduceScatter", *this), timeout_, std::move(finish));
+}
+
+WorkPtr GlooCommunicator::AllReduce(const at::Tensor& tensor, const ReduceOptions& options) {
+  CheckCpu("AllReduce", tensor);
+  ST_CHECK_ARG(options.pre_divide > 0 && options.post_divide > 0, "AllReduce: divide factors must be > 0");
+  Count(CommOp::kAllReduce, size_ == 1 ? 0 : 2 * (size_ - 1) * tensor.numel() * tensor.element_size() / size_);
+  const bool is_sum = options.op == ReduceOp::kSum || options.op == ReduceOp::kAvg;
+  if (is_sum && options.pre_divide != 1.0) tensor.div_(options.pre_divide);
+  const double post = is_sum ? options.post_divide * (options.op == ReduceOp::kAvg ? size_ : 1) : 1.0;
+  auto finish = [tensor, post]() {
+    if (post != 1.0) tensor.div_(post);
+  };
+  if (size_ == 1) {
+    finish();
+    return CompletedWork();
+  }
+  c10d::AllreduceOptions o;
+  o.reduceOp = options.op == ReduceOp::kMax   ? c10d::ReduceOp(c10d::ReduceOp::MAX)
+               : options.op == ReduceOp::kMin ? c10d::ReduceOp(c10d::ReduceOp::MIN)
+                                              : c10d::ReduceOp(c10d::ReduceOp::SUM);
+  o.timeout = timeout_;
+  std::vector<at::Tensor> tensors{tensor};
+  auto work = pg_->allreduce(tensors, o);
+  return std::make_shared<GlooWork>(work, Describe("AllReduce", *this), timeout_, std::move(finish));
+}
+
+WorkPtr GlooCommunicator::Broadcast(const at::Tensor& tensor, int root) {
+  CheckCpu("Broadcast", tensor);
+  ST_CHECK_ARG(root >= 0 && root < size_, "Broadcast on group '", name_, "': root must be in [0, ", size_, "), got ",
+               root);
+  Count(CommOp::kBroadcast, rank_ == root ? (size_ - 1) * tensor.numel() * tensor.element_size() : 0);
+  if (size_ == 1) return CompletedWork();
+  c10d::BroadcastOptions o;
+  o.rootRank = root;
+  o.timeout = timeout_;
+  std::vector<at::Tensor> tensors{tensor};
+  auto work = pg_->broadcast(tensors, o);
+  return std::make_shared<GlooWork>(work, Describe("Broadcast", *this), timeout_, nullptr);
+}
+
+WorkPtr GlooCommunicator::Barrier() {
+  Count(CommOp::kBarrier, 0);
+  if (size_ == 1) return CompletedWork();
+  c10d::BarrierOptions o;
+  o.timeout = timeout_;
+  auto work = pg_->barrier(o);
+  return std::make_shared<GlooWork>(work, Describe("Barrier", *this), timeout_, nullptr);
+}
+
+CommunicatorPtr GlooCommunicator::NewGroup(const std::vector<int>& ranks, const std::string& name) {
+  ST_CHECK_ARG(!ranks.empty(), "NewGroup '", name, "': needs at least one rank");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    ST_CHECK_ARG(ranks[i] >= 0 && ranks[i] < size_, "NewGroup '", name, "': rank ", ranks[i], " is not in [0, ", size_,
+                 ")");
+    ST_CHECK_ARG(i == 0 || ranks[i] > ranks[i - 1], "NewGroup '", name, "': ranks must be strictly ascending");
+  }
+  const int id = next_group_++;
+  auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  if (it == ranks.end()) return nullptr;
+  GlooOptions o = options_;
+  o.name = name_ + "/" + name;
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("group" + std::to_string(id) + "/" + name, store_);
+  return Create(prefixed, static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()), o);
+}
+
+}  // namespace shardtrain::comm

@@ -1,0 +1,50 @@
+#include "comm/rendezvous.h"
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "comm/errors.h"
+
+namespace shardtrain::comm {
+
+c10::intrusive_ptr<c10d::Store> CreateHashStore() { return c10::make_intrusive<c10d::HashStore>(); }
+
+c10::intrusive_ptr<c10d::Store> CreateStore(const RendezvousOptions& o) {
+  ST_CHECK_ARG(o.world_size >= 1, "rendezvous: world_size must be >= 1, got ", o.world_size);
+  ST_CHECK_ARG(o.rank >= 0 && o.rank < o.world_size, "rendezvous: rank must be in [0, ", o.world_size, "), got ", o.rank);
+  c10::intrusive_ptr<c10d::Store> store;
+  try {
+    if (o.kind == "hash") {
+      store = CreateHashStore();
+    } else if (o.kind == "file") {
+      ST_CHECK_ARG(!o.file_path.empty(), "rendezvous kind 'file' needs a file path");
+      store = c10::make_intrusive<c10d::FileStore>(o.file_path, o.world_size);
+    } else if (o.kind == "tcp") {
+      ST_CHECK_ARG(o.master_port > 0 && o.master_port < 65536, "rendezvous: master_port must be in 1..65535, got ",
+                   o.master_port);
+      c10d::TCPStoreOptions opts;
+      opts.port = static_cast<uint16_t>(o.master_port);
+      opts.isServer = !o.agent_store && o.rank == 0;
+      opts.numWorkers = o.agent_store ? std::nullopt : std::optional<std::size_t>(o.world_size);
+      opts.waitWorkers = false;
+      opts.timeout = o.timeout;
+      store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, opts);
+      if (o.agent_store) {
+        store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(o.restart_count), store);
+      }
+    } else {
+      ST_THROW(InvalidArgumentError, "unknown rendezvous kind '", o.kind, "'; valid: tcp, file, hash");
+    }
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    ST_THROW(CommError, "rendezvous (", o.kind, " ", o.kind == "tcp" ? o.master_addr + ":" + std::to_string(o.master_port) : o.file_path,
+             ", rank ", o.rank, "/", o.world_size, ") failed: ", e.what());
+  }
+  store->setTimeout(o.timeout);
+  return store;
+}
+
+}  // namespace shardtrain::comm

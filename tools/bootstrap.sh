@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs what ShardTrain needs on a fresh Debian 12 machine, idempotently:
+#   - Debian packages: Bazel 4 (bazel-bootstrap) and its rule sets, Abseil, glog,
+#     gflags, GoogleTest, nlohmann-json, Gloo's headers, the Fashion-MNIST data set;
+#   - the pinned PyPI torch (LibTorch's C++ headers and libraries plus Python
+#     PyTorch for reference runs) into the project-local prefix .deps/venv.
+# pip's download cache stays in the user's cache directory, outside the clone.
+# Prints what it does; prints nothing but a one-line summary when all is present.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TORCH_VERSION="2.11.0"
+PREFIX="$ROOT/.deps/venv"
+DEBIAN_PACKAGES=(
+  bazel-bootstrap bazel-rules-java bazel-platforms
+  libabsl-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev
+  nlohmann-json3-dev libgloo-dev dataset-fashion-mnist
+  python3 python3-venv binutils g++
+)
+
+say() { echo "[bootstrap] $*" >&2; }
+
+missing=()
+for p in "${DEBIAN_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# The machine's own python3 (e.g. pyenv) may stand in for Debian's.
+if command -v python3 >/dev/null && python3 -c 'import venv' 2>/dev/null; then
+  tmp=(); for p in "${missing[@]}"; do [[ "$p" == python3* ]] || tmp+=("$p"); done; missing=("${tmp[@]+"${tmp[@]}"}")
+fi
+if ((${#missing[@]})); then
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  say "installing Debian packages: ${missing[*]}"
+  $SUDO apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+STAMP="$PREFIX/.shardtrain-torch-$TORCH_VERSION"
+if [[ ! -f "$STAMP" ]]; then
+  say "installing torch==$TORCH_VERSION and numpy into $PREFIX (several GB; pip's cache is reused)"
+  python3 -m venv "$PREFIX"
+  "$PREFIX/bin/pip" install --disable-pip-version-check -q "torch==$TORCH_VERSION" numpy >&2
+  "$PREFIX/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '$TORCH_VERSION', torch.__version__"
+  touch "$STAMP"
+fi

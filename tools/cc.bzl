@@ -1,0 +1,27 @@
+"""The one place ShardTrain loads C++ rules from.
+
+Every package loads st_cc_library / st_cc_binary / st_cc_test from here, so a move
+to a newer Bazel (bzlmod, the real rules_cc) is one edit. The wrappers add the
+C++ standard that the chosen LibTorch's headers need and the project's warnings.
+"""
+
+load("@rules_cc//cc:defs.bzl", "cc_binary", "cc_library", "cc_test")
+load("@libtorch//:defs.bzl", "LIBTORCH_CXXOPTS")
+
+ST_COPTS = LIBTORCH_CXXOPTS + ["-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
+
+# Targets that need CUDA are skipped (not failed) unless --config=cuda.
+CUDA_ONLY = select({
+    "//tools:cuda_enabled": [],
+    "//conditions:default": ["@platforms//:incompatible"],
+})
+
+def st_cc_library(name, copts = [], linkstatic = True, **kwargs):
+    # linkstatic: no per-library .so, so builds run half the link actions.
+    cc_library(name = name, copts = ST_COPTS + copts, linkstatic = linkstatic, **kwargs)
+
+def st_cc_binary(name, copts = [], **kwargs):
+    cc_binary(name = name, copts = ST_COPTS + copts, **kwargs)
+
+def st_cc_test(name, copts = [], linkstatic = True, **kwargs):
+    cc_test(name = name, copts = ST_COPTS + copts, linkstatic = linkstatic, **kwargs)
