@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <functional>
 #include <mutex>
+#include <sstream>
 
 #include "comm/errors.h"
 
@@ -29,7 +30,11 @@ class GlooWork : public Work {
     if (!error_.empty()) ST_THROW(CommError, error_);
     const auto t = timeout.count() > 0 ? timeout : timeout_;
     try {
-      work_->wait(t);
+      try {
+        work_->wait(t);
+      } catch (const c10::Error& e) {
+        throw std::runtime_error(e.what_without_backtrace());
+      }
     } catch (const std::exception& e) {
       std::string msg = e.what();
       const bool timed_out = msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;
@@ -68,6 +73,12 @@ bool IsSupportedDtype(at::ScalarType t) {
 
 GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int rank, int size, GlooOptions options)
     : Communicator(rank, size, options.name, options.timeout), store_(std::move(store)), options_(std::move(options)) {
+  // c10d's process-wide flight recorder (a debugging trace of collectives)
+  // corrupts its maps when several process groups in one process record at
+  // once (threads-as-ranks, sub-groups used from autograd threads). It is off
+  // unless the user asks for it with TORCH_FR_BUFFER_SIZE.
+  static const bool fr_configured = [] { return setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0) == 0; }();
+  (void)fr_configured;
   ST_CHECK_ARG(options_.threads >= 1, "GlooOptions.threads must be >= 1, got ", options_.threads);
   auto opts = c10d::ProcessGroupGloo::Options::create(options_.timeout);
   try {
@@ -107,10 +118,39 @@ static std::string Describe(const char* op, const Communicator& c) {
   return internal::StrCat(op, " on gloo group '", c.name(), "' (rank ", c.rank(), "/", c.size(), ")");
 }
 
+void GlooCommunicator::VerifySameCall(CommOp op, const at::Tensor& t, int64_t root) {
+  if (!options_.verify_calls || size_ == 1) return;
+  at::Tensor mine = at::empty({4}, at::kLong);
+  mine[0] = static_cast<int64_t>(op);
+  mine[1] = t.defined() ? t.numel() : 0;
+  mine[2] = t.defined() ? static_cast<int64_t>(t.scalar_type()) : -1;
+  mine[3] = root;
+  at::Tensor all = at::empty({4 * size_}, at::kLong);
+  static constexpr const char* kTitles[] = {"AllGather", "ReduceScatter", "AllReduce", "Broadcast", "Barrier"};
+  GlooWork(pg_->_allgather_base(all, mine), Describe(kTitles[static_cast<int>(op)], *this), timeout_, nullptr)
+      .Wait(std::chrono::milliseconds(0));
+  auto a = all.accessor<int64_t, 1>();
+  bool same = true;
+  for (int r = 0; r < size_ && same; ++r)
+    for (int k = 0; k < 4; ++k) same = same && a[4 * r + k] == a[k];
+  if (same) return;
+  std::ostringstream os;
+  for (int r = 0; r < size_; ++r) {
+    os << (r ? "; " : "") << "rank " << r << ": " << CommOpName(static_cast<CommOp>(a[4 * r])) << " of " << a[4 * r + 1]
+       << " x " << (a[4 * r + 2] >= 0 ? c10::toString(static_cast<at::ScalarType>(a[4 * r + 2])) : "none");
+    if (a[4 * r] == static_cast<int64_t>(CommOp::kBroadcast)) os << " from root " << a[4 * r + 3];
+  }
+  ST_THROW(InvalidArgumentError, "ranks of gloo group '", name_,
+           "' issued different collectives (every rank must make the same call with the same size and dtype): ",
+           os.str());
+}
+
+
 WorkPtr GlooCommunicator::AllGather(const at::Tensor& input, const at::Tensor& output) {
   CheckCpu("AllGather", input);
   CheckCpu("AllGather", output);
   CheckGatherScatter("AllGather", input, output);
+  VerifySameCall(CommOp::kAllGather, input, 0);
   Count(CommOp::kAllGather, (size_ - 1) * input.numel() * input.element_size());
   if (size_ == 1) {
     output.copy_(input);
@@ -129,6 +169,7 @@ WorkPtr GlooCommunicator::ReduceScatter(const at::Tensor& input, const at::Tenso
   ST_CHECK_ARG(options.op == ReduceOp::kSum || options.op == ReduceOp::kAvg, "ReduceScatter on group '", name_,
                "': unsupported op ", ReduceOpName(options.op), "; valid: SUM, AVG");
   ST_CHECK_ARG(options.pre_divide > 0 && options.post_divide > 0, "ReduceScatter: divide factors must be > 0");
+  VerifySameCall(CommOp::kReduceScatter, output, static_cast<int64_t>(options.op));
   Count(CommOp::kReduceScatter, (size_ - 1) * output.numel() * output.element_size());
   const double scale =
       1.0 / (options.pre_divide * options.post_divide * (options.op == ReduceOp::kAvg ? size_ : 1));
@@ -157,6 +198,7 @@ WorkPtr GlooCommunicator::ReduceScatter(const at::Tensor& input, const at::Tenso
 WorkPtr GlooCommunicator::AllReduce(const at::Tensor& tensor, const ReduceOptions& options) {
   CheckCpu("AllReduce", tensor);
   ST_CHECK_ARG(options.pre_divide > 0 && options.post_divide > 0, "AllReduce: divide factors must be > 0");
+  VerifySameCall(CommOp::kAllReduce, tensor, static_cast<int64_t>(options.op));
   Count(CommOp::kAllReduce, size_ == 1 ? 0 : 2 * (size_ - 1) * tensor.numel() * tensor.element_size() / size_);
   const bool is_sum = options.op == ReduceOp::kSum || options.op == ReduceOp::kAvg;
   if (is_sum && options.pre_divide != 1.0) tensor.div_(options.pre_divide);
@@ -182,6 +224,7 @@ WorkPtr GlooCommunicator::Broadcast(const at::Tensor& tensor, int root) {
   CheckCpu("Broadcast", tensor);
   ST_CHECK_ARG(root >= 0 && root < size_, "Broadcast on group '", name_, "': root must be in [0, ", size_, "), got ",
                root);
+  VerifySameCall(CommOp::kBroadcast, tensor, root);
   Count(CommOp::kBroadcast, rank_ == root ? (size_ - 1) * tensor.numel() * tensor.element_size() : 0);
   if (size_ == 1) return CompletedWork();
   c10d::BroadcastOptions o;
@@ -193,6 +236,7 @@ WorkPtr GlooCommunicator::Broadcast(const at::Tensor& tensor, int root) {
 }
 
 WorkPtr GlooCommunicator::Barrier() {
+  VerifySameCall(CommOp::kBarrier, at::Tensor(), 0);
   Count(CommOp::kBarrier, 0);
   if (size_ == 1) return CompletedWork();
   c10d::BarrierOptions o;
