@@ -1,0 +1,585 @@
+#include "comm/launcher.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "comm/errors.h"
+
+extern char** environ;
+
+namespace shardtrain {
+namespace {
+
+// ---- Process-wide signal forwarding (async-signal-safe state only) ----------
+
+constexpr int kMaxChildren = 4096;
+std::atomic<pid_t> g_child_pids[kMaxChildren];
+std::atomic<int> g_num_children{0};
+std::atomic<int> g_signal_count{0};
+std::atomic<int> g_last_signal{0};
+std::atomic<bool> g_chain_to_previous{false};
+std::atomic<bool> g_launcher_active{false};
+struct sigaction g_previous_int;
+struct sigaction g_previous_term;
+
+void ForwardSignal(int sig, siginfo_t* info, void* context) {
+  const int saved_errno = errno;
+  const int count = g_signal_count.fetch_add(1) + 1;
+  g_last_signal.store(sig);
+  const bool chain = g_chain_to_previous.load();
+  // A repeated signal to the standalone launcher means "now": SIGKILL.
+  const int forwarded = (!chain && count > 1) ? SIGKILL : sig;
+  const int n = g_num_children.load();
+  for (int i = 0; i < n; ++i) {
+    pid_t pid = g_child_pids[i].load();
+    if (pid > 0) kill(pid, forwarded);
+  }
+  if (chain) {
+    // This process is rank 0: let the signal take the course it had before.
+    const struct sigaction& previous = sig == SIGINT ? g_previous_int : g_previous_term;
+    if (previous.sa_flags & SA_SIGINFO) {
+      if (previous.sa_sigaction != nullptr) previous.sa_sigaction(sig, info, context);
+    } else if (previous.sa_handler == SIG_DFL) {
+      struct sigaction dfl {};
+      dfl.sa_handler = SIG_DFL;
+      sigemptyset(&dfl.sa_mask);
+      sigaction(sig, &dfl, nullptr);
+      raise(sig);  // delivered (default action) when this handler returns
+    } else if (previous.sa_handler != SIG_IGN && previous.sa_handler != nullptr) {
+      previous.sa_handler(sig);
+    }
+  }
+  errno = saved_errno;
+}
+
+void InstallSignalHandlers(bool chain) {
+  g_chain_to_previous.store(chain);
+  g_signal_count.store(0);
+  g_last_signal.store(0);
+  struct sigaction sa {};
+  sa.sa_sigaction = &ForwardSignal;
+  sa.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, &g_previous_int);
+  sigaction(SIGTERM, &sa, &g_previous_term);
+}
+
+void RestoreSignalHandlers() {
+  sigaction(SIGINT, &g_previous_int, nullptr);
+  sigaction(SIGTERM, &g_previous_term, nullptr);
+}
+
+// ---- Helpers ------------------------------------------------------------------
+
+std::string SignalName(int sig) {
+  switch (sig) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGTRAP: return "SIGTRAP";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    default: return "signal " + std::to_string(sig);
+  }
+}
+
+// "exited with code C" / "was killed by signal S (NAME)"; "" for a clean exit.
+std::string DescribeFailure(int status) {
+  if (WIFEXITED(status)) {
+    int code = WEXITSTATUS(status);
+    return code == 0 ? "" : "exited with code " + std::to_string(code);
+  }
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    return "was killed by signal " + std::to_string(sig) + " (" + SignalName(sig) + ")";
+  }
+  return "ended with wait status " + std::to_string(status);
+}
+
+std::vector<std::string> ReadSelfCmdline() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  std::string cur;
+  for (char ch : data) {
+    if (ch == '\0') {
+      args.push_back(cur);
+      cur.clear();
+    } else {
+      cur.push_back(ch);
+    }
+  }
+  if (!cur.empty()) args.push_back(cur);
+  return args;
+}
+
+std::string SelfExePath() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "/proc/self/exe";
+  buf[n] = '\0';
+  return buf;
+}
+
+// Resolves a program name like execvp does, in the parent (before fork).
+std::string ResolveProgram(const std::string& program) {
+  ST_CHECK_ARG(!program.empty(), "launcher: the program to run is empty");
+  if (program.find('/') != std::string::npos) {
+    ST_CHECK_ARG(access(program.c_str(), X_OK) == 0, "launcher: program '", program,
+                 "' is not an executable file: ", std::strerror(errno));
+    return program;
+  }
+  const char* path_env = std::getenv("PATH");
+  std::string path = path_env ? path_env : "/usr/local/bin:/usr/bin:/bin";
+  std::stringstream ss(path);
+  std::string dir;
+  while (std::getline(ss, dir, ':')) {
+    std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  ST_THROW(InvalidArgumentError, "launcher: program '", program, "' not found in PATH=", path);
+}
+
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  int slot = 0;
+  bool running = false;
+  int status = 0;
+};
+
+}  // namespace
+
+int PickFreePort(const std::string& addr) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) ST_THROW(Error, "launcher: socket() failed while picking a free port: ", std::strerror(errno));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = 0;
+  std::string host = addr == "localhost" ? "127.0.0.1" : addr;
+  if (inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1) sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+    int err = errno;
+    close(fd);
+    ST_THROW(Error, "launcher: cannot bind a free port on ", addr, ": ", std::strerror(err));
+  }
+  socklen_t len = sizeof(sa);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+// ---- LocalLauncher -------------------------------------------------------------
+
+struct LocalLauncher::State {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Child> children;
+  bool started = false;
+  bool handlers_installed = false;
+  bool done = false;  // every child reaped
+  int result = 0;     // Join's result once done
+  int failed_rank = -1;
+  std::string failure_message;
+  std::thread monitor;
+  std::atomic<bool> stop_monitor{false};
+  bool monitor_running = false;
+  std::chrono::milliseconds grace{5000};
+
+  bool AnyRunning() const {
+    for (const auto& c : children)
+      if (c.running) return true;
+    return false;
+  }
+
+  void MarkReaped(Child& c, int status) {
+    c.running = false;
+    c.status = status;
+    g_child_pids[c.slot].store(0);
+  }
+
+  // Reaps `c` if it has exited. The pid is removed from the signal table before
+  // it is reaped, so a forwarded signal can never hit a recycled pid.
+  bool TryReap(Child& c) {
+    if (!c.running) return false;
+    siginfo_t info{};
+    int rc = waitid(P_PID, static_cast<id_t>(c.pid), &info, WEXITED | WNOHANG | WNOWAIT);
+    if (rc == 0 && info.si_pid == c.pid) {
+      g_child_pids[c.slot].store(0);
+      int status = 0;
+      while (waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      MarkReaped(c, status);
+      return true;
+    }
+    if (rc < 0 && errno == ECHILD) {  // reaped elsewhere (SIGCHLD ignored?)
+      MarkReaped(c, 0);
+      return true;
+    }
+    return false;
+  }
+
+  // SIGTERM to every running child, SIGKILL to those still alive after `grace`.
+  void TerminateAll() {
+    for (auto& c : children)
+      if (c.running) kill(c.pid, SIGTERM);
+    auto deadline = std::chrono::steady_clock::now() + grace;
+    while (AnyRunning() && std::chrono::steady_clock::now() < deadline) {
+      for (auto& c : children) TryReap(c);
+      if (AnyRunning()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    for (auto& c : children) {
+      if (!c.running) continue;
+      g_child_pids[c.slot].store(0);
+      kill(c.pid, SIGKILL);
+      int status = 0;
+      while (waitpid(c.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      MarkReaped(c, status);
+    }
+  }
+
+  void RecordFailure(const Child& c, const std::string& what) {
+    failed_rank = c.rank;
+    failure_message = internal::StrCat("ShardTrain launcher: rank ", c.rank, " (pid ", c.pid, ") ", what,
+                                       "; terminating the other ranks");
+    std::fprintf(stderr, "%s\n", failure_message.c_str());
+    std::fflush(stderr);
+  }
+
+  // One pass over the children (mu held). Returns true when a child failed; the
+  // others are then terminated and reaped.
+  bool PollOnce() {
+    for (auto& c : children) {
+      if (!TryReap(c)) continue;
+      std::string what = DescribeFailure(c.status);
+      if (!what.empty() && failed_rank < 0) {
+        RecordFailure(c, what);
+        TerminateAll();
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Waits until every child is reaped or one fails (mu held between polls).
+  // Returns the result Join reports.
+  int RunToCompletion(std::unique_lock<std::mutex>& lock, bool exit_process_on_failure) {
+    while (AnyRunning()) {
+      if (stop_monitor.load() && exit_process_on_failure) return 0;
+      if (PollOnce()) {
+        if (exit_process_on_failure) {
+          std::fflush(stdout);
+          std::fflush(stderr);
+          _exit(1);
+        }
+        break;
+      }
+      if (!AnyRunning()) break;
+      lock.unlock();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      lock.lock();
+    }
+    return Finish();
+  }
+
+  int Finish() {
+    done = true;
+    int sig = g_last_signal.load();
+    if (failed_rank >= 0) {
+      result = 1;
+    } else {
+      result = 0;
+    }
+    if (sig != 0 && !g_chain_to_previous.load()) {
+      std::fprintf(stderr, "ShardTrain launcher: received %s and forwarded it to the ranks\n",
+                   SignalName(sig).c_str());
+      result = 128 + sig;
+    }
+    cv.notify_all();
+    return result;
+  }
+};
+
+LocalLauncher::LocalLauncher(LaunchOptions options) : state_(std::make_unique<State>()), options_(std::move(options)) {}
+
+LocalLauncher::~LocalLauncher() {
+  if (state_->monitor.joinable()) {
+    state_->stop_monitor.store(true);
+    state_->monitor.join();
+  }
+  {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->AnyRunning()) state_->TerminateAll();
+  }
+  if (state_->handlers_installed) {
+    RestoreSignalHandlers();
+    g_num_children.store(0);
+    g_launcher_active.store(false);
+  }
+}
+
+void LocalLauncher::Start() {
+  State& s = *state_;
+  ST_CHECK_ARG(!s.started, "launcher: Start() was already called");
+  const LaunchOptions& o = options_;
+  ST_CHECK_ARG(o.num_ranks >= 1, "launcher: num_ranks=", o.num_ranks, " must be >= 1");
+  ST_CHECK_ARG(o.master_port >= 0 && o.master_port <= 65535, "launcher: master_port=", o.master_port,
+               " must be 0 (pick a free port) or a TCP port in [1, 65535]");
+  ST_CHECK_ARG(!o.master_addr.empty(), "launcher: master_addr is empty");
+  ST_CHECK_ARG(o.kill_grace.count() >= 0, "launcher: kill_grace must be >= 0");
+  const int first_child_rank = o.current_process_is_rank0 ? 1 : 0;
+  const int num_children = o.num_ranks - first_child_rank;
+  ST_CHECK_ARG(num_children <= kMaxChildren, "launcher: num_ranks=", o.num_ranks, " exceeds ", kMaxChildren);
+  for (const auto& [name, value] : o.env) {
+    ST_CHECK_ARG(!name.empty() && name.find('=') == std::string::npos, "launcher: bad environment variable name '",
+                 name, "'");
+  }
+
+  std::string program;
+  std::vector<std::string> argv = o.argv;
+  if (argv.empty()) {
+    ST_CHECK_ARG(o.current_process_is_rank0, "launcher: argv (the program to run) is required when the current "
+                                             "process is not rank 0");
+    argv = ReadSelfCmdline();
+    ST_CHECK_ARG(!argv.empty(), "launcher: cannot read /proc/self/cmdline");
+    program = SelfExePath();
+  } else if (num_children > 0) {
+    program = ResolveProgram(argv[0]);
+  }
+
+  master_port_ = o.master_port != 0 ? o.master_port : PickFreePort(o.master_addr);
+  s.grace = o.kill_grace;
+
+  auto rank_vars = [&](int rank) {
+    std::vector<std::pair<std::string, std::string>> vars = {
+        {"RANK", std::to_string(rank)},
+        {"LOCAL_RANK", std::to_string(rank)},
+        {"WORLD_SIZE", std::to_string(o.num_ranks)},
+        {"LOCAL_WORLD_SIZE", std::to_string(o.num_ranks)},
+        {"GROUP_RANK", "0"},
+        {"GROUP_WORLD_SIZE", "1"},
+        {"MASTER_ADDR", o.master_addr},
+        {"MASTER_PORT", std::to_string(master_port_)},
+        {kLaunchedEnvVar, "1"},
+    };
+    vars.insert(vars.end(), o.env.begin(), o.env.end());
+    return vars;
+  };
+
+  if (o.current_process_is_rank0) {
+    for (const auto& [name, value] : rank_vars(0)) setenv(name.c_str(), value.c_str(), 1);
+  }
+  s.started = true;
+  if (num_children == 0) return;
+
+  bool expected = false;
+  if (!g_launcher_active.compare_exchange_strong(expected, true)) {
+    ST_THROW(Error, "launcher: another LocalLauncher is already running in this process");
+  }
+  for (int i = 0; i < kMaxChildren; ++i) g_child_pids[i].store(0);
+  g_num_children.store(num_children);
+  InstallSignalHandlers(/*chain=*/o.current_process_is_rank0);
+  s.handlers_installed = true;
+
+  // Everything the child needs is built before fork: after fork it only calls
+  // async-signal-safe functions.
+  std::vector<char*> child_argv;
+  for (auto& a : argv) child_argv.push_back(a.data());
+  child_argv.push_back(nullptr);
+  const pid_t parent_pid = getpid();
+
+  for (int i = 0; i < num_children; ++i) {
+    const int rank = first_child_rank + i;
+    std::map<std::string, std::string> overrides;
+    for (const auto& [name, value] : rank_vars(rank)) overrides[name] = value;
+    std::vector<std::string> env_storage;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+      std::string entry(*e);
+      std::string name = entry.substr(0, entry.find('='));
+      if (overrides.count(name) == 0) env_storage.push_back(std::move(entry));
+    }
+    for (const auto& [name, value] : overrides) env_storage.push_back(name + "=" + value);
+    std::vector<char*> child_env;
+    for (auto& e : env_storage) child_env.push_back(e.data());
+    child_env.push_back(nullptr);
+    std::string exec_failed_msg = "ShardTrain launcher: cannot execute " + program + " for rank " +
+                                  std::to_string(rank) + "\n";
+
+    // Block the forwarded signals around fork so the pid is recorded before a
+    // handler can run, and the child does not run our handler before exec.
+    sigset_t block, old_mask;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &block, &old_mask);
+    pid_t pid = fork();
+    if (pid == 0) {
+      // The dispositions exec would give: ignored stays ignored, else default.
+      for (int sig : {SIGINT, SIGTERM}) {
+        const struct sigaction& previous = sig == SIGINT ? g_previous_int : g_previous_term;
+        struct sigaction sa {};
+        sa.sa_handler =
+            (!(previous.sa_flags & SA_SIGINFO) && previous.sa_handler == SIG_IGN) ? SIG_IGN : SIG_DFL;
+        sigemptyset(&sa.sa_mask);
+        sigaction(sig, &sa, nullptr);
+      }
+      prctl(PR_SET_PDEATHSIG, SIGTERM);  // rank 0 / the launcher died: stop too
+      if (getppid() != parent_pid) _exit(1);
+      sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+      execve(program.c_str(), child_argv.data(), child_env.data());
+      ssize_t ignored = write(STDERR_FILENO, exec_failed_msg.data(), exec_failed_msg.size());
+      (void)ignored;
+      _exit(127);
+    }
+    int fork_errno = errno;
+    if (pid > 0) {
+      Child c;
+      c.rank = rank;
+      c.pid = pid;
+      c.slot = i;
+      c.running = true;
+      g_child_pids[i].store(pid);
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.children.push_back(c);
+    }
+    pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+    if (pid < 0) {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.TerminateAll();
+      ST_THROW(Error, "launcher: fork() failed for rank ", rank, ": ", std::strerror(fork_errno));
+    }
+  }
+}
+
+void LocalLauncher::MonitorInBackground() {
+  State& s = *state_;
+  ST_CHECK_ARG(s.started, "launcher: MonitorInBackground() before Start()");
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.monitor_running || s.done || s.children.empty()) return;
+  s.monitor_running = true;
+  s.monitor = std::thread([&s] {
+    std::unique_lock<std::mutex> lock(s.mu);
+    if (!s.stop_monitor.load()) s.RunToCompletion(lock, /*exit_process_on_failure=*/true);
+    s.monitor_running = false;
+    s.cv.notify_all();
+  });
+}
+
+int LocalLauncher::Join(int rank0_exit_code) {
+  State& s = *state_;
+  if (!s.started || s.children.empty()) return rank0_exit_code;
+  if (rank0_exit_code != 0) {
+    if (s.monitor.joinable()) {
+      s.stop_monitor.store(true);
+      s.monitor.join();
+    }
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.AnyRunning()) {
+      std::fprintf(stderr, "ShardTrain launcher: rank 0 (pid %d) exited with code %d; terminating the other ranks\n",
+                   static_cast<int>(getpid()), rank0_exit_code);
+      std::fflush(stderr);
+      s.TerminateAll();
+    }
+    if (s.failed_rank < 0) {
+      s.failed_rank = 0;
+      s.failure_message = internal::StrCat("ShardTrain launcher: rank 0 (pid ", getpid(), ") exited with code ",
+                                           rank0_exit_code, "; terminating the other ranks");
+    }
+    s.done = true;
+    s.result = rank0_exit_code;
+    return rank0_exit_code;
+  }
+  std::unique_lock<std::mutex> lock(s.mu);
+  if (s.done) return s.result;
+  if (s.monitor_running) {
+    s.cv.wait(lock, [&s] { return s.done || !s.monitor_running; });
+    if (s.done) return s.result;
+  }
+  return s.RunToCompletion(lock, /*exit_process_on_failure=*/false);
+}
+
+std::vector<pid_t> LocalLauncher::child_pids() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  std::vector<pid_t> pids;
+  for (const auto& c : state_->children) pids.push_back(c.pid);
+  return pids;
+}
+
+int LocalLauncher::failed_rank() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->failed_rank;
+}
+
+std::string LocalLauncher::failure_message() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->failure_message;
+}
+
+// ---- Process-wide entry points ------------------------------------------------
+
+namespace {
+LocalLauncher* g_process_launcher = nullptr;  // leaked on purpose: lives until exit
+}  // namespace
+
+int LaunchLocalRanks(const LaunchOptions& options) {
+  const char* launched = std::getenv(kLaunchedEnvVar);
+  if (launched != nullptr && std::string(launched) == "1") {
+    const char* rank = std::getenv("RANK");
+    ST_CHECK_ARG(rank != nullptr, kLaunchedEnvVar, "=1 but RANK is not set");
+    char* end = nullptr;
+    long value = std::strtol(rank, &end, 10);
+    ST_CHECK_ARG(end != rank && *end == '\0' && value >= 0, "RANK='", rank, "' is not a rank (", kLaunchedEnvVar,
+                 "=1)");
+    return static_cast<int>(value);
+  }
+  ST_CHECK_ARG(options.current_process_is_rank0,
+               "LaunchLocalRanks: current_process_is_rank0 must be true (use LocalLauncher otherwise)");
+  ST_CHECK_ARG(g_process_launcher == nullptr, "LaunchLocalRanks was already called in this process");
+  auto* launcher = new LocalLauncher(options);
+  try {
+    launcher->Start();
+  } catch (...) {
+    delete launcher;
+    throw;
+  }
+  launcher->MonitorInBackground();
+  g_process_launcher = launcher;
+  return 0;
+}
+
+int JoinLocalRanks(int rank0_exit_code) {
+  if (g_process_launcher == nullptr) return rank0_exit_code;
+  return g_process_launcher->Join(rank0_exit_code);
+}
+
+}  // namespace shardtrain

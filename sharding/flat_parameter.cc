@@ -1,0 +1,79 @@
+#include "sharding/flat_parameter.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/StorageImpl.h>
+
+#include "comm/errors.h"
+
+namespace shardtrain::sharding {
+
+FlatParameter::FlatParameter(std::string unit_name, std::vector<FlatParamEntry> entries, int shard_rank,
+                             int shard_world)
+    : unit_name_(std::move(unit_name)), entries_(std::move(entries)), shard_rank_(shard_rank), shard_world_(shard_world) {
+  ST_CHECK_ARG(shard_world >= 1 && shard_rank >= 0 && shard_rank < shard_world, "FlatParameter: bad shard rank ",
+               shard_rank, " of ", shard_world);
+  if (!entries_.empty()) device_ = entries_.front().param.device();
+  for (auto& e : entries_) {
+    ST_CHECK_ARG(e.param.defined(), "unit '", unit_name_, "': parameter '", e.name, "' is undefined");
+    ST_CHECK_ARG(e.param.device() == device_, "unit '", unit_name_, "' has parameters on different devices: '",
+                 entries_.front().name, "' on ", device_, " and '", e.name, "' on ", e.param.device(),
+                 "; move the model to one device before sharding");
+    ST_CHECK_ARG(e.param.scalar_type() == at::kFloat, "unit '", unit_name_, "': parameter '", e.name, "' is ",
+                 e.param.scalar_type(),
+                 "; sharded parameters must be float32 (lower precision is set with mixed_precision.param_dtype)");
+    e.shape = e.param.sizes().vec();
+    e.numel = e.param.numel();
+    e.offset = numel_;
+    numel_ += e.numel;
+  }
+  padded_numel_ = (numel_ + shard_world - 1) / shard_world * shard_world;
+  shard_numel_ = padded_numel_ / shard_world;
+  std::vector<at::Tensor> data;
+  for (const auto& e : entries_) data.push_back(e.param.detach());
+  at::Tensor flat = Flatten(data, at::kFloat);
+  shard_ = flat.narrow(0, shard_offset(), shard_numel_).clone().set_requires_grad(true);
+}
+
+at::Tensor FlatParameter::Flatten(const std::vector<at::Tensor>& tensors, c10::ScalarType dtype) const {
+  ST_CHECK_ARG(tensors.size() == entries_.size(), "unit '", unit_name_, "': expected ", entries_.size(),
+               " tensors to flatten, got ", tensors.size());
+  at::Tensor flat = at::zeros({padded_numel_}, at::TensorOptions().dtype(dtype).device(device_));
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const auto& e = entries_[i];
+    ST_CHECK_ARG(tensors[i].numel() == e.numel, "unit '", unit_name_, "': '", e.name, "' has ", tensors[i].numel(),
+                 " elements, expected ", e.numel, " (shape ", c10::IntArrayRef(e.shape), ")");
+    flat.narrow(0, e.offset, e.numel).copy_(tensors[i].reshape({-1}));
+  }
+  return flat;
+}
+
+std::vector<at::Tensor> FlatParameter::Views(const at::Tensor& flat) const {
+  ST_CHECK_ARG(flat.numel() >= numel_, "unit '", unit_name_, "': flat tensor has ", flat.numel(),
+               " elements, expected at least ", numel_);
+  std::vector<at::Tensor> out;
+  for (const auto& e : entries_) out.push_back(flat.narrow(0, e.offset, e.numel).view(e.shape));
+  return out;
+}
+
+std::vector<at::Tensor> FlatParameter::Unflatten(const at::Tensor& flat) const {
+  std::vector<at::Tensor> out;
+  for (auto& v : Views(flat)) out.push_back(v.clone());
+  return out;
+}
+
+void FreeStorage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  s->reset();
+}
+
+void AllocateStorage(const at::Tensor& t) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = static_cast<size_t>(t.storage_offset() + t.numel()) * t.element_size();
+  if (s->nbytes() == nbytes && s->data() != nullptr) return;
+  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
+  s->set_nbytes(nbytes);
+}
+
+bool StorageIsFreed(const at::Tensor& t) { return t.storage().nbytes() == 0; }
+
+}  // namespace shardtrain::sharding

@@ -1,0 +1,78 @@
+// FlatParameter: one unit's parameters as a single flat buffer, sharded.
+//
+// The unit's parameters (in registration order) are laid end to end in a
+// buffer padded to a multiple of the shard group size W; rank r keeps the
+// contiguous block [r*S, (r+1)*S) of S = padded/W elements as `shard()`, a
+// float32 leaf and the only tensor an optimizer sees. While the unit is
+// unsharded the original parameters are views into the gathered buffer, so
+// module code is untouched; after use the buffer's storage is released (its
+// bytes freed, its metadata kept) and refilled before backward.
+#ifndef SHARDTRAIN_SHARDING_FLAT_PARAMETER_H_
+#define SHARDTRAIN_SHARDING_FLAT_PARAMETER_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace shardtrain::sharding {
+
+// One original parameter's place in its unit's flat buffer.
+struct FlatParamEntry {
+  std::string name;          // fully qualified, as in the unwrapped model
+  at::Tensor param;          // the module's own parameter (identity kept)
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  int64_t offset = 0;        // in the unpadded flat buffer
+  bool requires_grad = true;
+};
+
+class FlatParameter {
+ public:
+  // `entries` give name, parameter and requires_grad; shapes and offsets are
+  // filled in here. All parameters must be float32 and on one device.
+  FlatParameter(std::string unit_name, std::vector<FlatParamEntry> entries, int shard_rank, int shard_world);
+
+  const std::string& unit_name() const { return unit_name_; }
+  const std::vector<FlatParamEntry>& entries() const { return entries_; }
+  int64_t numel() const { return numel_; }
+  int64_t padded_numel() const { return padded_numel_; }
+  int64_t shard_numel() const { return shard_numel_; }
+  int64_t shard_offset() const { return shard_rank_ * shard_numel_; }
+  int shard_rank() const { return shard_rank_; }
+  int shard_world() const { return shard_world_; }
+  c10::Device device() const { return device_; }
+
+  // The float32 master shard (an optimizer leaf). Never replaced or resized.
+  const at::Tensor& shard() const { return shard_; }
+
+  // Concatenates the given per-parameter tensors (one per entry, in order) into
+  // a padded flat tensor of `dtype`.
+  at::Tensor Flatten(const std::vector<at::Tensor>& tensors, c10::ScalarType dtype) const;
+  // Splits a flat (padded or unpadded) tensor into clones shaped like the entries.
+  std::vector<at::Tensor> Unflatten(const at::Tensor& flat) const;
+  // Views of `flat` shaped like the entries (no copy).
+  std::vector<at::Tensor> Views(const at::Tensor& flat) const;
+
+ private:
+  std::string unit_name_;
+  std::vector<FlatParamEntry> entries_;
+  int shard_rank_;
+  int shard_world_;
+  c10::Device device_{c10::kCPU};
+  int64_t numel_ = 0;
+  int64_t padded_numel_ = 0;
+  int64_t shard_numel_ = 0;
+  at::Tensor shard_;
+};
+
+// Releases a tensor's storage bytes while keeping every view's metadata.
+void FreeStorage(const at::Tensor& t);
+// Re-allocates the storage released by FreeStorage (contents undefined).
+void AllocateStorage(const at::Tensor& t);
+bool StorageIsFreed(const at::Tensor& t);
+
+}  // namespace shardtrain::sharding
+
+#endif  // SHARDTRAIN_SHARDING_FLAT_PARAMETER_H_

@@ -1,0 +1,71 @@
+// Options of the FSDP core, in PyTorch FSDP's vocabulary. Strategies translate
+// their own option sets (fairscale-style, PyTorch-style) into these.
+#ifndef SHARDTRAIN_SHARDING_OPTIONS_H_
+#define SHARDTRAIN_SHARDING_OPTIONS_H_
+
+#include <c10/core/ScalarType.h>
+
+#include <optional>
+#include <string>
+
+namespace shardtrain::sharding {
+
+// How parameters, gradients and optimizer state are split.
+enum class ShardingStrategy {
+  kFullShard,     // shard everything; free full parameters after forward and after backward
+  kShardGradOp,   // shard grads/optimizer state; keep full parameters from forward until after backward
+  kNoShard,       // replicate (DDP-like): all-reduce gradients
+  kHybridShard,   // FULL_SHARD within a shard group, replicate across groups
+};
+const char* ShardingStrategyName(ShardingStrategy s);
+// Parses "FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD" (case-insensitive).
+// Throws InvalidArgumentError listing the valid names.
+ShardingStrategy ParseShardingStrategy(const std::string& name);
+
+// When backward fetches the next unit's full parameters.
+enum class BackwardPrefetch {
+  kNone,
+  kBackwardPre,   // issue the next unit's all-gather before computing this unit's gradients
+  kBackwardPost,  // issue it after this unit's gradients are computed, before reduce-scatter
+};
+const char* BackwardPrefetchName(BackwardPrefetch p);
+BackwardPrefetch ParseBackwardPrefetch(const std::string& name);
+
+// Low-precision copies for compute (param_dtype), gradient reduction
+// (reduce_dtype) and buffers (buffer_dtype). Unset means float32 (no cast).
+// Master shards and optimizer state always stay float32.
+struct MixedPrecision {
+  std::optional<c10::ScalarType> param_dtype;
+  std::optional<c10::ScalarType> reduce_dtype;
+  std::optional<c10::ScalarType> buffer_dtype;
+};
+
+struct ShardingOptions {
+  ShardingStrategy sharding_strategy = ShardingStrategy::kFullShard;
+  // Size of the shard group for HYBRID_SHARD; 0 = ranks per node (or the world
+  // size when that is unknown). Must divide the world size.
+  int hybrid_shard_group_size = 0;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kBackwardPre;
+  bool forward_prefetch = false;
+  // At most this many units hold full parameters at once through prefetching
+  // (the unit computing plus prefetched ones); 0 = unlimited. PyTorch's
+  // limit_all_gathers=True corresponds to 2.
+  int limit_all_gathers = 2;
+  MixedPrecision mixed_precision;
+  // Reduce gradients in float32 even when param_dtype is lower (fairscale's
+  // fp32_reduce_scatter).
+  bool fp32_reduce_scatter = false;
+  // Gradients are divided by pre_divide before and post_divide after the
+  // reduction; 0 = PyTorch's default split of the world size
+  // (a factor near sqrt(W) before, the rest after).
+  double gradient_predivide_factor = 0;
+  double gradient_postdivide_factor = 0;
+  // Broadcast rank 0's parameters and buffers to all ranks at setup.
+  bool sync_module_states = true;
+  // Expose per-parameter shard views (use_orig_params) for optimizer groups.
+  bool use_orig_params = false;
+};
+
+}  // namespace shardtrain::sharding
+
+#endif  // SHARDTRAIN_SHARDING_OPTIONS_H_

@@ -1,0 +1,945 @@
+#include "sharding/sharded_model.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cxxabi.h>
+#include <limits>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "comm/errors.h"
+#include "comm/logging.h"
+#include "sharding/flat_parameter.h"
+
+namespace shardtrain::sharding {
+
+// ---------------------------------------------------------------------------
+// Options
+
+const char* ShardingStrategyName(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::kFullShard: return "FULL_SHARD";
+    case ShardingStrategy::kShardGradOp: return "SHARD_GRAD_OP";
+    case ShardingStrategy::kNoShard: return "NO_SHARD";
+    case ShardingStrategy::kHybridShard: return "HYBRID_SHARD";
+  }
+  return "?";
+}
+
+static std::string Upper(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return s;
+}
+
+ShardingStrategy ParseShardingStrategy(const std::string& name) {
+  const std::string u = Upper(name);
+  for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard,
+                 ShardingStrategy::kHybridShard}) {
+    if (u == ShardingStrategyName(s)) return s;
+  }
+  ST_THROW(InvalidArgumentError, "unknown sharding_strategy '", name,
+           "'; valid: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");
+}
+
+const char* BackwardPrefetchName(BackwardPrefetch p) {
+  switch (p) {
+    case BackwardPrefetch::kNone: return "NONE";
+    case BackwardPrefetch::kBackwardPre: return "BACKWARD_PRE";
+    case BackwardPrefetch::kBackwardPost: return "BACKWARD_POST";
+  }
+  return "?";
+}
+
+BackwardPrefetch ParseBackwardPrefetch(const std::string& name) {
+  const std::string u = Upper(name);
+  for (auto p : {BackwardPrefetch::kNone, BackwardPrefetch::kBackwardPre, BackwardPrefetch::kBackwardPost}) {
+    if (u == BackwardPrefetchName(p)) return p;
+  }
+  ST_THROW(InvalidArgumentError, "unknown backward_prefetch '", name, "'; valid: BACKWARD_PRE, BACKWARD_POST, NONE");
+}
+
+// ---------------------------------------------------------------------------
+// Wrap policies
+
+WrapPolicy WrapPolicy::Always() {
+  return {[](const WrapPoint&, int64_t) { return true; }};
+}
+WrapPolicy WrapPolicy::Never() {
+  return {[](const WrapPoint&, int64_t) { return false; }};
+}
+WrapPolicy WrapPolicy::SizeBased(int64_t min_num_params) {
+  ST_CHECK_ARG(min_num_params >= 0, "min_num_params must be >= 0, got ", min_num_params);
+  return {[min_num_params](const WrapPoint&, int64_t numel) { return numel >= min_num_params; }};
+}
+WrapPolicy WrapPolicy::ByType(std::vector<std::string> type_names) {
+  return {[names = std::move(type_names)](const WrapPoint& p, int64_t) {
+    const std::string t = p.WrapTypeName();
+    for (const auto& n : names) {
+      if (t == n || (t.size() > n.size() && t.compare(t.size() - n.size(), n.size(), n) == 0 &&
+                     t[t.size() - n.size() - 1] == ':')) {
+        return true;
+      }
+    }
+    return false;
+  }};
+}
+
+namespace internal {
+std::string Demangle(const char* name) {
+  int status = 0;
+  char* d = abi::__cxa_demangle(name, nullptr, nullptr, &status);
+  std::string out = (status == 0 && d) ? d : name;
+  std::free(d);
+  return out;
+}
+}  // namespace internal
+
+// ---------------------------------------------------------------------------
+// ShardedUnit: one unit's runtime state.
+
+class ShardedUnit {
+ public:
+  enum class State { kSharded, kGathering, kGathered };
+
+  ShardedModel* model = nullptr;
+  int index = 0;
+  std::string name;
+  bool is_root = false;
+  bool checkpoint = false;
+  std::unique_ptr<FlatParameter> flat;
+  at::Tensor full;      // gathered parameters in param dtype
+  bool aliased = false;  // shard group of one and float32: `full` is the shard itself
+  State state = State::kSharded;
+  comm::WorkPtr gather_work;
+  at::Tensor gather_input;
+  std::vector<at::Tensor> param_views;  // views of `full`, one per entry
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  int trainable = 0;
+
+  // Per backward.
+  at::Tensor flat_grad;
+  std::vector<at::Tensor> grad_views;
+  bool grads_armed = false;
+  bool pre_backward_done = false;
+  int grads_pending = 0;
+  bool ready = false;
+  bool launched = false;
+  comm::WorkPtr reduce_work;
+  at::Tensor reduce_in;
+  at::Tensor reduce_out;
+
+  std::function<at::Tensor(const at::Tensor&)> checkpoint_fn;  // activation checkpointing
+};
+
+namespace {
+
+// Fires after AccumulateGrad wrote a parameter's gradient.
+// Holds only a weak reference: a model destroyed before its module leaves
+// hooks that do nothing.
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(std::weak_ptr<bool> alive, ShardedUnit* unit, size_t entry)
+      : alive_(std::move(alive)), unit_(unit), entry_(entry) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    if (alive_.lock()) unit_->model->OnGradReadyFromHook(unit_, entry_);
+    return outputs;
+  }
+
+ private:
+  std::weak_ptr<bool> alive_;
+  ShardedUnit* unit_;
+  size_t entry_;
+};
+
+// Activation checkpointing: forward without saving activations, recompute the
+// unit's forward in backward (its parameters were re-gathered by then).
+struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, int64_t unit_ptr) {
+    auto* u = reinterpret_cast<ShardedUnit*>(unit_ptr);
+    ctx->saved_data["unit"] = unit_ptr;
+    ctx->saved_data["rng"] = at::detail::getDefaultCPUGenerator().get_state();
+    ctx->save_for_backward({input});
+    at::NoGradGuard no_grad;
+    return u->checkpoint_fn(input);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto* u = reinterpret_cast<ShardedUnit*>(ctx->saved_data["unit"].toInt());
+    at::Tensor input = ctx->get_saved_variables()[0];
+    at::Tensor x = input.detach().set_requires_grad(input.requires_grad());
+    auto gen = at::detail::getDefaultCPUGenerator();
+    at::Tensor rng_now = gen.get_state();
+    gen.set_state(ctx->saved_data["rng"].toTensor());
+    at::Tensor out;
+    {
+      at::AutoGradMode enable(true);
+      out = u->checkpoint_fn(x);
+    }
+    gen.set_state(rng_now);
+    torch::autograd::backward({out}, {grad_outputs[0]});
+    return {x.requires_grad() ? x.grad() : at::Tensor(), at::Tensor()};
+  }
+};
+
+std::mutex g_sharded_modules_mu;
+std::unordered_set<const torch::nn::Module*> g_sharded_modules;
+
+bool IsFloating(const at::Tensor& t) { return at::isFloatingType(t.scalar_type()); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// WrapPoint
+
+void WrapPoint::PreForward() { unit_->model->UnitPreForward(unit_); }
+void WrapPoint::PostForward(const std::vector<at::Tensor>& outputs) { unit_->model->UnitPostForward(unit_, outputs); }
+bool WrapPoint::checkpointing() const { return unit_ && unit_->model->UnitCheckpointing(unit_); }
+
+at::Tensor WrapPoint::MaybeCheckpoint(const at::Tensor& input, const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  if (!checkpointing() || !at::GradMode::is_enabled()) return fn(input);
+  unit_->checkpoint_fn = fn;
+  return CheckpointFunction::apply(input, reinterpret_cast<int64_t>(unit_));
+}
+
+// ---------------------------------------------------------------------------
+// ShardedModel
+
+ShardedModel::ShardedModel(std::shared_ptr<torch::nn::Module> module, comm::CommunicatorPtr world,
+                           ShardingOptions options, WrapPolicy policy,
+                           std::function<bool(const WrapPoint&)> checkpoint, int local_world_size)
+    : module_(std::move(module)), world_(std::move(world)), options_(options) {
+  ST_CHECK_ARG(module_ != nullptr, "ShardedModel needs a module");
+  ST_CHECK_ARG(world_ != nullptr, "ShardedModel needs a communicator");
+  ST_CHECK_ARG(options_.limit_all_gathers >= 0, "limit_all_gathers must be >= 0 (0 = unlimited), got ",
+               options_.limit_all_gathers);
+  {
+    std::lock_guard<std::mutex> lock(g_sharded_modules_mu);
+    for (const auto& m : module_->modules()) {
+      ST_CHECK_ARG(!g_sharded_modules.count(m.get()), "module '", m->name(),
+                   "' is already part of a ShardedModel; wrap a model only once");
+    }
+    for (const auto& m : module_->modules()) g_sharded_modules.insert(m.get());
+  }
+  const auto& mp = options_.mixed_precision;
+  param_dtype_ = mp.param_dtype.value_or(at::kFloat);
+  reduce_dtype_ = options_.fp32_reduce_scatter ? at::kFloat : mp.reduce_dtype.value_or(param_dtype_);
+  for (auto dt : {param_dtype_, reduce_dtype_}) {
+    ST_CHECK_ARG(dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf,
+                 "mixed_precision dtypes must be float32, bfloat16 or float16, got ", dt);
+  }
+
+  const int W = world_->size();
+  switch (options_.sharding_strategy) {
+    case ShardingStrategy::kFullShard:
+    case ShardingStrategy::kShardGradOp:
+      shard_group_ = world_;
+      break;
+    case ShardingStrategy::kNoShard: {
+      for (int r = 0; r < W; ++r) {
+        auto g = world_->NewGroup({r}, "self" + std::to_string(r));
+        if (g) shard_group_ = g;
+      }
+      if (W > 1) replicate_group_ = world_;
+      break;
+    }
+    case ShardingStrategy::kHybridShard: {
+      int s = options_.hybrid_shard_group_size > 0 ? options_.hybrid_shard_group_size
+              : local_world_size > 0               ? local_world_size
+                                                   : W;
+      ST_CHECK_ARG(W % s == 0, "HYBRID_SHARD: shard group size ", s, " must divide the world size ", W);
+      auto groups = world_->SplitHybrid(s);
+      shard_group_ = groups.shard;
+      if (W / s > 1) replicate_group_ = groups.replicate;
+      break;
+    }
+  }
+  // Gradient averaging over the whole world, split before/after the sum like PyTorch.
+  if (options_.gradient_predivide_factor > 0 || options_.gradient_postdivide_factor > 0) {
+    pre_divide_ = options_.gradient_predivide_factor > 0 ? options_.gradient_predivide_factor : 1.0;
+    post_divide_ = options_.gradient_postdivide_factor > 0 ? options_.gradient_postdivide_factor : W / pre_divide_;
+  } else {
+    int factor = 1;
+    while (W % factor == 0 && W / factor > factor) factor *= 2;
+    pre_divide_ = factor;
+    post_divide_ = static_cast<double>(W) / factor;
+  }
+
+  if (options_.sync_module_states) SyncModuleStates();
+  if (mp.buffer_dtype) {
+    for (auto& b : module_->buffers()) {
+      if (IsFloating(b)) b.set_data(b.to(*mp.buffer_dtype));
+    }
+  }
+  BuildUnits(policy, checkpoint);
+}
+
+ShardedModel::~ShardedModel() {
+  alive_.reset();
+  std::lock_guard<std::mutex> lock(g_sharded_modules_mu);
+  for (const auto& m : module_->modules()) g_sharded_modules.erase(m.get());
+  for (const auto& m : module_->modules()) {
+    if (auto* wp = dynamic_cast<WrapPoint*>(m.get())) wp->unit_ = nullptr;
+  }
+}
+
+void ShardedModel::SyncModuleStates() {
+  if (world_->size() == 1) return;
+  at::NoGradGuard no_grad;
+  std::vector<comm::WorkPtr> works;
+  for (auto& p : module_->parameters()) works.push_back(world_->Broadcast(p.detach(), 0));
+  for (auto& b : module_->buffers()) {
+    if (b.is_contiguous()) works.push_back(world_->Broadcast(b, 0));
+  }
+  for (auto& w : works) w->Wait();
+}
+
+void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool(const WrapPoint&)>& checkpoint) {
+  // Collect modules with their paths, parents before children.
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
+  for (const auto& item : module_->named_modules()) modules.emplace_back(item.key(), item.value());
+  std::unordered_map<const at::TensorImpl*, std::string> param_name;
+  std::vector<std::pair<std::string, at::Tensor>> all_params;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    if (param_name.count(item.value().unsafeGetTensorImpl())) continue;  // shared parameter seen before
+    param_name[item.value().unsafeGetTensorImpl()] = item.key();
+    all_params.emplace_back(item.key(), item.value());
+  }
+  std::unordered_set<const at::TensorImpl*> taken;
+  auto unit_params = [&](torch::nn::Module& m, const std::string& prefix) {
+    std::vector<FlatParamEntry> entries;
+    for (const auto& item : m.named_parameters(true)) {
+      const at::TensorImpl* impl = item.value().unsafeGetTensorImpl();
+      if (taken.count(impl)) continue;
+      FlatParamEntry e;
+      e.name = param_name.at(impl);
+      e.param = item.value();
+      e.requires_grad = item.value().requires_grad();
+      entries.push_back(std::move(e));
+    }
+    (void)prefix;
+    return entries;
+  };
+  // Deepest wrap points first so nested units take their parameters before parents.
+  for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
+    auto* wp = dynamic_cast<WrapPoint*>(it->second.get());
+    if (!wp || it->second.get() == module_.get()) continue;
+    ST_CHECK_ARG(wp->unit_ == nullptr, "wrap point '", it->first, "' is already a unit of another ShardedModel");
+    auto entries = unit_params(*it->second, it->first);
+    int64_t numel = 0;
+    for (auto& e : entries) numel += e.param.numel();
+    if (entries.empty() || !policy.should_wrap(*wp, numel)) continue;
+    auto u = std::make_unique<ShardedUnit>();
+    u->name = it->first;
+    u->checkpoint = checkpoint && checkpoint(*wp);
+    for (auto& e : entries) taken.insert(e.param.unsafeGetTensorImpl());
+    u->flat = std::make_unique<FlatParameter>(u->name, std::move(entries), shard_group_->rank(), shard_group_->size());
+    wp->unit_ = u.get();
+    units_.push_back(std::move(u));
+  }
+  // Units were created deepest-first; keep registration (pre-)order instead.
+  std::reverse(units_.begin(), units_.end());
+  auto root = std::make_unique<ShardedUnit>();
+  root->is_root = true;
+  root->name = "";
+  root->flat = std::make_unique<FlatParameter>("<root>", unit_params(*module_, ""), shard_group_->rank(),
+                                               shard_group_->size());
+  if (auto* wp = dynamic_cast<WrapPoint*>(module_.get())) (void)wp;  // the root is driven by Forward()
+  root_ = root.get();
+  units_.push_back(std::move(root));
+
+  for (size_t i = 0; i < units_.size(); ++i) {
+    ShardedUnit* u = units_[i].get();
+    u->model = this;
+    u->index = static_cast<int>(i);
+    const int64_t padded = u->flat->padded_numel();
+    u->aliased = shard_group_->size() == 1 && param_dtype_ == at::kFloat;
+    if (u->aliased) {
+      u->full = u->flat->shard().detach();
+      u->state = ShardedUnit::State::kGathered;
+    } else {
+      u->full = at::empty({padded}, at::TensorOptions().dtype(param_dtype_).device(u->flat->device()));
+    }
+    u->param_views = u->flat->Views(u->full);  // views are made while storage exists (bounds checks)
+    if (!u->aliased) FreeStorage(u->full);
+    const auto& entries = u->flat->entries();
+    for (size_t k = 0; k < entries.size(); ++k) {
+      at::Tensor p = entries[k].param;
+      p.set_data(u->param_views[k]);
+      if (entries[k].requires_grad) {
+        auto acc = torch::autograd::impl::grad_accumulator(p);
+        acc->add_post_hook(std::make_unique<GradReadyHook>(alive_, u, k));
+        u->accumulators.push_back(std::move(acc));
+        ++u->trainable;
+      }
+    }
+  }
+  if (options_.use_orig_params) {
+    for (auto& u : units_) {
+      const int64_t lo = u->flat->shard_offset(), hi = lo + u->flat->shard_numel();
+      for (const auto& e : u->flat->entries()) {
+        const int64_t b = std::max(lo, e.offset), end = std::min(hi, e.offset + e.numel);
+        if (end <= b || !e.requires_grad) continue;
+        at::Tensor view = at::empty({0}, u->flat->shard().options().requires_grad(false));
+        view.set_(u->flat->shard().storage(), b - lo, {end - b}, {1});
+        view.set_requires_grad(true);
+        orig_param_views_.emplace_back(e.name, view);
+        orig_view_ranges_.push_back({u->index, {b - lo, end - b}});
+      }
+    }
+  }
+  int64_t total = 0;
+  for (auto& u : units_) total += u->flat->numel();
+  ST_LOG(INFO) << "ShardedModel: " << units_.size() << " units (" << units_.size() - 1 << " wrapped + root), "
+               << total << " parameters, strategy " << ShardingStrategyName(options_.sharding_strategy)
+               << ", shard group " << shard_group_->size() << ", replicate group "
+               << (replicate_group_ ? replicate_group_->size() : 1);
+}
+
+bool ShardedModel::ReshardsAfterForward() const {
+  return options_.sharding_strategy == ShardingStrategy::kFullShard ||
+         options_.sharding_strategy == ShardingStrategy::kHybridShard;
+}
+
+bool ShardedModel::UnitCheckpointing(const ShardedUnit* unit) const { return unit->checkpoint; }
+
+std::vector<at::Tensor> ShardedModel::parameters() const {
+  std::vector<at::Tensor> out;
+  for (auto& [name, t] : named_parameters()) out.push_back(t);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ShardedModel::named_parameters() const {
+  if (options_.use_orig_params) return orig_param_views_;
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& u : units_) {
+    out.emplace_back((u->is_root ? std::string("") : u->name + ".") + "flat_param", u->flat->shard());
+  }
+  return out;
+}
+
+std::vector<UnitInfo> ShardedModel::units() const {
+  std::vector<UnitInfo> out;
+  for (auto& u : units_) {
+    UnitInfo info;
+    info.name = u->name;
+    for (auto& e : u->flat->entries()) info.param_names.push_back(e.name);
+    info.numel = u->flat->numel();
+    info.padded_numel = u->flat->padded_numel();
+    info.shard_numel = u->flat->shard_numel();
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+int ShardedModel::num_units() const { return static_cast<int>(units_.size()); }
+
+int ShardedModel::NumUnshardedUnits() const { return static_cast<int>(UnshardedUnitNames().size()); }
+
+std::vector<std::string> ShardedModel::UnshardedUnitNames() const {
+  std::vector<std::string> out;
+  for (auto& u : units_) {
+    if (!u->aliased && u->state != ShardedUnit::State::kSharded) out.push_back(u->is_root ? "<root>" : u->name);
+  }
+  return out;
+}
+
+// --- gathering ---------------------------------------------------------------
+
+void ShardedModel::Unshard(ShardedUnit* u) {
+  if (u->state != ShardedUnit::State::kSharded) return;
+  AllocateStorage(u->full);
+  at::Tensor shard = u->flat->shard().detach();
+  if (shard_group_->size() == 1) {
+    u->full.copy_(shard);
+    u->state = ShardedUnit::State::kGathered;
+    return;
+  }
+  u->gather_input = param_dtype_ == at::kFloat ? shard : shard.to(param_dtype_);
+  u->gather_work = shard_group_->AllGather(u->gather_input, u->full);
+  u->state = ShardedUnit::State::kGathering;
+}
+
+void ShardedModel::WaitUnshard(ShardedUnit* u) {
+  if (u->state == ShardedUnit::State::kGathering) {
+    u->gather_work->Wait();
+    u->gather_work.reset();
+    u->gather_input = at::Tensor();
+    u->state = ShardedUnit::State::kGathered;
+  }
+}
+
+void ShardedModel::Reshard(ShardedUnit* u) {
+  if (u->aliased || u->state == ShardedUnit::State::kSharded) return;
+  WaitUnshard(u);
+  FreeStorage(u->full);
+  u->state = ShardedUnit::State::kSharded;
+}
+
+void ShardedModel::Prefetch(ShardedUnit* u, bool backward) {
+  if (!order_recorded_ || u->is_root) return;
+  auto it = std::find(forward_order_.begin(), forward_order_.end(), u);
+  if (it == forward_order_.end()) return;
+  ShardedUnit* next = nullptr;
+  if (backward) {
+    if (it != forward_order_.begin()) next = *(it - 1);
+  } else if (it + 1 != forward_order_.end()) {
+    next = *(it + 1);
+  }
+  if (!next || next->state != ShardedUnit::State::kSharded) return;
+  if (backward && (next->launched || next->ready)) return;
+  if (options_.limit_all_gathers > 0) {
+    int in_flight = 0;
+    for (auto& x : units_) {
+      if (!x->is_root && !x->aliased && x->state != ShardedUnit::State::kSharded) ++in_flight;
+    }
+    if (in_flight >= options_.limit_all_gathers) return;
+  }
+  Unshard(next);
+}
+
+// --- forward -----------------------------------------------------------------
+
+void ShardedModel::BeginForward() {
+  if (callback_queued_ || next_launch_ > 0) {
+    // A previous backward did not finish (an exception inside it): start clean.
+    ResetIteration();
+  }
+  for (auto& u : units_) {
+    if (u->grads_armed && !no_sync_ && !u->flat_grad.defined()) u->grads_armed = false;
+  }
+  Unshard(root_);
+  WaitUnshard(root_);
+}
+
+void ShardedModel::EndForward(const std::vector<at::Tensor>& outputs) {
+  order_recorded_ = true;
+  if (!at::GradMode::is_enabled()) {
+    for (auto& u : units_) Reshard(u.get());
+    return;
+  }
+  // Root parameters (e.g. a tied output head) receive gradients first in backward.
+  ArmGrads(root_);
+  root_->pre_backward_done = true;
+  for (const auto& t : outputs) {
+    if (t.defined() && t.requires_grad()) {
+      t.register_hook([this](const at::Tensor&) { EnsureBackwardCallback(); });
+    }
+  }
+}
+
+void ShardedModel::UnitPreForward(ShardedUnit* u) {
+  if (!order_recorded_ && std::find(forward_order_.begin(), forward_order_.end(), u) == forward_order_.end()) {
+    forward_order_.push_back(u);
+    reduce_order_.clear();
+  }
+  Unshard(u);
+  if (options_.forward_prefetch) Prefetch(u, /*backward=*/false);
+  WaitUnshard(u);
+}
+
+void ShardedModel::UnitPostForward(ShardedUnit* u, const std::vector<at::Tensor>& outputs) {
+  if (!at::GradMode::is_enabled()) {
+    Reshard(u);
+    return;
+  }
+  bool hooked = false;
+  for (const auto& t : outputs) {
+    if (t.defined() && t.requires_grad()) {
+      t.register_hook([this, u](const at::Tensor&) { PreBackward(u); });
+      hooked = true;
+    }
+  }
+  if (!hooked) {
+    ST_LOG(WARNING) << "unit '" << u->name
+                    << "': no forward output requires grad; its parameters stay gathered until backward";
+    return;
+  }
+  if (ReshardsAfterForward()) Reshard(u);
+}
+
+// --- backward ----------------------------------------------------------------
+
+void ShardedModel::EnsureBackwardCallback() {
+  if (callback_queued_) return;
+  callback_queued_ = true;
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { FinishBackward(); });
+}
+
+void ShardedModel::PreBackward(ShardedUnit* u) {
+  EnsureBackwardCallback();
+  if (u->pre_backward_done) return;
+  u->pre_backward_done = true;
+  Unshard(u);
+  if (options_.backward_prefetch == BackwardPrefetch::kBackwardPre) Prefetch(u, /*backward=*/true);
+  WaitUnshard(u);
+  ArmGrads(u);
+}
+
+void ShardedModel::ArmGrads(ShardedUnit* u) {
+  if (u->grads_armed) return;
+  if (!u->flat_grad.defined()) {
+    u->flat_grad = at::zeros({u->flat->padded_numel()}, u->full.options().dtype(param_dtype_));
+    u->grad_views = u->flat->Views(u->flat_grad);
+  }
+  const auto& entries = u->flat->entries();
+  for (size_t k = 0; k < entries.size(); ++k) {
+    if (entries[k].requires_grad) entries[k].param.mutable_grad() = u->grad_views[k];
+  }
+  u->grads_pending = u->trainable;
+  u->grads_armed = true;
+  u->ready = u->trainable == 0;
+}
+
+void ShardedModel::OnGradReady(ShardedUnit* u, size_t entry) {
+  EnsureBackwardCallback();
+  ST_CHECK_ARG(!at::GradMode::is_enabled(),
+               "backward with create_graph=true is not supported by sharded units (gradients are reduced in place)");
+  if (!u->grads_armed) {
+    // A gradient arrived before the unit's pre-backward (an output hook could
+    // not be registered): arm now and fold in what AccumulateGrad produced.
+    at::Tensor produced = u->flat->entries()[entry].param.grad();
+    ArmGrads(u);
+    if (produced.defined() && !produced.is_same(u->grad_views[entry])) u->grad_views[entry].add_(produced);
+  }
+  at::Tensor& g = u->flat->entries()[entry].param.mutable_grad();
+  if (g.defined() && !g.is_same(u->grad_views[entry])) {
+    // AccumulateGrad replaced .grad (layout change): copy into the flat buffer.
+    u->grad_views[entry].add_(g);
+    g = u->grad_views[entry];
+  }
+  if (--u->grads_pending == 0) {
+    u->ready = true;
+    LaunchReadyInOrder();
+  }
+}
+
+void ShardedModel::LaunchReadyInOrder() {
+  if (reduce_order_.empty()) {
+    // Canonical order, identical on every rank: reverse forward order, then
+    // units never seen in forward, root last.
+    for (auto it = forward_order_.rbegin(); it != forward_order_.rend(); ++it) reduce_order_.push_back(*it);
+    for (auto& u : units_) {
+      if (!u->is_root && std::find(reduce_order_.begin(), reduce_order_.end(), u.get()) == reduce_order_.end())
+        reduce_order_.push_back(u.get());
+    }
+    reduce_order_.push_back(root_);
+  }
+  while (next_launch_ < reduce_order_.size() && reduce_order_[next_launch_]->ready) {
+    LaunchReduce(reduce_order_[next_launch_]);
+    ++next_launch_;
+  }
+}
+
+void ShardedModel::LaunchReduce(ShardedUnit* u) {
+  if (options_.backward_prefetch == BackwardPrefetch::kBackwardPost) Prefetch(u, /*backward=*/true);
+  u->launched = true;
+  Reshard(u);
+  if (no_sync_) return;  // keep the full gradient for the next micro-batch
+  for (const auto& e : u->flat->entries()) {
+    if (e.requires_grad) e.param.mutable_grad() = at::Tensor();
+  }
+  u->grad_views.clear();
+  at::Tensor in = reduce_dtype_ == u->flat_grad.scalar_type() ? u->flat_grad : u->flat_grad.to(reduce_dtype_);
+  u->flat_grad = at::Tensor();
+  u->reduce_out = at::empty({u->flat->shard_numel()}, in.options());
+  comm::ReduceOptions ro;
+  ro.op = comm::ReduceOp::kSum;
+  ro.pre_divide = pre_divide_;
+  ro.post_divide = post_divide_;
+  u->reduce_work = shard_group_->ReduceScatter(in, u->reduce_out, ro);
+  u->reduce_in = in;
+}
+
+void ShardedModel::FinishBackward() {
+  // Units whose parameters got no gradient still take part, in the same order on every rank.
+  if (reduce_order_.empty()) LaunchReadyInOrder();
+  for (auto* u : reduce_order_) {
+    if (!u->grads_armed) ArmGrads(u);
+    u->ready = true;
+  }
+  LaunchReadyInOrder();
+  std::vector<comm::WorkPtr> replicate_works;
+  for (auto* u : reduce_order_) {
+    if (!u->reduce_work) continue;
+    u->reduce_work->Wait();
+    u->reduce_work.reset();
+    u->reduce_in = at::Tensor();
+    if (replicate_group_) replicate_works.push_back(replicate_group_->AllReduce(u->reduce_out));
+  }
+  for (auto& w : replicate_works) w->Wait();
+  for (auto* u : reduce_order_) {
+    if (!u->reduce_out.defined()) continue;
+    at::Tensor g = u->reduce_out.to(at::kFloat);
+    at::Tensor shard = u->flat->shard();
+    if (shard.grad().defined()) {
+      shard.mutable_grad().add_(g);
+    } else {
+      shard.mutable_grad() = g.scalar_type() == u->reduce_out.scalar_type() ? g.clone() : g;
+    }
+    u->reduce_out = at::Tensor();
+  }
+  for (auto& u : units_) {
+    Reshard(u.get());
+    u->grads_armed = false;
+    u->pre_backward_done = false;
+    u->ready = false;
+    u->launched = false;
+  }
+  next_launch_ = 0;
+  callback_queued_ = false;
+  RealiasOrigParamGrads();
+}
+
+void ShardedModel::ResetIteration() {
+  for (auto& u : units_) {
+    if (u->reduce_work) {
+      try {
+        u->reduce_work->Wait();
+      } catch (...) {
+      }
+    }
+    u->reduce_work.reset();
+    u->reduce_in = u->reduce_out = at::Tensor();
+    u->grads_armed = u->pre_backward_done = u->ready = u->launched = false;
+    Reshard(u.get());
+  }
+  next_launch_ = 0;
+  callback_queued_ = false;
+}
+
+void ShardedModel::RealiasOrigParamGrads() {
+  if (!options_.use_orig_params) return;
+  for (size_t i = 0; i < orig_param_views_.size(); ++i) {
+    const auto& [unit, range] = orig_view_ranges_[i];
+    at::Tensor g = units_[unit]->flat->shard().grad();
+    if (!g.defined()) continue;
+    at::Tensor v = at::empty({0}, g.options());
+    v.set_(g.storage(), g.storage_offset() + range.first, {range.second}, {1});
+    orig_param_views_[i].second.mutable_grad() = v;
+  }
+}
+
+ShardedModel::NoSyncScope::NoSyncScope(ShardedModel* m) : m_(m), prev_(m->no_sync_) { m_->no_sync_ = true; }
+ShardedModel::NoSyncScope::~NoSyncScope() { m_->no_sync_ = prev_; }
+
+// --- utilities ---------------------------------------------------------------
+
+double ShardedModel::ClipGradNorm(double max_norm, double norm_type) {
+  ST_CHECK_ARG(max_norm > 0, "ClipGradNorm: max_norm must be > 0, got ", max_norm);
+  const bool inf = std::isinf(norm_type);
+  ST_CHECK_ARG(inf || norm_type == 2.0, "ClipGradNorm: norm_type must be 2 or inf, got ", norm_type);
+  at::NoGradGuard no_grad;
+  at::Tensor local = at::zeros({1}, at::kDouble);
+  for (auto& u : units_) {
+    at::Tensor g = u->flat->shard().grad();
+    if (!g.defined()) continue;
+    at::Tensor gd = g.to(at::kDouble);
+    if (inf) {
+      local = at::maximum(local, gd.abs().max().reshape({1}));
+    } else {
+      local += gd.pow(2).sum();
+    }
+  }
+  // Shards are disjoint within the shard group and identical across replicas.
+  shard_group_->AllReduce(local, {inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum})->Wait();
+  const double total = inf ? local.item<double>() : std::sqrt(local.item<double>());
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0) {
+    for (auto& u : units_) {
+      at::Tensor g = u->flat->shard().grad();
+      if (g.defined()) g.mul_(coef);
+    }
+  }
+  return total;
+}
+
+ShardedModel::FullParamsScope::FullParamsScope(ShardedModel* m, bool writeback) : m_(m), writeback_(writeback) {
+  ST_CHECK_ARG(!writeback || m->param_dtype_ == at::kFloat,
+               "SummonFullParams(writeback=true) needs float32 parameters; param_dtype is ", m->param_dtype_);
+  for (auto& u : m_->units_) m_->Unshard(u.get());
+  for (auto& u : m_->units_) m_->WaitUnshard(u.get());
+}
+
+ShardedModel::FullParamsScope::~FullParamsScope() noexcept(false) {
+  at::NoGradGuard no_grad;
+  for (auto& u : m_->units_) {
+    if (writeback_ && !u->aliased) {
+      u->flat->shard().detach().copy_(u->full.narrow(0, u->flat->shard_offset(), u->flat->shard_numel()));
+    }
+    m_->Reshard(u.get());
+  }
+}
+
+// --- state dicts ---------------------------------------------------------------
+
+std::map<std::string, at::Tensor> ShardedModel::GatherFullFromShards(const std::vector<at::Tensor>& per_unit) {
+  ST_CHECK_ARG(per_unit.size() == units_.size(), "expected one tensor per unit (", units_.size(), "), got ",
+               per_unit.size());
+  at::NoGradGuard no_grad;
+  std::map<std::string, at::Tensor> out;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const auto& flat = *units_[i]->flat;
+    at::Tensor shard = per_unit[i].detach().to(at::kFloat).contiguous();
+    ST_CHECK_ARG(shard.numel() == flat.shard_numel(), "unit '", flat.unit_name(), "': shard-shaped tensor has ",
+                 shard.numel(), " elements, expected ", flat.shard_numel());
+    at::Tensor full = at::empty({flat.padded_numel()}, shard.options());
+    shard_group_->AllGather(shard, full)->Wait();
+    auto tensors = flat.Unflatten(full);
+    for (size_t k = 0; k < tensors.size(); ++k) out[flat.entries()[k].name] = tensors[k];
+  }
+  return out;
+}
+
+std::vector<at::Tensor> ShardedModel::ShardsFromFull(const std::map<std::string, at::Tensor>& full) const {
+  std::vector<at::Tensor> out;
+  for (auto& u : units_) {
+    const auto& flat = *u->flat;
+    std::vector<at::Tensor> ts;
+    for (auto& e : flat.entries()) {
+      auto it = full.find(e.name);
+      ST_CHECK_ARG(it != full.end(), "missing tensor for parameter '", e.name, "'");
+      ts.push_back(it->second.to(flat.device()));
+    }
+    out.push_back(flat.Flatten(ts, at::kFloat).narrow(0, flat.shard_offset(), flat.shard_numel()).clone());
+  }
+  return out;
+}
+
+std::map<std::string, at::Tensor> ShardedModel::FullStateDict(bool rank0_only, bool to_cpu) {
+  std::vector<at::Tensor> shards;
+  for (auto& u : units_) shards.push_back(u->flat->shard());
+  auto params = GatherFullFromShards(shards);
+  std::map<std::string, at::Tensor> out;
+  if (rank0_only && world_->rank() != 0) return out;
+  for (auto& [k, v] : params) out[k] = to_cpu ? v.cpu() : v;
+  for (const auto& item : module_->named_buffers(true)) {
+    at::Tensor b = item.value().detach();
+    if (IsFloating(b)) b = b.to(at::kFloat);
+    out[item.key()] = to_cpu ? b.cpu().clone() : b.clone();
+  }
+  return out;
+}
+
+void ShardedModel::LoadFullStateDict(const std::map<std::string, at::Tensor>& state) {
+  std::ostringstream problems;
+  std::set<std::string> expected;
+  auto check = [&](const std::string& name, c10::IntArrayRef shape) {
+    expected.insert(name);
+    auto it = state.find(name);
+    if (it == state.end()) {
+      problems << "\n  missing: '" << name << "' " << shape;
+    } else if (it->second.sizes() != shape) {
+      problems << "\n  shape mismatch: '" << name << "' is " << it->second.sizes() << " in the state dict, "
+               << shape << " in the model";
+    } else if (!at::isFloatingType(it->second.scalar_type())) {
+      problems << "\n  dtype mismatch: '" << name << "' is " << it->second.scalar_type()
+               << ", expected a floating type";
+    }
+  };
+  for (auto& u : units_)
+    for (auto& e : u->flat->entries()) check(e.name, e.shape);
+  std::vector<std::pair<std::string, at::Tensor>> buffers;
+  for (const auto& item : module_->named_buffers(true)) {
+    expected.insert(item.key());
+    auto it = state.find(item.key());
+    if (it == state.end()) {
+      problems << "\n  missing buffer: '" << item.key() << "'";
+    } else if (it->second.sizes() != item.value().sizes()) {
+      problems << "\n  shape mismatch: buffer '" << item.key() << "' is " << it->second.sizes()
+               << " in the state dict, " << item.value().sizes() << " in the model";
+    }
+    buffers.emplace_back(item.key(), item.value());
+  }
+  for (auto& [k, v] : state) {
+    if (!expected.count(k)) problems << "\n  unexpected: '" << k << "' " << v.sizes();
+  }
+  if (!problems.str().empty()) {
+    ST_THROW(InvalidArgumentError, "state dict does not match the model (nothing was loaded):", problems.str());
+  }
+  at::NoGradGuard no_grad;
+  auto shards = ShardsFromFull(state);
+  for (size_t i = 0; i < units_.size(); ++i) units_[i]->flat->shard().detach().copy_(shards[i]);
+  for (auto& [k, b] : buffers) b.copy_(state.at(k));
+  for (auto& u : units_) {
+    if (u->state != ShardedUnit::State::kSharded && !u->aliased) {
+      Reshard(u.get());
+    } else if (u->aliased) {
+      // `full` is the shard itself: already updated.
+    }
+  }
+}
+
+ShardedStateDict ShardedModel::GetShardedStateDict() const {
+  ShardedStateDict sd;
+  sd.shard_rank = shard_group_->rank();
+  sd.shard_world = shard_group_->size();
+  sd.units = units();
+  for (auto& u : units_) sd.shards.push_back(u->flat->shard().detach().cpu().clone());
+  for (const auto& item : module_->named_buffers(true)) sd.buffers[item.key()] = item.value().detach().cpu().clone();
+  return sd;
+}
+
+void ShardedModel::LoadShardedStateDict(const std::vector<ShardedStateDict>& pieces) {
+  ST_CHECK_ARG(!pieces.empty(), "LoadShardedStateDict: no pieces given");
+  const int old_world = pieces.front().shard_world;
+  std::vector<const ShardedStateDict*> by_rank(old_world, nullptr);
+  for (const auto& p : pieces) {
+    ST_CHECK_ARG(p.shard_world == old_world, "sharded checkpoint pieces disagree on the world size (", old_world,
+                 " vs ", p.shard_world, ")");
+    ST_CHECK_ARG(p.shard_rank >= 0 && p.shard_rank < old_world, "sharded checkpoint piece has rank ", p.shard_rank,
+                 " outside [0, ", old_world, ")");
+    by_rank[p.shard_rank] = &p;
+  }
+  for (int r = 0; r < old_world; ++r) {
+    ST_CHECK_ARG(by_rank[r] != nullptr, "sharded checkpoint is missing the shard of rank ", r, " (of ", old_world,
+                 ")");
+  }
+  const auto& meta = pieces.front().units;
+  // Rebuild full parameters by name from the old layout, then load as a full state dict.
+  std::map<std::string, at::Tensor> full;
+  for (size_t i = 0; i < meta.size(); ++i) {
+    std::vector<at::Tensor> parts;
+    for (int r = 0; r < old_world; ++r) {
+      ST_CHECK_ARG(by_rank[r]->shards.size() == meta.size(), "sharded checkpoint piece of rank ", r, " has ",
+                   by_rank[r]->shards.size(), " unit shards, expected ", meta.size());
+      parts.push_back(by_rank[r]->shards[i].reshape({-1}));
+    }
+    at::Tensor flat = at::cat(parts);
+    ST_CHECK_ARG(flat.numel() == meta[i].padded_numel, "sharded checkpoint: unit '", meta[i].name, "' has ",
+                 flat.numel(), " elements across shards, its metadata says ", meta[i].padded_numel);
+    // Offsets follow from the saved order; shapes come from this model where
+    // names match (LoadFullStateDict reports everything else).
+    int64_t offset = 0;
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (auto& u : units_)
+      for (auto& e : u->flat->entries()) shapes[e.name] = e.shape;
+    for (const auto& name : meta[i].param_names) {
+      auto it = shapes.find(name);
+      ST_CHECK_ARG(it != shapes.end(), "sharded checkpoint has parameter '", name, "' that the model does not have");
+      int64_t n = 1;
+      for (auto d : it->second) n *= d;
+      ST_CHECK_ARG(offset + n <= meta[i].numel, "sharded checkpoint: parameter '", name,
+                   "' does not fit in its unit's saved size (the model changed since the checkpoint)");
+      full[name] = flat.narrow(0, offset, n).view(it->second).clone();
+      offset += n;
+    }
+  }
+  for (auto& [k, v] : pieces.front().buffers) full[k] = v;
+  LoadFullStateDict(full);
+}
+
+}  // namespace shardtrain::sharding

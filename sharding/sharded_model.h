@@ -1,0 +1,220 @@
+// ShardedModel: Fully Sharded Data Parallel training of a LibTorch module.
+//
+// Construction walks the module tree. Every Sharded<...> wrap point that the
+// wrap policy accepts becomes a unit; parameters not in a unit join the root
+// unit (which always exists, so a model without wrap points trains too). Each
+// unit's parameters become a FlatParameter sharded over the shard group.
+//
+// A training step is
+//   auto out = model.Forward([&] { return net->forward(x); });
+//   loss(out).backward();           // gradients are reduce-scattered during backward
+//   optimizer.step();               // over model.parameters(): the shards
+// and equals unsharded data-parallel training on the same global batch.
+//
+// Strategies: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD and HYBRID_SHARD all run on
+// the same mechanism, expressed as a shard group (gathers, reduce-scatters) and
+// an optional replicate group (all-reduces gradients across shard groups).
+#ifndef SHARDTRAIN_SHARDING_SHARDED_MODEL_H_
+#define SHARDTRAIN_SHARDING_SHARDED_MODEL_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "sharding/options.h"
+#include "sharding/wrap_point.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace shardtrain::sharding {
+
+class FlatParameter;
+
+// Decides which wrap points become units. `numel` counts the wrap point's
+// parameters that no nested unit took.
+struct WrapPolicy {
+  std::function<bool(const WrapPoint& point, int64_t numel)> should_wrap;
+
+  static WrapPolicy Always();                       // every wrap point is a unit
+  static WrapPolicy Never();                        // only the root unit
+  static WrapPolicy SizeBased(int64_t min_num_params);  // fairscale/PyTorch size_based_auto_wrap_policy
+  // transformer_auto_wrap_policy: wrap points whose module type name is one of `type_names`.
+  static WrapPolicy ByType(std::vector<std::string> type_names);
+};
+
+// What each unit looks like (for tests, logs and checkpoints).
+struct UnitInfo {
+  std::string name;  // module path of the wrap point ("" for the root)
+  std::vector<std::string> param_names;
+  int64_t numel = 0;
+  int64_t padded_numel = 0;
+  int64_t shard_numel = 0;
+};
+
+// A rank's piece of a sharded checkpoint: its shard of every unit plus the
+// metadata needed to rebuild the full parameters at any world size.
+struct ShardedStateDict {
+  int shard_rank = 0;
+  int shard_world = 1;
+  std::vector<UnitInfo> units;
+  std::vector<at::Tensor> shards;                 // one per unit, float32
+  std::map<std::string, at::Tensor> buffers;      // full buffers (replicated)
+};
+
+class ShardedModel {
+ public:
+  // `module` must not be sharded already. `world` is the process group;
+  // `local_world_size` (ranks per node) sizes HYBRID_SHARD's shard group when
+  // options.hybrid_shard_group_size is 0. `checkpoint` selects wrap points whose
+  // activations are recomputed in backward.
+  ShardedModel(std::shared_ptr<torch::nn::Module> module, comm::CommunicatorPtr world, ShardingOptions options,
+               WrapPolicy policy = WrapPolicy::Always(),
+               std::function<bool(const WrapPoint&)> checkpoint = nullptr, int local_world_size = 0);
+  ~ShardedModel();
+  ShardedModel(const ShardedModel&) = delete;
+  ShardedModel& operator=(const ShardedModel&) = delete;
+
+  torch::nn::Module& module() { return *module_; }
+  const ShardingOptions& options() const { return options_; }
+  // dtype the model computes in (mixed_precision.param_dtype or float32).
+  c10::ScalarType compute_dtype() const { return param_dtype_; }
+
+  // Runs the model's forward (`fn`) as the root unit.
+  template <typename F>
+  auto Forward(F&& fn) {
+    BeginForward();
+    auto out = fn();
+    std::vector<at::Tensor> tensors;
+    internal::CollectTensors(out, tensors);
+    EndForward(tensors);
+    return out;
+  }
+
+  // What the optimizer steps: one float32 shard per unit, or with
+  // use_orig_params each original parameter's part of this rank's shard.
+  std::vector<at::Tensor> parameters() const;
+  // Same, named: "<unit>.flat_param" or, with use_orig_params, original names
+  // (parameters with no elements on this rank are left out).
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
+
+  // Gradient accumulation without communication: inside the scope, backward
+  // keeps full gradients locally; the first backward after it reduces them.
+  class NoSyncScope {
+   public:
+    explicit NoSyncScope(ShardedModel* m);
+    ~NoSyncScope();
+
+   private:
+    ShardedModel* m_;
+    bool prev_;
+  };
+  NoSyncScope no_sync() { return NoSyncScope(this); }
+
+  // Clips gradients so their global norm is at most max_norm; returns the
+  // norm before clipping (equal to the unsharded model's). norm_type 2 or inf.
+  double ClipGradNorm(double max_norm, double norm_type = 2.0);
+
+  // While alive, every parameter holds its full value (float32 when no
+  // mixed precision). With writeback, changes to parameters are copied back
+  // into the shards at the end (not allowed with a low param_dtype).
+  class FullParamsScope {
+   public:
+    FullParamsScope(ShardedModel* m, bool writeback);
+    ~FullParamsScope() noexcept(false);
+
+   private:
+    ShardedModel* m_;
+    bool writeback_;
+  };
+  FullParamsScope SummonFullParams(bool writeback = false) { return FullParamsScope(this, writeback); }
+
+  // Full state dict (parameters and buffers by their unwrapped names, float32
+  // parameters). Collective: every rank must call. With rank0_only other
+  // ranks get an empty map.
+  std::map<std::string, at::Tensor> FullStateDict(bool rank0_only = true, bool to_cpu = true);
+  // Loads a full state dict (every rank passes the same one). Names, shapes
+  // and dtypes are checked first; on mismatch nothing changes and the error
+  // lists every problem.
+  void LoadFullStateDict(const std::map<std::string, at::Tensor>& state);
+
+  ShardedStateDict GetShardedStateDict() const;
+  // Loads from the pieces of all ranks of the run that saved them, at any
+  // world size (each rank passes all pieces).
+  void LoadShardedStateDict(const std::vector<ShardedStateDict>& pieces);
+
+  // For optimizer-state consolidation: turns per-unit tensors shaped like this
+  // rank's shards (e.g. Adam's exp_avg) into full tensors by parameter name
+  // (collective), and back.
+  std::map<std::string, at::Tensor> GatherFullFromShards(const std::vector<at::Tensor>& per_unit_shards);
+  std::vector<at::Tensor> ShardsFromFull(const std::map<std::string, at::Tensor>& full) const;
+
+  std::vector<UnitInfo> units() const;
+  int num_units() const;
+  const comm::CommunicatorPtr& world() const { return world_; }
+  const comm::CommunicatorPtr& shard_group() const { return shard_group_; }
+  const comm::CommunicatorPtr& replicate_group() const { return replicate_group_; }
+  // Units currently holding full parameters (gathered or being gathered).
+  int NumUnshardedUnits() const;
+  std::vector<std::string> UnshardedUnitNames() const;
+
+  // Called by wrap points and autograd hooks; not for users.
+  void UnitPreForward(ShardedUnit* unit);
+  void UnitPostForward(ShardedUnit* unit, const std::vector<at::Tensor>& outputs);
+  bool UnitCheckpointing(const ShardedUnit* unit) const;
+  void OnGradReadyFromHook(ShardedUnit* unit, size_t entry) { OnGradReady(unit, entry); }
+
+ private:
+  friend class ShardedUnit;
+  void BeginForward();
+  void EndForward(const std::vector<at::Tensor>& outputs);
+  void BuildUnits(const WrapPolicy& policy, const std::function<bool(const WrapPoint&)>& checkpoint);
+  void SyncModuleStates();
+  void Unshard(ShardedUnit* u);
+  void WaitUnshard(ShardedUnit* u);
+  void Reshard(ShardedUnit* u);
+  void Prefetch(ShardedUnit* u, bool backward);
+  void PreBackward(ShardedUnit* u);
+  void ArmGrads(ShardedUnit* u);
+  void OnGradReady(ShardedUnit* u, size_t entry);
+  void LaunchReadyInOrder();
+  void LaunchReduce(ShardedUnit* u);
+  void FinishBackward();
+  void EnsureBackwardCallback();
+  void ResetIteration();
+  void RealiasOrigParamGrads();
+  bool ReshardsAfterForward() const;
+
+  std::shared_ptr<torch::nn::Module> module_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // hooks check it
+  comm::CommunicatorPtr world_;
+  comm::CommunicatorPtr shard_group_;
+  comm::CommunicatorPtr replicate_group_;
+  ShardingOptions options_;
+  c10::ScalarType param_dtype_;
+  c10::ScalarType reduce_dtype_;
+  double pre_divide_ = 1.0;
+  double post_divide_ = 1.0;
+
+  std::vector<std::unique_ptr<ShardedUnit>> units_;  // root is units_.back()
+  ShardedUnit* root_ = nullptr;
+  std::vector<ShardedUnit*> forward_order_;
+  std::vector<ShardedUnit*> reduce_order_;
+  bool order_recorded_ = false;
+  bool callback_queued_ = false;
+  bool no_sync_ = false;
+  size_t next_launch_ = 0;
+  std::vector<std::pair<std::string, at::Tensor>> orig_param_views_;  // use_orig_params
+  std::vector<std::pair<int, std::pair<int64_t, int64_t>>> orig_view_ranges_;  // unit, [begin,len) in shard
+};
+
+}  // namespace shardtrain::sharding
+
+#endif  // SHARDTRAIN_SHARDING_SHARDED_MODEL_H_
