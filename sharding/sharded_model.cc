@@ -168,7 +168,10 @@ class GradReadyHook : public torch::autograd::FunctionPostHook {
 // Activation checkpointing: forward without saving activations, recompute the
 // unit's forward in backward (its parameters were re-gathered by then).
 struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, int64_t unit_ptr) {
+  // `anchor` requires grad so that the output does even when `input` does not
+  // (the unit's parameters are not inputs of this Function).
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& input, const at::Tensor& anchor,
+                            int64_t unit_ptr) {
     auto* u = reinterpret_cast<ShardedUnit*>(unit_ptr);
     ctx->saved_data["unit"] = unit_ptr;
     ctx->saved_data["rng"] = at::detail::getDefaultCPUGenerator().get_state();
@@ -191,7 +194,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     }
     gen.set_state(rng_now);
     torch::autograd::backward({out}, {grad_outputs[0]});
-    return {x.requires_grad() ? x.grad() : at::Tensor(), at::Tensor()};
+    return {x.requires_grad() ? x.grad() : at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -212,7 +215,8 @@ bool WrapPoint::checkpointing() const { return unit_ && unit_->model->UnitCheckp
 at::Tensor WrapPoint::MaybeCheckpoint(const at::Tensor& input, const std::function<at::Tensor(const at::Tensor&)>& fn) {
   if (!checkpointing() || !at::GradMode::is_enabled()) return fn(input);
   unit_->checkpoint_fn = fn;
-  return CheckpointFunction::apply(input, reinterpret_cast<int64_t>(unit_));
+  static const at::Tensor anchor = at::empty({0}).set_requires_grad(true);
+  return CheckpointFunction::apply(input, anchor, reinterpret_cast<int64_t>(unit_));
 }
 
 // ---------------------------------------------------------------------------
@@ -681,12 +685,25 @@ void ShardedModel::FinishBackward() {
     if (replicate_group_) replicate_works.push_back(replicate_group_->AllReduce(u->reduce_out));
   }
   for (auto& w : replicate_works) w->Wait();
+  // Accumulate into existing gradients (no zero_grad between backwards) or
+  // start fresh. With use_orig_params the optimizer sees (and clears) the
+  // per-parameter views, not the shard's gradient.
+  std::vector<bool> accumulate(units_.size(), false);
+  for (auto& u : units_) accumulate[u->index] = u->flat->shard().grad().defined();
+  if (options_.use_orig_params) {
+    std::fill(accumulate.begin(), accumulate.end(), false);
+    for (size_t i = 0; i < orig_param_views_.size(); ++i) {
+      if (orig_param_views_[i].second.grad().defined()) accumulate[orig_view_ranges_[i].first] = true;
+    }
+  }
   for (auto* u : reduce_order_) {
     if (!u->reduce_out.defined()) continue;
     at::Tensor g = u->reduce_out.to(at::kFloat);
     at::Tensor shard = u->flat->shard();
-    if (shard.grad().defined()) {
+    if (accumulate[u->index]) {
       shard.mutable_grad().add_(g);
+    } else if (shard.grad().defined()) {
+      shard.mutable_grad().copy_(g);  // keep the storage: views may alias it
     } else {
       shard.mutable_grad() = g.scalar_type() == u->reduce_out.scalar_type() ? g.clone() : g;
     }
