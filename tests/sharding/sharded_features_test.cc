@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
 #include <torch/optim/sgd.h>
 
 #include <functional>
@@ -396,7 +397,7 @@ TEST(ShardedMixedPrecision, Bf16AndFp16StayCloseToFp32) {
       o.mixed_precision.param_dtype = dtype;
       o.mixed_precision.reduce_dtype = dtype;
       ShardedModel sm(models[rank], comm, o);
-      torch::optim::SGD opt(sm.parameters(), torch::optim::SGDOptions(0.5));
+      torch::optim::Adam opt(sm.parameters(), torch::optim::AdamOptions(1e-2));
       std::vector<double> mine;
       for (int s = 0; s < 10; ++s) {
         auto [x, y] = tm.data(0, 8);  // the same batch: loss must fall
@@ -423,5 +424,25 @@ TEST(ShardedMixedPrecision, Bf16AndFp16StayCloseToFp32) {
   }
 }
 
+}  // namespace
+}  // namespace shardtrain::sharding
+namespace shardtrain::sharding {
+namespace {
+TEST(ShardedHybrid, TwoByTwoMatchesPlainTraining) {
+  auto reference = PlainProbe(4, 1);
+  auto step = [](ShardedModel& sm, torch::optim::Optimizer& opt, int rank, int world, int s) {
+    opt.zero_grad();
+    const int64_t per = 8 / world;
+    at::Tensor x = Batch(s, 8).slice(0, rank * per, (rank + 1) * per);
+    sm.Forward([&] { return sm.module().as<ProbeNetImpl>()->forward(x); }).pow(2).mean().backward();
+    opt.step();
+  };
+  for (int group : {2, 1, 4}) {
+    ShardingOptions o;
+    o.sharding_strategy = ShardingStrategy::kHybridShard;
+    o.hybrid_shard_group_size = group;
+    ExpectClose(TrainProbe(4, o, step), reference, 1e-5);
+  }
+}
 }  // namespace
 }  // namespace shardtrain::sharding

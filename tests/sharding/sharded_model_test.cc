@@ -21,10 +21,13 @@ using shardtrain::testing::RunRanks;
 using shardtrain::testing::TestModel;
 
 constexpr int kSteps = 10;
-constexpr int64_t kGlobalBatch = 8;
+constexpr int64_t kGlobalBatch = 16;
 
 std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const std::string& kind, std::vector<at::Tensor> params) {
-  if (kind == "adam") return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2));
+  // eps 1e-6: some parameters have mathematically zero gradients (a key bias
+  // under softmax, a bias before BatchNorm); their float rounding noise differs
+  // with the reduction order, and Adam with a tiny eps blows noise up to full steps.
+  if (kind == "adam") return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2).eps(1e-6));
   return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1));
 }
 
@@ -125,8 +128,11 @@ TEST_P(Parity, MatchesUnshardedTraining) {
   o.hybrid_shard_group_size = 2;
   RunResult ref = Reference(tm, c.optimizer, c.world);
   RunResult got = Sharded(tm, c.optimizer, c.world, o);
-  ExpectMatches(ref, got, 1e-5);
-  EXPECT_LT(got.losses.back(), got.losses.front());
+  // HYBRID_SHARD reduces in two levels (within, then across shard groups), a
+  // different float summation order than one process: allow 3e-5 there.
+  ExpectMatches(ref, got, c.strategy == ShardingStrategy::kHybridShard ? 3e-5 : 1e-5);
+  // Learning happens: the last three losses are below the first three.
+  EXPECT_LT(got.losses[7] + got.losses[8] + got.losses[9], got.losses[0] + got.losses[1] + got.losses[2]);
 }
 
 std::vector<ParityCase> ParityCases() {

@@ -18,7 +18,8 @@ at::Generator Gen(uint64_t seed) {
 class MlpBlockImpl : public torch::nn::Module {
  public:
   MlpBlockImpl(int64_t in, int64_t out) {
-    fc = register_module("fc", torch::nn::Linear(in, out));
+    // No bias before BatchNorm (it would cancel out and only carry rounding noise).
+    fc = register_module("fc", torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false)));
     bn = register_module("bn", torch::nn::BatchNorm1d(out));
   }
   at::Tensor forward(const at::Tensor& x) { return at::relu(bn->forward(fc->forward(x))); }
@@ -55,7 +56,10 @@ TestModel TinyGpt() {
   };
   m.data = [c](int step, int64_t batch) {
     auto g = Gen(100 + step);
-    at::Tensor seq = at::randint(c.vocab_size, {batch, c.block_size + 1}, g, at::kLong);
+    // Learnable: each sequence counts up by a per-sequence stride from a random start.
+    at::Tensor start = at::randint(c.vocab_size, {batch, 1}, g, at::kLong);
+    at::Tensor stride = at::randint(1, 4, {batch, 1}, g, at::kLong);
+    at::Tensor seq = (start + stride * at::arange(c.block_size + 1, at::kLong)).remainder(c.vocab_size);
     return std::make_pair(seq.slice(1, 0, c.block_size), seq.slice(1, 1, c.block_size + 1));
   };
   m.forward = [](torch::nn::Module& mod, const at::Tensor& x) {

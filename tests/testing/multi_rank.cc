@@ -5,12 +5,17 @@
 #include <thread>
 #include <vector>
 
+#include <ATen/Parallel.h>
+
 #include "comm/logging.h"
 #include "comm/rendezvous.h"
 
 namespace shardtrain::testing {
 
 void RunRanks(int world_size, const RankBody& body, std::chrono::milliseconds timeout) {
+  // Ranks are threads on a 2-core machine: one intra-op thread each, or
+  // OpenMP pools oversubscribe the cores and Gloo's I/O threads starve.
+  at::set_num_threads(1);
   auto store = comm::CreateHashStore();
   std::mutex mu;
   std::exception_ptr first;
