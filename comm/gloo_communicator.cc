@@ -1,10 +1,12 @@
 #include "comm/gloo_communicator.h"
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdlib>
 #include <functional>
 #include <mutex>
@@ -146,6 +148,52 @@ void GlooCommunicator::VerifySameCall(CommOp op, const at::Tensor& t, int64_t ro
 }
 
 
+// ---------------------------------------------------------------------------
+// W=2 fast paths for AllGather and ReduceScatter (measured in bench/comm, see
+// docs/comm_benchmark.md). At W=2 both ops are one exchange of n elements each
+// way. The general paths below pay for c10d internals that dominate on large
+// buffers: _allgather_base gathers into a freshly allocated full-size tensor
+// and copies it into `output`; the all-to-all reduce-scatter receives into a
+// fresh full-size tensor and reduces with blocks.sum(0) (very slow for 16-bit
+// types); fresh buffers above glibc's mmap threshold are page-faulted in on
+// every call. The fast paths instead issue ONE c10d alltoall_base with split
+// sizes {0, n} / {n, 0}: each rank sends n elements straight from the user's
+// tensor and receives n straight into the user's output (so (W-1)/W of the
+// full buffer, as counted), on Gloo's worker thread like every other op. The
+// local step (own shard copy; add of own block and scale) runs on the calling
+// thread in pieces of at most GRAIN_SIZE elements, so it never wakes the
+// OpenMP pool, whose spinning threads otherwise steal the cores Gloo's I/O
+// needs on small machines.
+namespace {
+
+bool IsFloating(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+// Sends `send` (n elements) to the other rank of a 2-rank group and receives
+// its n elements into `recv`.
+c10::intrusive_ptr<c10d::Work> ExchangeWithPeer(c10d::Backend& pg, int rank, const at::Tensor& send,
+                                                const at::Tensor& recv, std::chrono::milliseconds timeout) {
+  const int64_t n = send.numel();
+  // Separate vectors: c10d may move from its split-size arguments.
+  std::vector<int64_t> send_splits = rank == 0 ? std::vector<int64_t>{0, n} : std::vector<int64_t>{n, 0};
+  std::vector<int64_t> recv_splits = send_splits;
+  at::Tensor in = send, out = recv;
+  c10d::AllToAllOptions o;
+  o.timeout = timeout;
+  return pg.alltoall_base(out, in, recv_splits, send_splits, o);
+}
+
+// Runs f(offset, length) over [0, n) in pieces small enough for ATen to run
+// each on the calling thread.
+template <typename F>
+void Serially(int64_t n, F&& f) {
+  for (int64_t i = 0; i < n; i += at::internal::GRAIN_SIZE) f(i, std::min<int64_t>(at::internal::GRAIN_SIZE, n - i));
+}
+
+}  // namespace
+// ---------------------------------------------------------------------------
+
 WorkPtr GlooCommunicator::AllGather(const at::Tensor& input, const at::Tensor& output) {
   CheckCpu("AllGather", input);
   CheckCpu("AllGather", output);
@@ -155,6 +203,18 @@ WorkPtr GlooCommunicator::AllGather(const at::Tensor& input, const at::Tensor& o
   if (size_ == 1) {
     output.copy_(input);
     return CompletedWork();
+  }
+  if (size_ == 2 && input.numel() > 0) {  // W=2 fast path (see above)
+    const at::Tensor in = input.reshape(-1), out = output.reshape(-1);
+    const int64_t n = in.numel();
+    const at::Tensor mine = out.narrow(0, rank_ * n, n), theirs = out.narrow(0, (1 - rank_) * n, n);
+    // `input` may be this rank's block of `output` (in place); any other overlap takes the general path.
+    const bool in_place = in.data_ptr() == mine.data_ptr();
+    if (in_place || at::get_overlap_status(in, out) == at::MemOverlapStatus::No) {
+      auto work = ExchangeWithPeer(*pg_, rank_, in, theirs, timeout_);
+      if (!in_place) std::memcpy(mine.data_ptr(), in.data_ptr(), n * in.element_size());  // overlaps the exchange
+      return std::make_shared<GlooWork>(work, Describe("AllGather", *this), timeout_, nullptr);
+    }
   }
   at::Tensor in = input, out = output;
   auto work = pg_->_allgather_base(out, in);
@@ -175,6 +235,36 @@ WorkPtr GlooCommunicator::ReduceScatter(const at::Tensor& input, const at::Tenso
       1.0 / (options.pre_divide * options.post_divide * (options.op == ReduceOp::kAvg ? size_ : 1));
   const int64_t n = output.numel();
   const int world = size_;
+  if (size_ == 2 && n > 0 && IsFloating(output.scalar_type()) &&
+      at::get_overlap_status(input, output) == at::MemOverlapStatus::No) {  // W=2 fast path (see above)
+    // Send the peer's block of `input`, receive the peer's contribution to ours
+    // straight into `output`, then add ours. Same arithmetic as the general
+    // path, bit for bit (checked by comm_bench's self-check): the sum of the
+    // two blocks (then the scale) in the dtype for float32/float64; for 16-bit
+    // types sum and scale in float32 and one rounding at the end. Other dtypes, and outputs that alias the input,
+    // take the general path.
+    const at::Tensor in = input.reshape(-1), out = output.reshape(-1);
+    const at::Tensor mine = in.narrow(0, rank_ * n, n), to_peer = in.narrow(0, (1 - rank_) * n, n);
+    auto finish = [out, mine, n, scale]() {
+      const bool low = out.scalar_type() == at::kHalf || out.scalar_type() == at::kBFloat16;
+      // The trailing add_(0.0) turns -0 into +0 and changes nothing else, as
+      // the general path's sum (which starts from +0) does.
+      Serially(n, [&](int64_t i, int64_t len) {
+        at::Tensor o = out.narrow(0, i, len);
+        if (!low || scale == 1.0) {
+          o.add_(mine.narrow(0, i, len)).add_(0.0);
+          if (scale != 1.0) o.mul_(scale);
+        } else {
+          at::Tensor acc = o.to(at::kFloat);
+          acc.add_(mine.narrow(0, i, len)).add_(0.0);
+          acc.mul_(scale);
+          o.copy_(acc);
+        }
+      });
+    };
+    return std::make_shared<GlooWork>(ExchangeWithPeer(*pg_, rank_, to_peer, out, timeout_),
+                                      Describe("ReduceScatter", *this), timeout_, std::move(finish));
+  }
   // Every rank sends block j of its input to rank j, then sums what it got.
   at::Tensor recv = size_ == 1 ? input : at::empty_like(input);
   auto finish = [recv, output, n, world, scale, pre = options.pre_divide]() mutable {

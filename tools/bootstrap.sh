@@ -14,7 +14,7 @@ PREFIX="$ROOT/.deps/venv"
 DEBIAN_PACKAGES=(
   bazel-bootstrap bazel-rules-java bazel-platforms
   libabsl-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev
-  nlohmann-json3-dev libgloo-dev dataset-fashion-mnist
+  nlohmann-json3-dev libgloo-dev dataset-fashion-mnist fortunes
   python3 python3-venv binutils g++
 )
 

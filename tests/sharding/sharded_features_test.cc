@@ -419,7 +419,7 @@ TEST(ShardedMixedPrecision, Bf16AndFp16StayCloseToFp32) {
   EXPECT_LT(fp32.back(), fp32.front() * 0.9);
   for (auto dt : {at::kBFloat16, at::kHalf}) {
     auto low = run(dt);
-    // Documented tolerance (docs/sharding.md): within 2% of the fp32 loss after 10 steps.
+    // Documented tolerance (docs/ARCHITECTURE.md, Numerics): within 2% of the fp32 loss after 10 steps.
     for (size_t i = 0; i < fp32.size(); ++i) EXPECT_NEAR(low[i], fp32[i], 0.02 * fp32[i]) << dt << " step " << i;
   }
 }

@@ -1,0 +1,71 @@
+// FsdpStrategy ("fsdp", alias "ddp_fully_sharded"): Fully Sharded Data
+// Parallel with fairscale FullyShardedDataParallel's options and names, on the
+// ShardTrain sharding core.
+//
+// String options (StrategyRegistry::Create("fsdp", {...})):
+//   reshard_after_forward   true (default: FULL_SHARD) | false (SHARD_GRAD_OP)
+//   flatten_parameters      must be true (the core always flattens; false is rejected)
+//   mixed_precision         true|false (default false): fp32 master shards, compute in
+//                           compute_dtype, reduce in compute_dtype unless fp32_reduce_scatter
+//   compute_dtype           fp16 (default with mixed_precision, as fairscale) | bf16 | fp32
+//   buffer_dtype            fp16|bf16|fp32 (default: compute_dtype)
+//   fp32_reduce_scatter     true|false (needs mixed_precision, as in fairscale)
+//   move_grads_to_cpu       true|false: accepted; gradients are on the CPU already in CPU runs
+//   cpu_offload             true|false (needs mixed_precision, as in fairscale): a no-op on CPU (logged)
+//   bucket_cap_mb           number (default 25): accepted for compatibility; every unit's
+//                           gradient is reduce-scattered as its own flat buffer (no extra bucketing)
+//   min_num_params          size-based auto wrap threshold (default 1e8, as Lightning's
+//                           DDPFullyShardedStrategy): wrap points with fewer parameters join
+//                           their parent unit; a smaller model is a single root unit
+//   state_dict_to_cpu       true (default) | false
+//   gradient_predivide_factor, gradient_postdivide_factor  (> 0; default: PyTorch's split of W)
+#ifndef SHARDTRAIN_STRATEGIES_FSDP_FSDP_STRATEGY_H_
+#define SHARDTRAIN_STRATEGIES_FSDP_FSDP_STRATEGY_H_
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "strategies/registry.h"
+#include "strategies/sharded_strategy_base.h"
+
+namespace shardtrain::strategies {
+
+struct FsdpOptions {
+  bool reshard_after_forward = true;
+  bool flatten_parameters = true;
+  bool mixed_precision = false;
+  std::optional<c10::ScalarType> compute_dtype;  // default fp16 with mixed_precision
+  std::optional<c10::ScalarType> buffer_dtype;   // default compute_dtype
+  bool fp32_reduce_scatter = false;
+  bool move_grads_to_cpu = false;
+  bool cpu_offload = false;
+  double bucket_cap_mb = 25;
+  int64_t min_num_params = 100000000;
+  bool state_dict_to_cpu = true;
+  double gradient_predivide_factor = 0;  // 0 = default
+  double gradient_postdivide_factor = 0;
+
+  static FsdpOptions FromStrings(const StrategyOptions& options, const std::string& strategy_name = "fsdp");
+  static std::vector<std::string> ValidKeys();
+};
+
+class FsdpStrategy : public ShardedStrategyBase {
+ public:
+  // Throws InvalidArgumentError for invalid values or combinations.
+  explicit FsdpStrategy(FsdpOptions options = {}, std::string name = "fsdp");
+  std::string name() const override { return name_; }
+  void Setup(comm::CommunicatorPtr world, const ClusterInfo& cluster) override;
+  const FsdpOptions& options() const { return options_; }
+
+ protected:
+  void PrepareOptions(sharding::ShardingOptions& options) override;
+
+ private:
+  FsdpOptions options_;
+  std::string name_;
+};
+
+}  // namespace shardtrain::strategies
+
+#endif  // SHARDTRAIN_STRATEGIES_FSDP_FSDP_STRATEGY_H_

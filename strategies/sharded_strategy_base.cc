@@ -1,0 +1,145 @@
+#include "strategies/sharded_strategy_base.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/nn/module.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "comm/errors.h"
+
+namespace shardtrain::strategies {
+
+ShardedStrategyBase::~ShardedStrategyBase() = default;
+
+sharding::MixedPrecision ShardedStrategyBase::PrecisionToMixed(const std::string& precision) {
+  sharding::MixedPrecision mp;
+  if (precision == "bf16-mixed" || precision == "bf16-true") {
+    mp.param_dtype = mp.reduce_dtype = mp.buffer_dtype = at::kBFloat16;
+  } else if (precision == "16-mixed") {
+    mp.param_dtype = mp.reduce_dtype = mp.buffer_dtype = at::kHalf;
+  }
+  return mp;
+}
+
+void ShardedStrategyBase::WrapModel(std::shared_ptr<torch::nn::Module> module) {
+  CheckSetUp("WrapModel");
+  ST_CHECK_ARG(module != nullptr, name(), ": WrapModel needs a module");
+  ST_CHECK_ARG(!sm_, name(), ": WrapModel called twice");
+  ST_CHECK_ARG(world_ != nullptr, name(), ": needs a communicator (Setup with a world group; size 1 is fine)");
+  sharding::ShardingOptions options = sharding_options_;
+  PrepareOptions(options);
+  sharding_options_ = options;
+  sm_ = std::make_unique<sharding::ShardedModel>(module, world_, options, policy_, checkpoint_,
+                                                 cluster_.local_world_size);
+  module_ = std::move(module);
+}
+
+sharding::ShardedModel& ShardedStrategyBase::sharded_model() {
+  CheckWrapped("sharded_model()");
+  return *sm_;
+}
+
+c10::ScalarType ShardedStrategyBase::compute_dtype() const {
+  return sm_ ? sm_->compute_dtype() : sharding_options_.mixed_precision.param_dtype.value_or(at::kFloat);
+}
+
+at::Tensor ShardedStrategyBase::Forward(const std::function<at::Tensor()>& fn) {
+  CheckWrapped("Forward");
+  return sm_->Forward(fn);
+}
+
+std::vector<at::Tensor> ShardedStrategyBase::parameters() const {
+  CheckWrapped("parameters()");
+  return sm_->parameters();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ShardedStrategyBase::named_parameters() const {
+  CheckWrapped("named_parameters()");
+  return sm_->named_parameters();
+}
+
+void ShardedStrategyBase::Backward(const at::Tensor& loss, bool sync_gradients) {
+  CheckWrapped("Backward");
+  if (sync_gradients) {
+    torch::autograd::backward({loss});
+  } else {
+    // The sharding core's no_sync path does not accumulate correctly into the
+    // per-parameter views of use_orig_params (measured: results drift from
+    // DDP); refuse rather than train wrong.
+    ST_CHECK_ARG(!sharding_options_.use_orig_params, name(),
+                 ": gradient accumulation without sync (no_sync, accumulate_grad_batches > 1) is not supported "
+                 "with use_orig_params=true yet; use use_orig_params=false or accumulate_grad_batches=1");
+    auto scope = sm_->no_sync();
+    torch::autograd::backward({loss});
+  }
+}
+
+double ShardedStrategyBase::ClipGradNorm(double max_norm, double norm_type) {
+  CheckWrapped("ClipGradNorm");
+  if (!sharding_options_.use_orig_params) return sm_->ClipGradNorm(max_norm, norm_type);
+  // With use_orig_params the optimizer steps per-parameter views of the shard
+  // whose .grad tensors need not alias the flat shard gradient (zero_grad sets
+  // them to None), so ShardedModel::ClipGradNorm (flat gradients) would clip
+  // what the optimizer does not see. Clip the views' gradients: they are
+  // disjoint pieces of this rank's shard, so summing over the shard group
+  // gives the unsharded norm.
+  ST_CHECK_ARG(max_norm > 0, "ClipGradNorm: max_norm must be > 0, got ", max_norm);
+  const bool inf = std::isinf(norm_type);
+  ST_CHECK_ARG(inf || norm_type == 2.0, "ClipGradNorm: norm_type must be 2 or inf, got ", norm_type);
+  at::NoGradGuard no_grad;
+  auto params = sm_->parameters();
+  at::Tensor local = at::zeros({1}, at::kDouble);
+  for (const auto& p : params) {
+    if (!p.grad().defined()) continue;
+    at::Tensor g = p.grad().to(at::kDouble);
+    local = inf ? at::maximum(local, g.abs().max().reshape({1})) : local + g.pow(2).sum();
+  }
+  const auto& group = sm_->shard_group();
+  if (group && group->size() > 1) {
+    group->AllReduce(local, {inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum})->Wait();
+  }
+  const double total = inf ? local.item<double>() : std::sqrt(local.item<double>());
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0) {
+    for (const auto& p : params) {
+      if (p.grad().defined()) p.grad().mul_(coef);
+    }
+  }
+  return total;
+}
+
+std::map<std::string, at::Tensor> ShardedStrategyBase::FullStateDict() {
+  CheckWrapped("FullStateDict");
+  return sm_->FullStateDict(/*rank0_only=*/true, /*to_cpu=*/state_dict_to_cpu_);
+}
+
+void ShardedStrategyBase::LoadFullStateDict(const std::map<std::string, at::Tensor>& state) {
+  CheckWrapped("LoadFullStateDict");
+  sm_->LoadFullStateDict(state);
+}
+
+sharding::ShardedStateDict ShardedStrategyBase::GetShardedStateDict() const {
+  CheckWrapped("GetShardedStateDict");
+  return sm_->GetShardedStateDict();
+}
+
+void ShardedStrategyBase::LoadShardedStateDict(const std::vector<sharding::ShardedStateDict>& pieces) {
+  CheckWrapped("LoadShardedStateDict");
+  sm_->LoadShardedStateDict(pieces);
+}
+
+std::vector<std::string> SplitTypeNames(const std::string& list) {
+  std::vector<std::string> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    auto b = item.find_first_not_of(' ');
+    auto e = item.find_last_not_of(' ');
+    if (b != std::string::npos) out.push_back(item.substr(b, e - b + 1));
+  }
+  return out;
+}
+
+}  // namespace shardtrain::strategies

@@ -1,0 +1,60 @@
+// ShardedStrategyBase: what the two FSDP strategies (fsdp, fsdp_native) share —
+// running a sharding::ShardedModel. Each strategy translates its own option
+// vocabulary into sharding::ShardingOptions + a WrapPolicy and derives from
+// this class; the two never see each other. Not for direct use.
+#ifndef SHARDTRAIN_STRATEGIES_SHARDED_STRATEGY_BASE_H_
+#define SHARDTRAIN_STRATEGIES_SHARDED_STRATEGY_BASE_H_
+
+#include <functional>
+#include <memory>
+
+#include "sharding/options.h"
+#include "sharding/sharded_model.h"
+#include "strategies/strategy.h"
+
+namespace shardtrain::strategies {
+
+class ShardedStrategyBase : public Strategy {
+ public:
+  ~ShardedStrategyBase() override;
+
+  void WrapModel(std::shared_ptr<torch::nn::Module> module) override;
+  c10::ScalarType compute_dtype() const override;
+  at::Tensor Forward(const std::function<at::Tensor()>& fn) override;
+  std::vector<at::Tensor> parameters() const override;
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() const override;
+  void Backward(const at::Tensor& loss, bool sync_gradients = true) override;
+  double ClipGradNorm(double max_norm, double norm_type = 2.0) override;
+  std::map<std::string, at::Tensor> FullStateDict() override;
+  void LoadFullStateDict(const std::map<std::string, at::Tensor>& state) override;
+
+  // Sharded checkpoints (one piece per rank, loadable at any world size).
+  sharding::ShardedStateDict GetShardedStateDict() const;
+  void LoadShardedStateDict(const std::vector<sharding::ShardedStateDict>& pieces);
+
+  sharding::ShardedModel& sharded_model();
+  // The options handed to the sharding core (after precision is applied).
+  const sharding::ShardingOptions& sharding_options() const { return sharding_options_; }
+
+ protected:
+  ShardedStrategyBase() = default;
+  // Called by WrapModel before the ShardedModel is built: the strategy may
+  // adjust the options (precision, world-size dependent checks).
+  virtual void PrepareOptions(sharding::ShardingOptions& options) {}
+  // Mixed precision implied by the trainer's precision (for strategies whose
+  // own mixed precision option was not given).
+  static sharding::MixedPrecision PrecisionToMixed(const std::string& precision);
+
+  sharding::ShardingOptions sharding_options_;
+  sharding::WrapPolicy policy_ = sharding::WrapPolicy::Always();
+  std::function<bool(const sharding::WrapPoint&)> checkpoint_;
+  bool state_dict_to_cpu_ = true;
+  std::unique_ptr<sharding::ShardedModel> sm_;
+};
+
+// Parses a comma-separated list of module type names ("BlockImpl,MlpImpl").
+std::vector<std::string> SplitTypeNames(const std::string& list);
+
+}  // namespace shardtrain::strategies
+
+#endif  // SHARDTRAIN_STRATEGIES_SHARDED_STRATEGY_BASE_H_

@@ -1,0 +1,194 @@
+#include "strategies/strategy.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <sstream>
+
+#include "comm/errors.h"
+
+namespace shardtrain::strategies {
+
+GradClipAlgorithm ParseGradClipAlgorithm(const std::string& name) {
+  if (name == "norm") return GradClipAlgorithm::kNorm;
+  if (name == "value") return GradClipAlgorithm::kValue;
+  ST_THROW(InvalidArgumentError, "unknown gradient_clip_algorithm '", name, "'; valid: norm, value");
+}
+
+void CheckPrecision(const std::string& p) {
+  ST_CHECK_ARG(p == "32-true" || p == "bf16-mixed" || p == "16-mixed" || p == "bf16-true", "unknown precision '", p,
+               "'; valid: 32-true, bf16-mixed, 16-mixed, bf16-true");
+}
+
+Strategy::~Strategy() = default;
+
+void Strategy::Setup(comm::CommunicatorPtr world, const ClusterInfo& cluster) {
+  ST_CHECK_ARG(!set_up_, name(), ": Setup called twice");
+  world_ = std::move(world);
+  cluster_ = cluster;
+  if (world_) {
+    cluster_.rank = world_->rank();
+    cluster_.world_size = world_->size();
+  }
+  set_up_ = true;
+}
+
+void Strategy::SetPrecision(const std::string& precision) {
+  CheckPrecision(precision);
+  ST_CHECK_ARG(!wrapped(), name(), ": SetPrecision must be called before WrapModel");
+  precision_ = precision;
+}
+
+torch::nn::Module& Strategy::module() {
+  CheckWrapped("module()");
+  return *module_;
+}
+
+void Strategy::CheckSetUp(const char* what) const {
+  ST_CHECK_ARG(set_up_, name(), ": call Setup before ", what);
+}
+
+void Strategy::CheckWrapped(const char* what) const {
+  ST_CHECK_ARG(module_ != nullptr, name(), ": call WrapModel before ", what);
+}
+
+int Strategy::rank() const { return world_ ? world_->rank() : 0; }
+int Strategy::world_size() const { return world_ ? world_->size() : 1; }
+
+void Strategy::ClampGrads(double clip_value) {
+  ST_CHECK_ARG(clip_value > 0, "gradient clip value must be > 0, got ", clip_value);
+  at::NoGradGuard no_grad;
+  for (auto& p : parameters()) {
+    if (p.grad().defined()) p.grad().clamp_(-clip_value, clip_value);
+  }
+}
+
+void Strategy::ClipGradValue(double clip_value) {
+  // Gradients of parameters() are synchronized (and, for sharded strategies,
+  // this rank's disjoint shard of the reduced gradient), so an elementwise
+  // clamp equals the unsharded one.
+  ClampGrads(clip_value);
+}
+
+double Strategy::ClipGradients(double value, GradClipAlgorithm algorithm) {
+  if (algorithm == GradClipAlgorithm::kNorm) return ClipGradNorm(value);
+  ClipGradValue(value);
+  return value;
+}
+
+at::Tensor Strategy::ForwardWithPrecision(const std::function<at::Tensor()>& fn) {
+  if (precision_ != "bf16-mixed" && precision_ != "16-mixed") return fn();
+  const auto dev = at::kCPU;
+  const bool prev_enabled = at::autocast::is_autocast_enabled(dev);
+  const auto prev_dtype = at::autocast::get_autocast_dtype(dev);
+  at::autocast::set_autocast_enabled(dev, true);
+  at::autocast::set_autocast_dtype(dev, precision_ == "bf16-mixed" ? at::kBFloat16 : at::kHalf);
+  struct Restore {
+    bool enabled;
+    at::ScalarType dtype;
+    ~Restore() {
+      at::autocast::set_autocast_enabled(at::kCPU, enabled);
+      at::autocast::set_autocast_dtype(at::kCPU, dtype);
+      if (!enabled) at::autocast::clear_cache();
+    }
+  } restore{prev_enabled, prev_dtype};
+  return fn();
+}
+
+void Strategy::ApplyTruePrecision(torch::nn::Module& module) {
+  if (precision_ != "bf16-true") return;
+  at::NoGradGuard no_grad;
+  for (auto& p : module.parameters()) {
+    if (at::isFloatingType(p.scalar_type())) p.set_data(p.to(at::kBFloat16));
+  }
+  for (auto& b : module.buffers()) {
+    if (at::isFloatingType(b.scalar_type())) b.set_data(b.to(at::kBFloat16));
+  }
+}
+
+namespace {
+double Reduce(const comm::CommunicatorPtr& world, double v, comm::ReduceOp op) {
+  if (!world || world->size() == 1) return v;
+  at::Tensor t = at::full({1}, v, at::kDouble);
+  world->AllReduce(t, {op})->Wait();
+  return t.item<double>();
+}
+}  // namespace
+
+double Strategy::ReduceMean(double v) { return Reduce(world_, v, comm::ReduceOp::kAvg); }
+double Strategy::ReduceSum(double v) { return Reduce(world_, v, comm::ReduceOp::kSum); }
+double Strategy::ReduceMax(double v) { return Reduce(world_, v, comm::ReduceOp::kMax); }
+
+void Strategy::Barrier() {
+  if (world_ && world_->size() > 1) world_->Barrier()->Wait();
+}
+
+void Strategy::Broadcast(const at::Tensor& tensor, int root) {
+  if (world_ && world_->size() > 1) world_->Broadcast(tensor, root)->Wait();
+}
+
+double ClipLocalGradNorm(const std::vector<at::Tensor>& params, double max_norm, double norm_type) {
+  ST_CHECK_ARG(max_norm > 0, "ClipGradNorm: max_norm must be > 0, got ", max_norm);
+  const bool inf = std::isinf(norm_type);
+  ST_CHECK_ARG(inf || norm_type == 2.0, "ClipGradNorm: norm_type must be 2 or inf, got ", norm_type);
+  at::NoGradGuard no_grad;
+  double acc = 0;
+  for (const auto& p : params) {
+    if (!p.grad().defined()) continue;
+    at::Tensor g = p.grad().to(at::kDouble);
+    acc = inf ? std::max(acc, g.abs().max().item<double>()) : acc + g.pow(2).sum().item<double>();
+  }
+  const double total = inf ? acc : std::sqrt(acc);
+  const double coef = max_norm / (total + 1e-6);
+  if (coef < 1.0) {
+    for (const auto& p : params) {
+      if (p.grad().defined()) p.grad().mul_(coef);
+    }
+  }
+  return total;
+}
+
+std::map<std::string, at::Tensor> ModuleStateDict(torch::nn::Module& module) {
+  at::NoGradGuard no_grad;
+  std::map<std::string, at::Tensor> out;
+  auto add = [&](const std::string& k, const at::Tensor& v) {
+    at::Tensor t = v.detach();
+    if (at::isFloatingType(t.scalar_type())) t = t.to(at::kFloat);
+    out[k] = t.cpu().clone();
+  };
+  for (const auto& item : module.named_parameters(true)) add(item.key(), item.value());
+  for (const auto& item : module.named_buffers(true)) add(item.key(), item.value());
+  return out;
+}
+
+void LoadModuleStateDict(torch::nn::Module& module, const std::map<std::string, at::Tensor>& state) {
+  std::ostringstream problems;
+  std::vector<std::pair<std::string, at::Tensor>> targets;
+  for (const auto& item : module.named_parameters(true)) targets.emplace_back(item.key(), item.value());
+  for (const auto& item : module.named_buffers(true)) targets.emplace_back(item.key(), item.value());
+  std::set<std::string> expected;
+  for (const auto& [k, t] : targets) {
+    expected.insert(k);
+    auto it = state.find(k);
+    if (it == state.end()) {
+      problems << "\n  missing: '" << k << "' " << t.sizes();
+    } else if (it->second.sizes() != t.sizes()) {
+      problems << "\n  shape mismatch: '" << k << "' is " << it->second.sizes() << " in the state dict, " << t.sizes()
+               << " in the model";
+    }
+  }
+  for (const auto& [k, v] : state) {
+    if (!expected.count(k)) problems << "\n  unexpected: '" << k << "' " << v.sizes();
+  }
+  if (!problems.str().empty()) {
+    ST_THROW(InvalidArgumentError, "state dict does not match the model (nothing was loaded):", problems.str());
+  }
+  at::NoGradGuard no_grad;
+  for (auto& [k, t] : targets) t.copy_(state.at(k));
+}
+
+}  // namespace shardtrain::strategies

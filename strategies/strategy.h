@@ -1,0 +1,154 @@
+// Strategy: how a model is distributed over the ranks of a job.
+//
+// A Strategy owns the wrapped model and everything that depends on how it is
+// distributed: the forward through the wrapper, the parameters the optimizer
+// steps, backward with gradient synchronization (or without it, for gradient
+// accumulation), gradient clipping that is correct under sharding, metric
+// reductions, and state-dict save/load. The Trainer (trainer/) drives it:
+//
+//   strategy->Setup(world, cluster);          // communicator may be null for W=1
+//   strategy->SetPrecision("32-true");
+//   strategy->WrapModel(model);
+//   Optimizer opt(strategy->parameters(), ...);
+//   at::Tensor loss = loss_fn(strategy->Forward([&] { return net->forward(x); }));
+//   strategy->Backward(loss, /*sync_gradients=*/true);
+//   strategy->ClipGradients(1.0, GradClipAlgorithm::kNorm);
+//   opt.step();
+//
+// Strategies are created by name through StrategyRegistry
+// (strategies/registry.h) or constructed directly with their typed options.
+// Every strategy runs on CPU (Gloo); CUDA placement is left to the model.
+#ifndef SHARDTRAIN_STRATEGIES_STRATEGY_H_
+#define SHARDTRAIN_STRATEGIES_STRATEGY_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "comm/cluster_environment.h"
+#include "comm/communicator.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace shardtrain::strategies {
+
+enum class GradClipAlgorithm { kNorm, kValue };
+// "norm" or "value"; throws InvalidArgumentError otherwise.
+GradClipAlgorithm ParseGradClipAlgorithm(const std::string& name);
+
+// Trainer precision names (Lightning's): "32-true", "bf16-mixed", "16-mixed", "bf16-true".
+// Throws InvalidArgumentError listing them for anything else.
+void CheckPrecision(const std::string& precision);
+
+class Strategy {
+ public:
+  virtual ~Strategy();
+
+  // Registered short name ("fsdp_native", "ddp", ...).
+  virtual std::string name() const = 0;
+
+  // Joins the job: `world` is the process group of all ranks (nullptr or a
+  // group of size 1 for a single process). Must be called before WrapModel.
+  virtual void Setup(comm::CommunicatorPtr world, const ClusterInfo& cluster);
+
+  // Trainer precision ("32-true", "bf16-mixed", "16-mixed", "bf16-true"),
+  // applied by WrapModel. Strategies with their own mixed-precision option
+  // let an explicitly set option win.
+  virtual void SetPrecision(const std::string& precision);
+  const std::string& precision() const { return precision_; }
+
+  // Takes the model (built by the user, e.g. in configure_model) and wraps it.
+  virtual void WrapModel(std::shared_ptr<torch::nn::Module> module) = 0;
+  bool wrapped() const { return module_ != nullptr; }
+  // The user's (unwrapped) module.
+  torch::nn::Module& module();
+  const std::shared_ptr<torch::nn::Module>& module_ptr() const { return module_; }
+
+  // Runs the model's forward through the wrapper (gathers sharded parameters,
+  // autocast for mixed precision, ...).
+  virtual at::Tensor Forward(const std::function<at::Tensor()>& fn) = 0;
+
+  // dtype the model computes in; the trainer casts floating inputs to it.
+  virtual c10::ScalarType compute_dtype() const { return c10::ScalarType::Float; }
+
+  // What the optimizer steps (shards for sharded strategies).
+  virtual std::vector<at::Tensor> parameters() const = 0;
+  virtual std::vector<std::pair<std::string, at::Tensor>> named_parameters() const = 0;
+
+  // loss.backward() plus gradient synchronization. With sync_gradients false
+  // gradients accumulate locally and are synchronized by the next backward
+  // that syncs (gradient accumulation without communication).
+  virtual void Backward(const at::Tensor& loss, bool sync_gradients = true) = 0;
+
+  // Clips the gradients of parameters(): by global norm (returns the norm
+  // before clipping, equal to the unsharded model's) or elementwise by value
+  // (returns the value). Call after a syncing Backward.
+  virtual double ClipGradNorm(double max_norm, double norm_type = 2.0) = 0;
+  virtual void ClipGradValue(double clip_value);
+  double ClipGradients(double value, GradClipAlgorithm algorithm);
+
+  // Metric helpers over the world group (identity for one process).
+  double ReduceMean(double value);
+  double ReduceSum(double value);
+  double ReduceMax(double value);
+  void Barrier();
+  // In place, from `root`.
+  void Broadcast(const at::Tensor& tensor, int root = 0);
+
+  int rank() const;
+  int world_size() const;
+  bool is_global_zero() const { return rank() == 0; }
+  const comm::CommunicatorPtr& world() const { return world_; }
+  const ClusterInfo& cluster() const { return cluster_; }
+
+  // Full state dict (unwrapped parameter and buffer names, float32, CPU).
+  // Collective for sharded strategies: every rank calls; rank 0 gets the map,
+  // other ranks may get an empty one.
+  virtual std::map<std::string, at::Tensor> FullStateDict() = 0;
+  // Every rank passes the same full state dict. Names and shapes are checked
+  // first; on mismatch nothing changes and InvalidArgumentError lists the problems.
+  virtual void LoadFullStateDict(const std::map<std::string, at::Tensor>& state) = 0;
+
+  // Whether checkpoints should be sharded (one piece per rank) by default.
+  virtual bool prefers_sharded_checkpoint() const { return false; }
+
+ protected:
+  void CheckSetUp(const char* what) const;
+  void CheckWrapped(const char* what) const;
+  // For replicated strategies: runs fn under CPU autocast for "bf16-mixed" /
+  // "16-mixed", plainly otherwise.
+  at::Tensor ForwardWithPrecision(const std::function<at::Tensor()>& fn);
+  // For replicated strategies: "bf16-true" casts the module's floating
+  // parameters and buffers to bfloat16.
+  void ApplyTruePrecision(torch::nn::Module& module);
+  // Elementwise clamp of parameters()' gradients.
+  void ClampGrads(double clip_value);
+
+  comm::CommunicatorPtr world_;
+  ClusterInfo cluster_;
+  std::string precision_ = "32-true";
+  bool set_up_ = false;
+  std::shared_ptr<torch::nn::Module> module_;
+};
+
+using StrategyPtr = std::shared_ptr<Strategy>;
+
+// Helpers for replicated strategies (ddp, single_device).
+// Global-norm clipping of local (already synchronized) gradients; returns the norm.
+double ClipLocalGradNorm(const std::vector<at::Tensor>& params, double max_norm, double norm_type);
+// Parameters and buffers by name, float32 for floating tensors, cloned to CPU.
+std::map<std::string, at::Tensor> ModuleStateDict(torch::nn::Module& module);
+// Checks names and shapes first (nothing changes on mismatch; the error lists
+// every problem), then copies.
+void LoadModuleStateDict(torch::nn::Module& module, const std::map<std::string, at::Tensor>& state);
+
+}  // namespace shardtrain::strategies
+
+#endif  // SHARDTRAIN_STRATEGIES_STRATEGY_H_

@@ -1,0 +1,238 @@
+// Strategies through the Strategy interface only: registry errors, invalid
+// combinations, and parity: fsdp, fsdp_native (several settings) and ddp at
+// W=2 give the same losses and parameters as single_device on the same global
+// batch, with gradient accumulation (no_sync) and norm clipping.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adam.h>
+
+#include <map>
+#include <mutex>
+
+#include "comm/errors.h"
+#include "strategies/ddp/ddp_strategy.h"
+#include "strategies/fsdp/fsdp_strategy.h"
+#include "strategies/fsdp_native/fsdp_native_strategy.h"
+#include "strategies/registry.h"
+#include "tests/testing/models.h"
+#include "tests/testing/multi_rank.h"
+
+namespace shardtrain::strategies {
+namespace {
+
+using shardtrain::testing::RunRanks;
+
+template <typename F>
+std::string ErrorOf(F&& f) {
+  try {
+    f();
+  } catch (const InvalidArgumentError& e) {
+    return e.what();
+  }
+  return "<no InvalidArgumentError>";
+}
+
+TEST(Registry, KnowsEveryStrategy) {
+  for (const char* n : {"ddp", "ddp_fully_sharded", "fsdp", "fsdp_native", "fsdp_native_full_shard_offload",
+                        "single_device"}) {
+    EXPECT_TRUE(StrategyRegistry::Has(n)) << n;
+    EXPECT_EQ(StrategyRegistry::Create(n)->name(), n);
+  }
+}
+
+TEST(Registry, UnknownNameListsRegistered) {
+  std::string msg = ErrorOf([] { StrategyRegistry::Create("fsdp_nativ"); });
+  EXPECT_NE(msg.find("unknown strategy 'fsdp_nativ'"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("ddp, ddp_fully_sharded, fsdp, fsdp_native"), std::string::npos) << msg;
+}
+
+TEST(Registry, UnknownOptionListsValidKeys) {
+  std::string msg = ErrorOf([] { StrategyRegistry::Create("fsdp_native", {{"reshard_after_forward", "true"}}); });
+  EXPECT_NE(msg.find("unknown option reshard_after_forward"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("sharding_strategy"), std::string::npos) << msg;
+  msg = ErrorOf([] { StrategyRegistry::Create("fsdp", {{"sharding_strategy", "FULL_SHARD"}}); });
+  EXPECT_NE(msg.find("unknown option sharding_strategy"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("reshard_after_forward"), std::string::npos) << msg;
+}
+
+TEST(Registry, InvalidValuesAndCombinations) {
+  auto has = [](const std::string& msg, const std::string& part) {
+    EXPECT_NE(msg.find(part), std::string::npos) << msg;
+  };
+  has(ErrorOf([] { StrategyRegistry::Create("fsdp", {{"flatten_parameters", "false"}}); }),
+      "flatten_parameters=false is not supported");
+  has(ErrorOf([] { StrategyRegistry::Create("fsdp", {{"fp32_reduce_scatter", "true"}}); }),
+      "requires mixed_precision=true");
+  has(ErrorOf([] { StrategyRegistry::Create("fsdp", {{"cpu_offload", "yes"}}); }), "requires mixed_precision=true");
+  has(ErrorOf([] { StrategyRegistry::Create("fsdp", {{"reshard_after_forward", "maybe"}}); }), "is not a boolean");
+  has(ErrorOf([] { StrategyRegistry::Create("fsdp_native", {{"param_dtype", "int8"}}); }), "valid: bf16, fp16, fp32");
+  has(ErrorOf([] { StrategyRegistry::Create("fsdp_native", {{"sharding_strategy", "ZERO3"}}); }),
+      "valid: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");
+  has(ErrorOf([] { StrategyRegistry::Create("fsdp_native", {{"state_dict_type", "local"}}); }), "valid: full, sharded");
+  has(ErrorOf([] { StrategyRegistry::Create("fsdp_native", {{"auto_wrap_policy", "big"}}); }),
+      "valid: always, never, size:N, type:TypeA,TypeB");
+  has(ErrorOf([] { StrategyRegistry::Create("fsdp_native", {{"hybrid_shard_group_size", "2"}}); }),
+      "only valid with sharding_strategy=HYBRID_SHARD");
+  has(ErrorOf([] { StrategyRegistry::Create("ddp", {{"bucket_cap_mb", "-1"}}); }), "bucket_cap_mb must be > 0");
+  // HYBRID_SHARD whose group size does not divide the world size: at Setup.
+  has(ErrorOf([] {
+        RunRanks(2, [](int, const auto& comm) {
+          auto s = StrategyRegistry::Create(
+              "fsdp_native", {{"sharding_strategy", "HYBRID_SHARD"}, {"hybrid_shard_group_size", "3"}});
+          s->Setup(comm, {});
+        });
+      }),
+      "does not divide the world size 2");
+}
+
+TEST(Registry, TypedOptions) {
+  auto o = FsdpNativeOptions::FromStrings(
+      {{"mixed_precision", "bf16"}, {"reduce_dtype", "fp32"}, {"auto_wrap_policy", "type:MlpBlockImpl"}});
+  EXPECT_EQ(*o.mixed_precision.param_dtype, at::kBFloat16);
+  EXPECT_EQ(*o.mixed_precision.reduce_dtype, at::kFloat);
+  auto f = FsdpOptions::FromStrings({{"min_num_params", "1e8"}, {"reshard_after_forward", "false"}});
+  EXPECT_EQ(f.min_num_params, 100000000);
+  FsdpStrategy fs(f);
+  EXPECT_EQ(fs.sharding_options().sharding_strategy, sharding::ShardingStrategy::kShardGradOp);
+  auto off = StrategyRegistry::Create("fsdp_native_full_shard_offload");
+  EXPECT_TRUE(static_cast<FsdpNativeStrategy&>(*off).options().cpu_offload);
+}
+
+// ---------------------------------------------------------------------------
+// Parity
+
+constexpr int kSteps = 6;
+constexpr int kMicro = 2;  // micro-batches per step (gradient accumulation)
+constexpr int64_t kGlobalBatch = 8;
+constexpr double kClip = 0.5;
+
+struct RunResult {
+  std::vector<double> losses;
+  std::map<std::string, at::Tensor> state;
+};
+
+// Each rank takes its slice of each micro-batch; the first micro-batch
+// backward does not sync; gradients are clipped by norm, then Adam steps.
+RunResult Train(const std::string& name, const StrategyOptions& opts, int world, bool clip = true, int micro = kMicro) {
+  auto tm = shardtrain::testing::MlpWithBatchNorm();
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  for (int r = 0; r < world; ++r) models.push_back(tm.make());
+  RunResult result;
+  std::mutex mu;
+  RunRanks(world, [&](int rank, const auto& comm) {
+    auto s = StrategyRegistry::Create(name, opts);
+    ClusterInfo cluster;
+    s->Setup(world == 1 && name == "single_device" ? nullptr : comm::CommunicatorPtr(comm), cluster);
+    s->WrapModel(models[rank]);
+    s->module().train();
+    torch::optim::Adam opt(s->parameters(), torch::optim::AdamOptions(1e-2));
+    const int64_t per = kGlobalBatch / micro / world;
+    std::vector<double> losses;
+    for (int step = 0; step < kSteps; ++step) {
+      double total = 0;
+      for (int m = 0; m < micro; ++m) {
+        auto [x, y] = tm.data(m, kGlobalBatch / micro);  // the same two micro-batches: loss must fall
+        x = x.slice(0, rank * per, (rank + 1) * per);
+        y = y.slice(0, rank * per, (rank + 1) * per);
+        at::Tensor out = s->Forward([&] { return tm.forward(s->module(), x); });
+        at::Tensor loss = tm.loss(out, y);
+        s->Backward(loss / micro, /*sync_gradients=*/m == micro - 1);
+        total += s->ReduceMean(loss.item<double>()) / micro;
+      }
+      if (clip) s->ClipGradients(kClip, GradClipAlgorithm::kNorm);
+      opt.step();
+      opt.zero_grad();
+      losses.push_back(total);
+    }
+    auto state = s->FullStateDict();
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      result.losses = losses;
+      result.state = state;
+    }
+  });
+  return result;
+}
+
+void ExpectSame(const RunResult& ref, const RunResult& got, double tol) {
+  ASSERT_EQ(ref.losses.size(), got.losses.size());
+  for (size_t i = 0; i < ref.losses.size(); ++i) EXPECT_NEAR(got.losses[i], ref.losses[i], tol) << "step " << i;
+  for (const auto& [k, v] : ref.state) {
+    if (k.find("running") != std::string::npos || k.find("num_batches") != std::string::npos) continue;
+    auto it = got.state.find(k);
+    ASSERT_NE(it, got.state.end()) << k;
+    EXPECT_LE((it->second - v).abs().max().item<double>(), tol) << k;
+  }
+}
+
+TEST(Parity, EveryStrategyMatchesDdp) {
+  // Reference: one process on the global batch (each micro-batch in two halves,
+  // as the ranks see it, so BatchNorm statistics match).
+  RunResult ddp = Train("ddp", {{"bucket_cap_mb", "0.001"}}, 2);  // several buckets
+  EXPECT_LT(ddp.losses.back(), ddp.losses.front());
+  struct Case {
+    std::string name;
+    StrategyOptions opts;
+  };
+  std::vector<Case> cases = {
+      {"fsdp_native", {}},
+      {"fsdp_native", {{"sharding_strategy", "SHARD_GRAD_OP"}, {"backward_prefetch", "BACKWARD_POST"}}},
+      {"fsdp_native", {{"sharding_strategy", "NO_SHARD"}}},
+      {"fsdp_native", {{"auto_wrap_policy", "type:MlpBlockImpl"}, {"limit_all_gathers", "false"}}},
+      {"fsdp_native_full_shard_offload", {{"forward_prefetch", "true"}}},
+      {"fsdp", {}},  // min_num_params 1e8: the whole model is one root unit
+      {"fsdp", {{"min_num_params", "100"}, {"reshard_after_forward", "false"}}},
+      {"ddp_fully_sharded", {{"min_num_params", "1"}}},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    RunResult got = Train(c.name, c.opts, 2);
+    ExpectSame(ddp, got, 1e-5);
+    EXPECT_LT(got.losses.back(), got.losses.front());
+  }
+}
+
+TEST(Parity, UseOrigParamsMatchesDdpWithoutAccumulation) {
+  RunResult ddp = Train("ddp", {}, 2, /*clip=*/true, /*micro=*/1);
+  RunResult got = Train("fsdp_native", {{"use_orig_params", "true"}, {"auto_wrap_policy", "never"}}, 2, true, 1);
+  ExpectSame(ddp, got, 1e-5);
+  got = Train("fsdp_native", {{"use_orig_params", "true"}}, 2, true, 1);
+  ExpectSame(ddp, got, 1e-5);
+}
+
+TEST(Parity, UseOrigParamsRejectsNoSync) {
+  std::string msg = ErrorOf([] { Train("fsdp_native", {{"use_orig_params", "true"}}, 2, true, 2); });
+  EXPECT_NE(msg.find("use_orig_params"), std::string::npos) << msg;
+}
+
+TEST(Parity, SingleDeviceLearns) {
+  // single_device at W=1 sees the whole micro-batch at once (BatchNorm over 4
+  // samples instead of 2), so it is not bit-comparable; it must learn.
+  RunResult r = Train("single_device", {}, 1);
+  EXPECT_LT(r.losses.back(), r.losses.front());
+}
+
+TEST(Clip, ValueClipsElementwise) {
+  RunRanks(2, [](int rank, const auto& comm) {
+    auto tm = shardtrain::testing::MlpWithBatchNorm();
+    auto s = StrategyRegistry::Create("fsdp_native");
+    s->Setup(comm, {});
+    s->WrapModel(tm.make());
+    auto [x, y] = tm.data(0, 8);
+    at::Tensor loss = tm.loss(s->Forward([&] { return tm.forward(s->module(), x.slice(0, rank * 4, rank * 4 + 4)); }),
+                              y.slice(0, rank * 4, rank * 4 + 4));
+    s->Backward(loss * 100);
+    s->ClipGradients(1e-3, GradClipAlgorithm::kValue);
+    for (auto& p : s->parameters()) {
+      if (p.grad().defined()) {
+        EXPECT_LE(p.grad().abs().max().item<double>(), 1e-3 * (1 + 1e-6));
+      }
+    }
+    const double norm = s->ClipGradNorm(1e9);
+    EXPECT_GT(norm, 0);
+  });
+}
+
+}  // namespace
+}  // namespace shardtrain::strategies

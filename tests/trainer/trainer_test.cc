@@ -1,0 +1,306 @@
+// Trainer end to end on CPU, threads-as-ranks over Gloo (injected communicator).
+#include "trainer/trainer.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include "comm/errors.h"
+#include "sharding/wrap_point.h"
+#include "tests/testing/multi_rank.h"
+#include "trainer/checkpoint.h"
+#include "trainer/csv_logger.h"
+#include "trainer/data.h"
+#include "trainer/progress.h"
+
+namespace shardtrain::trainer {
+namespace {
+namespace fs = std::filesystem;
+using shardtrain::testing::RunRanks;
+
+std::string TmpDir(const std::string& name) {
+  const char* t = std::getenv("TEST_TMPDIR");
+  fs::path p = fs::path(t ? t : "/tmp") / name;
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(int64_t in, int64_t out) { fc = register_module("fc", torch::nn::Linear(in, out)); }
+  at::Tensor forward(const at::Tensor& x) { return at::relu(fc->forward(x)); }
+  torch::nn::Linear fc{nullptr};
+};
+
+class NetImpl : public torch::nn::Module {
+ public:
+  NetImpl() {
+    b1 = register_module("b1", std::make_shared<sharding::Sharded<BlockImpl>>(8, 16));
+    b2 = register_module("b2", std::make_shared<sharding::Sharded<BlockImpl>>(16, 16));
+    head = register_module("head", torch::nn::Linear(16, 3));
+  }
+  at::Tensor forward(const at::Tensor& x) { return head->forward(b2->forward(b1->forward(x))); }
+  std::shared_ptr<sharding::Sharded<BlockImpl>> b1, b2;
+  torch::nn::Linear head{nullptr};
+};
+
+// Learnable: the class is the argmax of the first three features.
+std::shared_ptr<TensorDataset> MakeData(int64_t n, uint64_t seed) {
+  auto g = at::detail::createCPUGenerator(seed);
+  at::Tensor x = at::randn({n, 8}, g);
+  return std::make_shared<TensorDataset>(x, x.slice(1, 0, 3).argmax(1));
+}
+
+class Classifier : public TrainingModule {
+ public:
+  std::shared_ptr<torch::nn::Module> configure_model() override {
+    // Threads-as-ranks share the global generator (the Trainer seeds it on
+    // every rank concurrently), so initialize from a generator of our own.
+    net_ = std::make_shared<NetImpl>();
+    auto g = at::detail::createCPUGenerator(7);
+    at::NoGradGuard no_grad;
+    for (auto& p : net_->parameters()) p.copy_(at::randn(p.sizes(), g) * 0.3);
+    return net_;
+  }
+  at::Tensor training_step(const Batch& b, int64_t) override {
+    at::Tensor out = forward([&] { return net_->forward(b.inputs); });
+    return at::cross_entropy_loss(out.to(at::kFloat), b.targets);
+  }
+  std::optional<at::Tensor> validation_step(const Batch& b, int64_t i) override { return training_step(b, i); }
+  OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
+    OptimizerConfig c;
+    c.optimizer = std::make_shared<torch::optim::Adam>(params, torch::optim::AdamOptions(2e-2));
+    c.lr_lambda = [](int64_t step) { return 1.0 / (1.0 + 0.05 * step); };
+    return c;
+  }
+  std::map<std::string, std::string> hparams() const override { return {{"model", "mlp"}, {"lr", "0.02"}}; }
+  void on_fit_start() override { ++fit_starts; }
+  int fit_starts = 0;
+  std::shared_ptr<NetImpl> net_;
+};
+
+struct FitResult {
+  std::vector<double> losses;
+  std::vector<double> val_losses;
+  std::string last_ckpt;
+  std::string log_dir;
+};
+
+FitResult Fit(int world, TrainerOptions o, const std::string& ckpt_path = "") {
+  auto train = MakeData(64, 1);
+  auto val = MakeData(16, 2);
+  FitResult result;
+  std::mutex mu;
+  RunRanks(world, [&](int rank, const auto& comm) {
+    Classifier module;
+    Trainer trainer(o, comm);
+    trainer.Fit(module, *train, val.get(), ckpt_path);
+    EXPECT_EQ(module.fit_starts, 1);
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      result.losses = trainer.step_losses();
+      result.val_losses = trainer.val_losses();
+      result.last_ckpt = trainer.last_checkpoint_path();
+      result.log_dir = trainer.log_dir();
+    }
+  });
+  return result;
+}
+
+TrainerOptions BaseOptions(const std::string& root) {
+  TrainerOptions o;
+  o.default_root_dir = root;
+  o.max_epochs = 3;
+  o.batch_size = 8;
+  o.log_every_n_steps = 2;
+  o.enable_progress_bar = false;
+  o.seed = 3;
+  return o;
+}
+
+TEST(Trainer, EveryStrategyLearns) {
+  for (const std::string name : {"ddp", "fsdp", "ddp_fully_sharded", "fsdp_native", "fsdp_native_full_shard_offload",
+                                 "single_device"}) {
+    SCOPED_TRACE(name);
+    TrainerOptions o = BaseOptions(TmpDir("learn_" + name));
+    o.strategy = name;
+    o.accumulate_grad_batches = 2;
+    o.gradient_clip_val = 1.0;
+    const int world = name == "single_device" ? 1 : 2;
+    FitResult r = Fit(world, o);
+    ASSERT_FALSE(r.losses.empty());
+    EXPECT_LT(r.losses.back(), r.losses.front() * 0.9);
+    ASSERT_EQ(r.val_losses.size(), 3u);
+    EXPECT_LT(r.val_losses.back(), r.val_losses.front());
+  }
+}
+
+TEST(Trainer, ResumeContinuesExactly) {
+  for (const std::string name : {"fsdp_native", "ddp"}) {
+    SCOPED_TRACE(name);
+    TrainerOptions o = BaseOptions(TmpDir("resume_full_" + name));
+    o.strategy = name;
+    FitResult full = Fit(2, o);
+    ASSERT_EQ(full.losses.size(), 12u);  // 64 samples / 2 ranks / batch 8 = 4 steps per epoch
+    TrainerOptions first = BaseOptions(TmpDir("resume_a_" + name));
+    first.strategy = name;
+    first.max_steps = 6;  // stops in the middle of epoch 1
+    FitResult a = Fit(2, first);
+    ASSERT_EQ(a.losses.size(), 6u);
+    ASSERT_TRUE(fs::exists(a.last_ckpt)) << a.last_ckpt;
+    TrainerOptions second = BaseOptions(TmpDir("resume_b_" + name));
+    second.strategy = name;
+    FitResult b = Fit(2, second, a.last_ckpt);
+    ASSERT_EQ(b.losses.size(), 6u);
+    for (size_t i = 0; i < 6; ++i) {
+      EXPECT_EQ(a.losses[i], full.losses[i]) << "step " << i;
+      EXPECT_NEAR(b.losses[i], full.losses[6 + i], 1e-6) << "step " << 6 + i;
+    }
+  }
+}
+
+TEST(Checkpoint, PythonLoadableLayoutAndTruncation) {
+  TrainerOptions o = BaseOptions(TmpDir("ckpt"));
+  o.strategy = "fsdp";
+  o.max_epochs = 1;
+  FitResult r = Fit(2, o);
+  CheckpointData d = LoadCheckpoint(r.last_ckpt);
+  EXPECT_EQ(d.global_step, 4);
+  EXPECT_EQ(d.epoch, 1);
+  EXPECT_EQ(d.world_size, 2);
+  EXPECT_EQ(d.strategy, "fsdp");
+  EXPECT_EQ(d.optimizer_states.size(), 2u);
+  EXPECT_EQ(d.hparams.at("model"), "mlp");
+  EXPECT_EQ(d.state_dict.count("b1.fc.weight"), 1u);
+  EXPECT_EQ(d.state_dict.at("b1.fc.weight").sizes(), (std::vector<int64_t>{16, 8}));
+  // No temporary files are left next to it.
+  for (const auto& e : fs::directory_iterator(fs::path(r.last_ckpt).parent_path())) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << e.path();
+  }
+  // Truncated copy: a clear error, from LoadCheckpoint and from Fit.
+  const std::string bad = (fs::path(TmpDir("ckpt_bad")) / "bad.ckpt").string();
+  {
+    std::ifstream in(r.last_ckpt, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream out(bad, std::ios::binary);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+  }
+  try {
+    LoadCheckpoint(bad);
+    ADD_FAILURE() << "no error for a truncated checkpoint";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated or corrupt"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(Fit(2, o, bad), Error);
+  EXPECT_THROW(LoadCheckpoint(bad + ".missing"), Error);
+}
+
+TEST(CsvLogger, LightningLayout) {
+  const std::string root = TmpDir("csv");
+  {
+    CsvLogger a(root, "lightning_logs");
+    EXPECT_EQ(a.version(), 0);
+    a.LogHyperparams({{"lr", "0.1"}, {"name", "a: b"}});
+    a.LogMetrics({{"train_loss", 1.5}, {"epoch", 0}}, 1);
+    a.LogMetrics({{"val_loss", 0.25}, {"epoch", 0}}, 2);
+    a.Save();
+  }
+  CsvLogger b(root, "lightning_logs");
+  EXPECT_EQ(b.version(), 1);
+  std::ifstream csv(fs::path(root) / "lightning_logs" / "version_0" / "metrics.csv");
+  std::stringstream ss;
+  ss << csv.rdbuf();
+  EXPECT_EQ(ss.str(), "epoch,step,train_loss,val_loss\n0,1,1.5,\n0,2,,0.25\n");
+  std::ifstream hp(fs::path(root) / "lightning_logs" / "version_0" / "hparams.yaml");
+  std::stringstream hs;
+  hs << hp.rdbuf();
+  EXPECT_EQ(hs.str(), "lr: 0.1\nname: 'a: b'\n");
+}
+
+TEST(Trainer, WritesLogsAndCheckpointsInLightningLayout) {
+  const std::string root = TmpDir("layout");
+  TrainerOptions o = BaseOptions(root);
+  o.max_epochs = 1;
+  o.strategy = "single_device";
+  FitResult r = Fit(1, o);
+  EXPECT_EQ(r.log_dir, (fs::path(root) / "lightning_logs" / "version_0").string());
+  EXPECT_TRUE(fs::exists(fs::path(r.log_dir) / "metrics.csv"));
+  EXPECT_TRUE(fs::exists(fs::path(r.log_dir) / "hparams.yaml"));
+  EXPECT_EQ(r.last_ckpt, (fs::path(r.log_dir) / "checkpoints" / "last.ckpt").string());
+  std::ifstream csv(fs::path(r.log_dir) / "metrics.csv");
+  std::string header;
+  std::getline(csv, header);
+  EXPECT_EQ(header, "epoch,lr,step,train_loss,val_loss");
+}
+
+TEST(Trainer, OptionErrors) {
+  auto msg = [](TrainerOptions o) -> std::string {
+    try {
+      Trainer t(o);
+    } catch (const InvalidArgumentError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  TrainerOptions o;
+  o.precision = "8-true";
+  EXPECT_NE(msg(o).find("valid: 32-true, bf16-mixed, 16-mixed, bf16-true"), std::string::npos);
+  o = {};
+  o.strategy = "deepspeed";
+  EXPECT_NE(msg(o).find("unknown strategy 'deepspeed'"), std::string::npos);
+  o = {};
+  o.strategy = "fsdp";
+  o.strategy_options = {{"flatten_parameters", "false"}};
+  EXPECT_NE(msg(o).find("flatten_parameters=false is not supported"), std::string::npos);
+  o = {};
+  o.gradient_clip_algorithm = "l1";
+  EXPECT_NE(msg(o).find("valid: norm, value"), std::string::npos);
+  o = {};
+  o.accelerator = "tpu";
+  EXPECT_NE(msg(o).find("valid: cpu, auto"), std::string::npos);
+}
+
+TEST(Data, DistributedSamplerSharesEvenly) {
+  for (bool drop_last : {false, true}) {
+    std::multiset<int64_t> seen;
+    int64_t per = -1;
+    for (int r = 0; r < 3; ++r) {
+      DistributedSampler s(10, 3, r, true, 5, drop_last);
+      s.set_epoch(1);
+      auto idx = s.indices();
+      if (per < 0) per = static_cast<int64_t>(idx.size());
+      EXPECT_EQ(static_cast<int64_t>(idx.size()), per);
+      seen.insert(idx.begin(), idx.end());
+    }
+    EXPECT_EQ(per, drop_last ? 3 : 4);
+    std::set<int64_t> distinct(seen.begin(), seen.end());
+    EXPECT_EQ(distinct.size(), drop_last ? 9u : 10u);
+  }
+  DistributedSampler s(10, 2, 0, true, 5, false);
+  auto e0 = s.indices();
+  s.set_epoch(1);
+  EXPECT_NE(s.indices(), e0);
+  s.set_epoch(0);
+  EXPECT_EQ(s.indices(), e0);
+  auto batches = MakeBatches({1, 2, 3, 4, 5}, 2, false);
+  EXPECT_EQ(batches.size(), 3u);
+  EXPECT_EQ(MakeBatches({1, 2, 3, 4, 5}, 2, true).size(), 2u);
+}
+
+TEST(Progress, PlainLine) {
+  ProgressReporter p(100, 10, stdout, /*tty=*/0);
+  EXPECT_EQ(p.Format(1, 50, 0.5, 10.0), "epoch 1 step 50/100 loss 0.5000 10.00 it/s ETA 0:00:05");
+}
+
+}  // namespace
+}  // namespace shardtrain::trainer

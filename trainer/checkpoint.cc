@@ -1,0 +1,125 @@
+#include "trainer/checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <torch/serialize.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "comm/errors.h"
+
+namespace shardtrain::trainer {
+namespace fs = std::filesystem;
+
+void WriteFileAtomically(const std::string& path, const std::string& bytes) {
+  fs::path p(path);
+  fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  const std::string tmp = (dir / ("." + p.filename().string() + ".tmp." + std::to_string(::getpid()))).string();
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) ST_THROW(Error, "cannot create '", tmp, "': ", std::strerror(errno));
+  size_t off = 0;
+  while (off < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      ST_THROW(Error, "failed writing '", tmp, "': ", std::strerror(err));
+    }
+    off += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    ST_THROW(Error, "failed flushing '", tmp, "': ", std::strerror(err));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    ST_THROW(Error, "cannot rename '", tmp, "' to '", path, "': ", std::strerror(err));
+  }
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+void SaveCheckpoint(const std::string& path, const CheckpointData& data) {
+  c10::Dict<std::string, at::Tensor> sd;
+  for (const auto& [k, v] : data.state_dict) sd.insert(k, v.detach().cpu().contiguous());
+  c10::List<at::Tensor> opts;
+  for (const auto& s : data.optimizer_states) {
+    at::Tensor t = at::empty({static_cast<int64_t>(s.size())}, at::kByte);
+    if (!s.empty()) std::memcpy(t.data_ptr<uint8_t>(), s.data(), s.size());
+    opts.push_back(t);
+  }
+  c10::Dict<std::string, std::string> hp;
+  for (const auto& [k, v] : data.hparams) hp.insert(k, v);
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("state_dict", sd);
+  d.insert("optimizer_states", opts);
+  d.insert("epoch", data.epoch);
+  d.insert("global_step", data.global_step);
+  d.insert("batch_in_epoch", data.batch_in_epoch);
+  d.insert("world_size", data.world_size);
+  d.insert("strategy", data.strategy);
+  d.insert("rng_state", data.rng_state.defined() ? data.rng_state.cpu() : at::empty({0}, at::kByte));
+  d.insert("hparams", hp);
+  std::vector<char> bytes = torch::pickle_save(c10::IValue(d));
+  WriteFileAtomically(path, std::string(bytes.begin(), bytes.end()));
+}
+
+CheckpointData LoadCheckpoint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in.good()) ST_THROW(Error, "cannot open checkpoint '", path, "'");
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  c10::IValue v;
+  try {
+    v = torch::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    ST_THROW(Error, "checkpoint '", path, "' is truncated or corrupt (", bytes.size(),
+             " bytes; cannot be read: ", what, ")");
+  }
+  if (!v.isGenericDict()) ST_THROW(Error, "checkpoint '", path, "' is not a ShardTrain checkpoint (not a dict)");
+  auto d = v.toGenericDict();
+  auto need = [&](const char* key) {
+    if (!d.contains(key)) ST_THROW(Error, "checkpoint '", path, "' has no '", key, "' entry");
+    return d.at(key);
+  };
+  CheckpointData out;
+  try {
+    for (const auto& e : need("state_dict").toGenericDict()) {
+      out.state_dict[e.key().toStringRef()] = e.value().toTensor();
+    }
+    for (const auto& t : need("optimizer_states").toList()) {
+      at::Tensor b = t.get().toTensor().contiguous();
+      out.optimizer_states.emplace_back(reinterpret_cast<const char*>(b.data_ptr<uint8_t>()), b.numel());
+    }
+    out.epoch = need("epoch").toInt();
+    out.global_step = need("global_step").toInt();
+    out.batch_in_epoch = need("batch_in_epoch").toInt();
+    out.world_size = need("world_size").toInt();
+    out.strategy = need("strategy").toStringRef();
+    out.rng_state = need("rng_state").toTensor();
+    for (const auto& e : need("hparams").toGenericDict()) {
+      out.hparams[e.key().toStringRef()] = e.value().toStringRef();
+    }
+  } catch (const c10::Error& e) {
+    std::string what = e.what();
+    ST_THROW(Error, "checkpoint '", path, "' has an unexpected layout: ", what.substr(0, what.find('\n')));
+  }
+  return out;
+}
+
+}  // namespace shardtrain::trainer

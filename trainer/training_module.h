@@ -1,0 +1,95 @@
+// TrainingModule: the LightningModule analogue. The user says what the model
+// is, what one step computes and how to optimize; the Trainer does the loop,
+// distribution, checkpointing and logging.
+//
+//   class MyModule : public TrainingModule {
+//     std::shared_ptr<torch::nn::Module> configure_model() override { ... }   // declare wrap points here
+//     at::Tensor training_step(const Batch& b, int64_t i) override {
+//       at::Tensor out = forward([&] { return net_->forward(b.inputs); });  // through the strategy
+//       return at::cross_entropy_loss(out, b.targets);
+//     }
+//     OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
+//       return {std::make_shared<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-3))};
+//     }
+//   };
+//
+// configure_optimizers receives the tensors the strategy wants optimized
+// (shards for sharded strategies; named_parameters() gives them with names,
+// e.g. for parameter groups with use_orig_params).
+#ifndef SHARDTRAIN_TRAINER_TRAINING_MODULE_H_
+#define SHARDTRAIN_TRAINER_TRAINING_MODULE_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "strategies/strategy.h"
+#include "trainer/data.h"
+
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace shardtrain::trainer {
+
+struct OptimizerConfig {
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
+  // Optional learning-rate schedule (LambdaLR): before optimizer step s (0-based
+  // global step) every parameter group's lr is its initial lr * lr_lambda(s).
+  // A function of the step only, so resuming restores it exactly.
+  std::function<double(int64_t step)> lr_lambda;
+};
+
+class TrainingModule {
+ public:
+  virtual ~TrainingModule() = default;
+
+  // Builds the model (called once per fit, after seeding; every rank builds the same).
+  virtual std::shared_ptr<torch::nn::Module> configure_model() = 0;
+  // Returns the loss of one micro-batch on this rank.
+  virtual at::Tensor training_step(const Batch& batch, int64_t batch_idx) = 0;
+  // Returns the validation loss of one batch (logged as val_loss, averaged
+  // over batches and ranks); std::nullopt = no validation.
+  virtual std::optional<at::Tensor> validation_step(const Batch& batch, int64_t batch_idx) { return std::nullopt; }
+  virtual OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) = 0;
+  // Hyperparameters written to hparams.yaml and the checkpoint.
+  virtual std::map<std::string, std::string> hparams() const { return {}; }
+
+  virtual void on_fit_start() {}
+  virtual void on_fit_end() {}
+  virtual void on_train_epoch_start(int64_t epoch) {}
+  virtual void on_train_epoch_end(int64_t epoch) {}
+  // After every micro-batch; `loss` is this rank's unscaled loss.
+  virtual void on_train_batch_end(const at::Tensor& loss, int64_t batch_idx) {}
+
+  // Runs the model's forward through the strategy (sharded gather, autocast).
+  at::Tensor forward(const std::function<at::Tensor()>& fn) { return strategy().Forward(fn); }
+  // Lightning's self.log: a scalar added to the next logged row (rank-averaged).
+  void log(const std::string& name, double value) { logged_[name] = value; }
+
+  strategies::Strategy& strategy();
+  // Names and tensors of what the strategy optimizes.
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() { return strategy().named_parameters(); }
+  int64_t current_epoch() const { return epoch_; }
+  int64_t global_step() const { return global_step_; }
+
+ private:
+  friend class Trainer;
+  strategies::Strategy* strategy_ = nullptr;
+  std::map<std::string, double> logged_;
+  int64_t epoch_ = 0;
+  int64_t global_step_ = 0;
+};
+
+}  // namespace shardtrain::trainer
+
+#endif  // SHARDTRAIN_TRAINER_TRAINING_MODULE_H_
