@@ -718,7 +718,9 @@ void ShardedModel::FinishBackward() {
   }
   next_launch_ = 0;
   callback_queued_ = false;
-  RealiasOrigParamGrads();
+  // Under no_sync nothing was reduced: the shard gradient may be last step's,
+  // which must not reappear as the parameters' gradients.
+  if (!no_sync_) RealiasOrigParamGrads();
 }
 
 void ShardedModel::ResetIteration() {

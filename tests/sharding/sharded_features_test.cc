@@ -251,6 +251,44 @@ TEST(ShardedFeatures, ActivationCheckpointingAndOrigParamsKeepParity) {
   ExpectClose(with_views, reference, 1e-5);
 }
 
+TEST(ShardedFeatures, OrigParamsWithNoSyncAccumulationAndClipping) {
+  // Reference: plain training, two micro-batches, gradient norm clipped to 0.5.
+  auto net0 = std::make_shared<ProbeNetImpl>(3, 16);
+  torch::optim::SGD opt0(net0->parameters(), torch::optim::SGDOptions(0.05));
+  for (int s = 0; s < 4; ++s) {
+    opt0.zero_grad();
+    for (int m = 0; m < 2; ++m) (net0->forward(Batch(s, 8).slice(0, m * 4, m * 4 + 4)).pow(2).mean() / 2).backward();
+    double sq = 0;
+    for (auto& p : net0->parameters()) sq += p.grad().pow(2).sum().item<double>();
+    const double coef = 0.5 / (std::sqrt(sq) + 1e-6);
+    if (coef < 1)
+      for (auto& p : net0->parameters()) p.grad().mul_(coef);
+    opt0.step();
+  }
+  std::map<std::string, at::Tensor> reference;
+  for (auto& p : net0->named_parameters()) reference[p.key()] = p.value().detach().clone();
+  ShardingOptions o;
+  o.use_orig_params = true;
+  auto got = TrainProbe(2, o, [](ShardedModel& sm, torch::optim::Optimizer& opt, int rank, int, int s) {
+    opt.zero_grad();
+    // Rank r holds rows [4r, 4r+4) as two micro-batches of 2; the first without sync.
+    at::Tensor x = Batch(s, 8);
+    for (int m = 0; m < 2; ++m) {
+      at::Tensor xm = at::cat({x.slice(0, 2 * m, 2 * m + 2), x.slice(0, 4 + 2 * m, 4 + 2 * m + 2)}).slice(0, rank * 2, rank * 2 + 2);
+      auto run = [&] { (sm.Forward([&] { return sm.module().as<ProbeNetImpl>()->forward(xm); }).pow(2).mean() / 2).backward(); };
+      if (m == 0) {
+        auto scope = sm.no_sync();
+        run();
+      } else {
+        run();
+      }
+    }
+    sm.ClipGradNorm(0.5);
+    opt.step();
+  });
+  ExpectClose(got, reference, 1e-5);
+}
+
 TEST(ShardedFeatures, OrigParamsExposeNamesForParameterGroups) {
   RunRanks(2, [&](int rank, const auto& comm) {
     auto net = std::make_shared<ProbeNetImpl>(2, 16);
