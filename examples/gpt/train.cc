@@ -8,6 +8,7 @@
 // of Debian's `fortunes` package (/usr/share/games/fortunes). 90% trains, 10%
 // validates. Prints progress, validation loss and a generated sample.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <gflags/gflags.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/optim/adamw.h>
@@ -141,6 +142,9 @@ int Run(int argc, char** argv) {
     lo.num_ranks = FLAGS_devices;
     LaunchLocalRanks(lo);
   }
+  // The launcher sets OMP_NUM_THREADS for the ranks it starts; this process's
+  // OpenMP runtime read the environment before that, so apply it here too.
+  if (const char* t = std::getenv("OMP_NUM_THREADS")) at::set_num_threads(std::max(1, std::atoi(t)));
   const ClusterInfo info = DetectClusterEnvironment();
   const int rank = info.rank, world = info.world_size;
   SetLogRank(rank, world);

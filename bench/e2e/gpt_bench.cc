@@ -1,0 +1,186 @@
+// End-to-end benchmark: trains the examples/gpt model through a ShardTrain
+// strategy (by registry name) on fixed initial weights and batches, and
+// prints one JSON line: median step time, tokens/s, peak RSS per rank, bytes
+// sent per step, final loss. bench/e2e/run.sh runs it side by side with
+// Python PyTorch (bench/e2e/torch_bench.py) on the same weights and batches.
+//
+//   gpt_bench --dump_dir=D ...         write D/init.pt and D/data.pt, then exit
+//   gpt_bench --data_dir=D --devices=2 --strategy=fsdp_native ...
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <gflags/gflags.h>
+#include <sys/resource.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/optim/adamw.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "comm/cluster_environment.h"
+#include "comm/errors.h"
+#include "comm/gloo_communicator.h"
+#include "comm/launcher.h"
+#include "comm/rendezvous.h"
+#include "examples/gpt/gpt_model.h"
+#include "strategies/registry.h"
+
+DEFINE_string(dump_dir, "", "write init.pt and data.pt here and exit");
+DEFINE_string(data_dir, "", "read init.pt and data.pt from here");
+DEFINE_int32(devices, 2, "ranks on this machine");
+DEFINE_string(strategy, "fsdp_native", "strategy registry name");
+DEFINE_string(strategy_options, "", "comma-separated key=value strategy options");
+DEFINE_string(label, "", "name of this configuration in the output");
+DEFINE_int32(n_layer, 8, "");
+DEFINE_int32(n_embd, 512, "");
+DEFINE_int32(n_head, 8, "");
+DEFINE_int32(block_size, 128, "");
+DEFINE_int32(vocab, 96, "");
+DEFINE_int32(global_batch, 8, "sequences per step over all ranks");
+DEFINE_int32(steps, 8, "timed steps after warmup");
+DEFINE_int32(warmup, 2, "untimed steps first");
+DEFINE_double(lr, 1e-3, "AdamW learning rate");
+
+namespace {
+using namespace shardtrain;
+
+examples::GptConfig Config() {
+  examples::GptConfig c;
+  c.vocab_size = FLAGS_vocab;
+  c.block_size = FLAGS_block_size;
+  c.n_layer = FLAGS_n_layer;
+  c.n_head = FLAGS_n_head;
+  c.n_embd = FLAGS_n_embd;
+  return c;
+}
+
+void WriteDict(const std::string& path, const c10::Dict<std::string, at::Tensor>& d) {
+  auto bytes = torch::jit::pickle_save(d);
+  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::map<std::string, at::Tensor> ReadDict(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  ST_CHECK_ARG(in, "cannot read ", path, " (run with --dump_dir first)");
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::map<std::string, at::Tensor> out;
+  for (const auto& kv : torch::jit::pickle_load(bytes).toGenericDict()) out[kv.key().toStringRef()] = kv.value().toTensor();
+  return out;
+}
+
+int Dump() {
+  at::manual_seed(1234);
+  auto model = std::make_shared<examples::GptImpl>(Config());
+  c10::Dict<std::string, at::Tensor> init, data;
+  for (const auto& p : model->named_parameters()) init.insert(p.key(), p.value().detach().clone());
+  auto gen = at::detail::createCPUGenerator(99);
+  for (int s = 0; s < FLAGS_warmup + FLAGS_steps; ++s) {
+    at::Tensor seq = at::randint(FLAGS_vocab, {FLAGS_global_batch, FLAGS_block_size + 1}, gen, at::kLong);
+    data.insert("x." + std::to_string(s), seq.slice(1, 0, FLAGS_block_size).contiguous());
+    data.insert("y." + std::to_string(s), seq.slice(1, 1).contiguous());
+  }
+  WriteDict(FLAGS_dump_dir + "/init.pt", init);
+  WriteDict(FLAGS_dump_dir + "/data.pt", data);
+  std::printf("{\"params\": %lld}\n", static_cast<long long>(Config().NumParameters()));
+  return 0;
+}
+
+int Bench() {
+  if (!std::getenv("RANK") && FLAGS_devices > 1) {
+    LaunchOptions lo;
+    lo.num_ranks = FLAGS_devices;
+    LaunchLocalRanks(lo);
+  }
+  // The launcher sets OMP_NUM_THREADS for the ranks it starts; this process's
+  // OpenMP runtime read the environment before that, so apply it here too.
+  if (const char* t = std::getenv("OMP_NUM_THREADS")) at::set_num_threads(std::max(1, std::atoi(t)));
+  const ClusterInfo info = DetectClusterEnvironment();
+  comm::CommunicatorPtr world_comm;
+  std::shared_ptr<comm::GlooCommunicator> gloo;
+  if (info.world_size > 1) {
+    comm::RendezvousOptions ro;
+    ro.rank = info.rank;
+    ro.world_size = info.world_size;
+    ro.master_addr = info.master_addr;
+    ro.master_port = info.master_port;
+    comm::GlooOptions go;
+    go.hostname = "127.0.0.1";
+    gloo = comm::GlooCommunicator::Create(comm::CreateStore(ro), info.rank, info.world_size, go);
+  } else {
+    gloo = comm::GlooCommunicator::Create(comm::CreateHashStore(), 0, 1);
+  }
+  world_comm = gloo;
+  const int rank = info.rank, world = info.world_size;
+  ST_CHECK_ARG(FLAGS_global_batch % world == 0, "--global_batch must be divisible by the world size");
+
+  auto init = ReadDict(FLAGS_data_dir + "/init.pt");
+  auto data = ReadDict(FLAGS_data_dir + "/data.pt");
+  auto model = std::make_shared<examples::GptImpl>(Config());
+  {
+    at::NoGradGuard no_grad;
+    for (auto& p : model->named_parameters()) p.value().copy_(init.at(p.key()));
+  }
+  strategies::StrategyOptions so;
+  std::stringstream ss(FLAGS_strategy_options);
+  for (std::string kv; std::getline(ss, kv, ',');) {
+    if (kv.empty()) continue;
+    auto eq = kv.find('=');
+    ST_CHECK_ARG(eq != std::string::npos, "--strategy_options entry '", kv, "' is not key=value");
+    so[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  auto strategy = strategies::StrategyRegistry::Create(FLAGS_strategy, so);
+  strategy->Setup(world_comm, info);
+  strategy->WrapModel(model);
+  torch::optim::AdamW opt(strategy->parameters(), torch::optim::AdamWOptions(FLAGS_lr).weight_decay(0.0));
+
+  const int64_t per = FLAGS_global_batch / world;
+  std::vector<double> times;
+  double last_loss = 0;
+  for (int s = 0; s < FLAGS_warmup + FLAGS_steps; ++s) {
+    if (s == FLAGS_warmup && gloo) gloo->ResetStats();
+    at::Tensor x = data.at("x." + std::to_string(s)).slice(0, rank * per, (rank + 1) * per);
+    at::Tensor y = data.at("y." + std::to_string(s)).slice(0, rank * per, (rank + 1) * per);
+    auto t0 = std::chrono::steady_clock::now();
+    opt.zero_grad();
+    at::Tensor loss = examples::GptImpl::Loss(strategy->Forward([&] { return model->forward(x); }), y);
+    strategy->Backward(loss);
+    opt.step();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    at::Tensor l = loss.detach().reshape({1}).to(at::kDouble).clone();
+    if (gloo) gloo->AllReduce(l, {comm::ReduceOp::kAvg})->Wait();
+    last_loss = l.item<double>();
+    if (s >= FLAGS_warmup) times.push_back(dt);
+  }
+  std::sort(times.begin(), times.end());
+  const double median = times[times.size() / 2];
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  at::Tensor rss = at::tensor({static_cast<double>(ru.ru_maxrss) / 1024.0}, at::kDouble);  // MiB
+  if (gloo) gloo->AllReduce(rss, {comm::ReduceOp::kMax})->Wait();
+  const double bytes = gloo ? static_cast<double>(gloo->stats().TotalBytesSent()) / FLAGS_steps : 0.0;
+  if (rank == 0) {
+    std::printf(
+        "{\"impl\": \"%s\", \"world\": %d, \"median_step_s\": %.4f, \"tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, "
+        "\"bytes_sent_per_step\": %.0f, \"final_loss\": %.6f}\n",
+        (FLAGS_label.empty() ? FLAGS_strategy : FLAGS_label).c_str(), world, median,
+        FLAGS_global_batch * FLAGS_block_size / median, rss.item<double>(), bytes, last_loss);
+    std::fflush(stdout);
+  }
+  if (gloo) gloo->Barrier()->Wait();
+  return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  int code = 1;
+  try {
+    code = FLAGS_dump_dir.empty() ? Bench() : Dump();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt_bench: %s\n", e.what());
+  }
+  if (!std::getenv("SHARDTRAIN_LAUNCHED")) code = shardtrain::JoinLocalRanks(code);
+  return code;
+}
