@@ -8,7 +8,7 @@
 namespace shardtrain::sharding {
 
 FlatParameter::FlatParameter(std::string unit_name, std::vector<FlatParamEntry> entries, int shard_rank,
-                             int shard_world)
+                             int shard_world, bool offload_shard)
     : unit_name_(std::move(unit_name)), entries_(std::move(entries)), shard_rank_(shard_rank), shard_world_(shard_world) {
   ST_CHECK_ARG(shard_world >= 1 && shard_rank >= 0 && shard_rank < shard_world, "FlatParameter: bad shard rank ",
                shard_rank, " of ", shard_world);
@@ -31,7 +31,14 @@ FlatParameter::FlatParameter(std::string unit_name, std::vector<FlatParamEntry> 
   std::vector<at::Tensor> data;
   for (const auto& e : entries_) data.push_back(e.param.detach());
   at::Tensor flat = Flatten(data, at::kFloat);
-  shard_ = flat.narrow(0, shard_offset(), shard_numel_).clone().set_requires_grad(true);
+  at::Tensor shard = flat.narrow(0, shard_offset(), shard_numel_);
+  if (offload_shard && !device_.is_cpu()) {
+    shard_ = at::empty({shard_numel_}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
+    shard_.copy_(shard);
+  } else {
+    shard_ = shard.clone();
+  }
+  shard_.set_requires_grad(true);
 }
 
 at::Tensor FlatParameter::Flatten(const std::vector<at::Tensor>& tensors, c10::ScalarType dtype) const {

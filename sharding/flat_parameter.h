@@ -32,7 +32,10 @@ class FlatParameter {
  public:
   // `entries` give name, parameter and requires_grad; shapes and offsets are
   // filled in here. All parameters must be float32 and on one device.
-  FlatParameter(std::string unit_name, std::vector<FlatParamEntry> entries, int shard_rank, int shard_world);
+  // With `offload_shard` the shard (and so its gradient and the optimizer
+  // state) lives in CPU memory (pinned when the parameters are on CUDA).
+  FlatParameter(std::string unit_name, std::vector<FlatParamEntry> entries, int shard_rank, int shard_world,
+                bool offload_shard = false);
 
   const std::string& unit_name() const { return unit_name_; }
   const std::vector<FlatParamEntry>& entries() const { return entries_; }

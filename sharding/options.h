@@ -64,6 +64,11 @@ struct ShardingOptions {
   bool sync_module_states = true;
   // Expose per-parameter shard views (use_orig_params) for optimizer groups.
   bool use_orig_params = false;
+  // CPU offload (PyTorch's CPUOffload(offload_params=True)): with CUDA compute,
+  // shards, their gradients and so the optimizer step live in pinned CPU
+  // memory; each gather copies the shard to the GPU (asynchronously) first and
+  // each reduced gradient comes back to the CPU. With CPU compute it changes nothing.
+  bool offload_params = false;
 };
 
 }  // namespace shardtrain::sharding

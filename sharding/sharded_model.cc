@@ -350,7 +350,8 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
     u->name = it->first;
     u->checkpoint = checkpoint && checkpoint(*wp);
     for (auto& e : entries) taken.insert(e.param.unsafeGetTensorImpl());
-    u->flat = std::make_unique<FlatParameter>(u->name, std::move(entries), shard_group_->rank(), shard_group_->size());
+    u->flat = std::make_unique<FlatParameter>(u->name, std::move(entries), shard_group_->rank(), shard_group_->size(),
+                                              options_.offload_params);
     wp->unit_ = u.get();
     units_.push_back(std::move(u));
   }
@@ -360,7 +361,7 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
   root->is_root = true;
   root->name = "";
   root->flat = std::make_unique<FlatParameter>("<root>", unit_params(*module_, ""), shard_group_->rank(),
-                                               shard_group_->size());
+                                               shard_group_->size(), options_.offload_params);
   if (auto* wp = dynamic_cast<WrapPoint*>(module_.get())) (void)wp;  // the root is driven by Forward()
   root_ = root.get();
   units_.push_back(std::move(root));
@@ -370,7 +371,8 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
     u->model = this;
     u->index = static_cast<int>(i);
     const int64_t padded = u->flat->padded_numel();
-    u->aliased = shard_group_->size() == 1 && param_dtype_ == at::kFloat;
+    u->aliased = shard_group_->size() == 1 && param_dtype_ == at::kFloat &&
+                 u->flat->shard().device() == u->flat->device();
     if (u->aliased) {
       u->full = u->flat->shard().detach();
       u->state = ShardedUnit::State::kGathered;
@@ -468,11 +470,13 @@ void ShardedModel::Unshard(ShardedUnit* u) {
   AllocateStorage(u->full);
   at::Tensor shard = u->flat->shard().detach();
   if (shard_group_->size() == 1) {
-    u->full.copy_(shard);
+    u->full.copy_(shard, /*non_blocking=*/true);
     u->state = ShardedUnit::State::kGathered;
     return;
   }
-  u->gather_input = param_dtype_ == at::kFloat ? shard : shard.to(param_dtype_);
+  // From an offloaded (CPU) shard this is an asynchronous host-to-device copy
+  // on the compute stream, which the communicator's stream waits for.
+  u->gather_input = shard.to(u->full.device(), param_dtype_, /*non_blocking=*/true);
   u->gather_work = shard_group_->AllGather(u->gather_input, u->full);
   u->state = ShardedUnit::State::kGathering;
 }
@@ -698,7 +702,7 @@ void ShardedModel::FinishBackward() {
   }
   for (auto* u : reduce_order_) {
     if (!u->reduce_out.defined()) continue;
-    at::Tensor g = u->reduce_out.to(at::kFloat);
+    at::Tensor g = u->reduce_out.to(u->flat->shard().device(), at::kFloat);  // back to the CPU when offloaded
     at::Tensor shard = u->flat->shard();
     if (accumulate[u->index]) {
       shard.mutable_grad().add_(g);
@@ -762,7 +766,7 @@ double ShardedModel::ClipGradNorm(double max_norm, double norm_type) {
   const bool inf = std::isinf(norm_type);
   ST_CHECK_ARG(inf || norm_type == 2.0, "ClipGradNorm: norm_type must be 2 or inf, got ", norm_type);
   at::NoGradGuard no_grad;
-  at::Tensor local = at::zeros({1}, at::kDouble);
+  at::Tensor local = at::zeros({1}, at::TensorOptions(at::kDouble).device(units_.front()->flat->shard().device()));
   for (auto& u : units_) {
     at::Tensor g = u->flat->shard().grad();
     if (!g.defined()) continue;
@@ -774,7 +778,10 @@ double ShardedModel::ClipGradNorm(double max_norm, double norm_type) {
     }
   }
   // Shards are disjoint within the shard group and identical across replicas.
-  shard_group_->AllReduce(local, {inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum})->Wait();
+  // The communicator needs the compute device (CUDA for NCCL).
+  at::Tensor on_comm = local.to(units_.front()->flat->device());
+  shard_group_->AllReduce(on_comm, {inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum})->Wait();
+  local = on_comm.cpu();
   const double total = inf ? local.item<double>() : std::sqrt(local.item<double>());
   const double coef = max_norm / (total + 1e-6);
   if (coef < 1.0) {
@@ -812,7 +819,7 @@ std::map<std::string, at::Tensor> ShardedModel::GatherFullFromShards(const std::
   std::map<std::string, at::Tensor> out;
   for (size_t i = 0; i < units_.size(); ++i) {
     const auto& flat = *units_[i]->flat;
-    at::Tensor shard = per_unit[i].detach().to(at::kFloat).contiguous();
+    at::Tensor shard = per_unit[i].detach().to(flat.device(), at::kFloat).contiguous();
     ST_CHECK_ARG(shard.numel() == flat.shard_numel(), "unit '", flat.unit_name(), "': shard-shaped tensor has ",
                  shard.numel(), " elements, expected ", flat.shard_numel());
     at::Tensor full = at::empty({flat.padded_numel()}, shard.options());
