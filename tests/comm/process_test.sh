@@ -1,0 +1,217 @@
+#!/usr/bin/env bash
+# comm/ with real processes: collective_worker ranks over real Gloo on loopback,
+# rendezvous through a c10d TCPStore (or FileStore), started by
+#   - comm's launcher binary (shardtrain_launch --nproc 3),
+#   - torchrun --no-python from the pinned torch (<repo>/.deps/venv/bin/torchrun),
+#     whose agent store makes every rank a TCPStore client under
+#     /worker/attempt_<restart count>; also across a restart (attempt 1);
+# and the faults: a rank killed mid-collective, a rank that stops issuing
+# collectives (timeout), bad input.
+#
+#   process_test.sh WORKER LAUNCHER     (runfiles paths; Bazel passes them)
+#
+# torchrun is looked up as $SHARDTRAIN_TORCHRUN, else <repo>/.deps/venv/bin/torchrun
+# where <repo> is the source tree this script lives in; if it is missing the test
+# FAILS (it does not skip).
+set -u
+
+die() { echo "process_test: $*" >&2; exit 1; }
+[[ $# -eq 2 ]] || die "usage: process_test.sh WORKER LAUNCHER"
+abspath() { [[ "$1" == /* ]] && echo "$1" || echo "$PWD/$1"; }
+WORKER="$(abspath "$1")"
+LAUNCHER="$(abspath "$2")"
+[[ -x "$WORKER" ]] || die "worker binary not found: $WORKER"
+[[ -x "$LAUNCHER" ]] || die "launcher binary not found: $LAUNCHER"
+
+# The repository root: the runfiles entry of this script is a symlink into the source tree.
+SCRIPT_REAL="$(readlink -f "${BASH_SOURCE[0]}")"
+REPO_ROOT="$(cd "$(dirname "$SCRIPT_REAL")/../.." && pwd)"
+TORCHRUN="${SHARDTRAIN_TORCHRUN:-$REPO_ROOT/.deps/venv/bin/torchrun}"
+
+OUT_BASE="${TEST_TMPDIR:-$(mktemp -d)}/process_test"
+rm -rf "$OUT_BASE"
+mkdir -p "$OUT_BASE"
+
+FAILURES=0
+CASE=""
+CASE_DIR=""
+CASE_FAILED=0
+
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+
+fail() {
+  echo "FAIL [$CASE]: $*" >&2
+  CASE_FAILED=1
+}
+
+begin_case() {
+  CASE="$1"
+  CASE_DIR="$OUT_BASE/$CASE"
+  CASE_FAILED=0
+  mkdir -p "$CASE_DIR"
+  echo "=== $CASE"
+}
+
+end_case() {
+  if [[ $CASE_FAILED -ne 0 ]]; then
+    FAILURES=$((FAILURES + 1))
+    echo "--- $CASE stdout:"; cat "$CASE_DIR/stdout" 2>/dev/null
+    echo "--- $CASE stderr:"; cat "$CASE_DIR/stderr" 2>/dev/null
+    echo "=== $CASE FAILED"
+  else
+    echo "=== $CASE passed (${ELAPSED_MS} ms)"
+  fi
+}
+
+# Runs a command with a clean environment (no RANK, SLURM_*, OMPI_*, ... from
+# the caller) and a hard limit, capturing stdout/stderr, exit code and time.
+RC=0
+ELAPSED_MS=0
+run() {
+  local limit="$1"
+  shift
+  local start
+  start="$(now_ms)"
+  timeout --kill-after=5 "$limit" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="${HOME:-/tmp}" \
+    TMPDIR="${TEST_TMPDIR:-/tmp}" OMP_NUM_THREADS=1 "$@" >"$CASE_DIR/stdout" 2>"$CASE_DIR/stderr"
+  RC=$?
+  ELAPSED_MS=$(( $(now_ms) - start ))
+  if [[ $RC -eq 124 || $RC -eq 137 ]]; then fail "hung: killed after ${limit} s: $*"; fi
+}
+
+expect_rc() { [[ $RC -eq $1 ]] || fail "exit code $RC, expected $1"; }
+expect_rc_nonzero() { [[ $RC -ne 0 ]] || fail "exit code 0, expected a failure"; }
+expect_in() {  # expect_in FILE FIXED-STRING
+  grep -qF -- "$2" "$CASE_DIR/$1" || fail "$1 lacks: $2"
+}
+expect_elapsed_below() { [[ $ELAPSED_MS -lt $1 ]] || fail "took ${ELAPSED_MS} ms, expected < $1 ms"; }
+
+free_port() {
+  "$(dirname "$TORCHRUN")/python" -c \
+    'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# torchrun with a fresh free port (TORCHRUN_PORT); retried (twice) only if the
+# port was taken meanwhile.
+TORCHRUN_PORT=0
+run_torchrun() {
+  local attempt
+  for attempt in 1 2 3; do
+    TORCHRUN_PORT="$(free_port)" || { fail "cannot pick a free port with $(dirname "$TORCHRUN")/python"; return; }
+    run 120 "$TORCHRUN" --no-python --nproc-per-node=2 --master-addr=127.0.0.1 --master-port="$TORCHRUN_PORT" \
+      --monitor-interval=0.1 "$@"
+    grep -qiE "address already in use|EADDRINUSE" "$CASE_DIR/stderr" || return 0
+    echo "port $TORCHRUN_PORT was taken; retrying"
+  done
+}
+
+# The survivors of a fault: each printed the CommError naming operation and
+# group, within `max_ms` of the fault, and exited 3 after tearing down.
+check_survivors() {  # check_survivors WORLD FAULTY_RANK MAX_MS
+  local world="$1" faulty="$2" max_ms="$3" r line ms
+  for ((r = 0; r < world; ++r)); do
+    [[ $r -eq $faulty ]] && continue
+    line="$(grep -E "^rank $r/$world: CommError in iteration" "$CASE_DIR/stderr" | head -n1)"
+    if [[ -z "$line" ]]; then
+      fail "rank $r printed no CommError"
+      continue
+    fi
+    echo "$line" | grep -qE "(AllGather|ReduceScatter|AllReduce|Broadcast|Barrier) on gloo group 'world' \(rank $r/$world\) (failed|timed out)" ||
+      fail "rank $r's error does not name the operation and group: $line"
+    ms="$(echo "$line" | sed -nE 's/.*failed_after_fault_ms=(-?[0-9]+).*/\1/p')"
+    [[ -n "$ms" && $ms -lt $max_ms ]] || fail "rank $r failed ${ms:-?} ms after the fault, expected < $max_ms ms"
+    if [[ "$(cat "$CASE_DIR/rank_$r.exit" 2>/dev/null)" != "3" ]]; then
+      fail "rank $r did not exit with code 3 (status file: $(cat "$CASE_DIR/rank_$r.exit" 2>/dev/null || echo missing))"
+    fi
+  done
+  [[ ! -e "$CASE_DIR/rank_$faulty.exit" ]] || fail "faulty rank $faulty wrote an exit status"
+}
+
+# ---------------------------------------------------------------------------
+begin_case launcher_3_ranks
+run 120 "$LAUNCHER" --nproc 3 -- "$WORKER" --timeout_ms=30000
+expect_rc 0
+for r in 0 1 2; do expect_in stdout "rank $r/3 ok (source=torchrun agent_store=0 restart_count=0"; done
+end_case
+
+begin_case launcher_2_ranks_file_store
+run 120 "$LAUNCHER" --nproc 2 -- "$WORKER" --timeout_ms=30000 --rendezvous=file --file_path="$CASE_DIR/store"
+expect_rc 0
+for r in 0 1; do expect_in stdout "rank $r/2 ok"; done
+end_case
+
+begin_case torchrun_2_ranks_agent_store
+if [[ ! -x "$TORCHRUN" ]]; then
+  fail "torchrun not found at $TORCHRUN (run tools/bootstrap.sh, or set SHARDTRAIN_TORCHRUN)"
+else
+  run_torchrun "$WORKER" --timeout_ms=30000
+  expect_rc 0
+  # torchrun sets TORCHELASTIC_USE_AGENT_STORE=True: every rank is a client of the
+  # agent's store; the worker checks its keys land under /worker/attempt_0/.
+  for r in 0 1; do expect_in stdout "rank $r/2 ok (source=torchrun agent_store=1 restart_count=0 master=127.0.0.1:$TORCHRUN_PORT agent_store_prefix_checked)"; done
+fi
+end_case
+
+begin_case torchrun_restart_attempt_1
+if [[ ! -x "$TORCHRUN" ]]; then
+  fail "torchrun not found at $TORCHRUN (run tools/bootstrap.sh, or set SHARDTRAIN_TORCHRUN)"
+else
+  # Attempt 0 connects, then rank 1 exits 7; torchrun restarts both ranks, which
+  # must rendezvous afresh under /worker/attempt_1 in the same agent store (the
+  # worker finds attempt 0's key under /worker/attempt_0/ and its own under attempt_1).
+  run_torchrun --max-restarts=1 "$WORKER" --timeout_ms=30000 --fail_attempt=0
+  expect_rc 0
+  expect_in stderr "rank 1/2: failing attempt 0 on purpose"
+  for r in 0 1; do expect_in stdout "rank $r/2 ok (source=torchrun agent_store=1 restart_count=1 master=127.0.0.1:$TORCHRUN_PORT agent_store_prefix_checked)"; done
+fi
+end_case
+
+begin_case launcher_rank_killed_mid_collective
+# Survivors note and ignore the launcher's SIGTERM (--defer_sigterm), so each
+# must fail on its own; the launcher's grace before SIGKILL outlasts the timeout.
+run 120 "$LAUNCHER" --nproc 3 --kill_grace_ms 20000 -- "$WORKER" --timeout_ms=5000 --die_rank=1 \
+  --die_after_ms=1000 --defer_sigterm --status_dir="$CASE_DIR"
+expect_rc_nonzero
+expect_in stderr "rank 1/3: killing myself with SIGKILL now"
+grep -qE "ShardTrain launcher: rank 1 \(pid [0-9]+\) was killed by signal 9" "$CASE_DIR/stderr" ||
+  fail "the launcher did not name rank 1 as the failed rank"
+check_survivors 3 1 5000
+expect_elapsed_below 30000
+end_case
+
+begin_case launcher_rank_stalls_timeout
+# Rank 1 stays alive but stops issuing collectives: the survivors' collectives
+# time out (3 s); the launcher then terminates rank 1 (SIGTERM -> exit 143).
+run 120 "$LAUNCHER" --nproc 3 --kill_grace_ms 20000 -- "$WORKER" --timeout_ms=3000 --stall_rank=1 \
+  --die_after_ms=1000 --defer_sigterm --status_dir="$CASE_DIR"
+expect_rc_nonzero
+expect_in stderr "rank 1/3: stalling after"
+expect_in stderr "timed out after 3000 ms"
+expect_in stderr "rank 1/3: stalled rank terminated"
+grep -qE "ShardTrain launcher: rank [02] \(pid [0-9]+\) exited with code 3" "$CASE_DIR/stderr" ||
+  fail "the launcher did not name a survivor (rank 0 or 2, exit code 3) as the failed rank"
+check_survivors 3 1 6000
+expect_elapsed_below 30000
+end_case
+
+begin_case bad_input
+run 60 "$WORKER" --rendezvous=bogus
+expect_rc 2
+expect_in stderr "invalid argument: unknown rendezvous kind 'bogus'; valid: tcp, file, hash"
+cp "$CASE_DIR/stderr" "$CASE_DIR/stderr.rendezvous"
+run 60 "$WORKER" --no_such_flag=1
+expect_rc 2
+expect_in stderr "unknown flag --no_such_flag"
+run 60 "$LAUNCHER" --nproc 2 -- "$WORKER" --rendezvous=bogus
+expect_rc_nonzero
+grep -qE "ShardTrain launcher: rank [01] \(pid [0-9]+\) exited with code 2" "$CASE_DIR/stderr" ||
+  fail "the launcher did not report a rank's exit code 2"
+expect_in stderr "unknown rendezvous kind 'bogus'"
+end_case
+
+# ---------------------------------------------------------------------------
+if [[ $FAILURES -ne 0 ]]; then
+  echo "process_test: $FAILURES case(s) failed"
+  exit 1
+fi
+echo "process_test: all cases passed"
