@@ -289,6 +289,49 @@ TEST(ShardedFeatures, OrigParamsWithNoSyncAccumulationAndClipping) {
   ExpectClose(got, reference, 1e-5);
 }
 
+TEST(ShardedFeatures, FrozenParametersShareUnitsWithTrainableOnes) {
+  // Reference: plain training with b1.fc.weight and head.bias frozen.
+  auto freeze = [](ProbeNetImpl& n) {
+    n.b[1]->fc->weight.set_requires_grad(false);
+    n.head->bias.set_requires_grad(false);
+  };
+  auto net0 = std::make_shared<ProbeNetImpl>(3, 16);
+  freeze(*net0);
+  std::vector<at::Tensor> trainable;
+  for (auto& p : net0->parameters())
+    if (p.requires_grad()) trainable.push_back(p);
+  torch::optim::SGD opt0(trainable, torch::optim::SGDOptions(0.05));
+  for (int s = 0; s < 4; ++s) {
+    opt0.zero_grad();
+    net0->forward(Batch(s, 8)).pow(2).mean().backward();
+    opt0.step();
+  }
+  std::map<std::string, at::Tensor> reference;
+  for (auto& p : net0->named_parameters()) reference[p.key()] = p.value().detach().clone();
+  std::map<std::string, at::Tensor> got;
+  std::mutex mu;
+  RunRanks(2, [&](int rank, const auto& comm) {
+    auto net = std::make_shared<ProbeNetImpl>(3, 16);
+    freeze(*net);
+    ShardingOptions o;
+    o.use_orig_params = true;  // optimizer sees only trainable parameters' views
+    ShardedModel sm(net, comm, o);
+    for (auto& [name, t] : sm.named_parameters()) EXPECT_NE(name, "head.bias");
+    torch::optim::SGD opt(sm.parameters(), torch::optim::SGDOptions(0.05));
+    for (int s = 0; s < 4; ++s) {
+      opt.zero_grad();
+      at::Tensor x = Batch(s, 8).slice(0, rank * 4, rank * 4 + 4);
+      sm.Forward([&] { return net->forward(x); }).pow(2).mean().backward();
+      opt.step();
+    }
+    auto full = sm.FullStateDict(true);
+    std::lock_guard<std::mutex> lock(mu);
+    if (rank == 0) got = full;
+  });
+  ExpectClose(got, reference, 1e-5);
+  EXPECT_TRUE(at::equal(got.at("head.bias"), reference.at("head.bias")));
+}
+
 TEST(ShardedFeatures, OrigParamsExposeNamesForParameterGroups) {
   RunRanks(2, [&](int rank, const auto& comm) {
     auto net = std::make_shared<ProbeNetImpl>(2, 16);
