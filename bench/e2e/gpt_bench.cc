@@ -25,6 +25,7 @@
 #include "comm/launcher.h"
 #include "comm/rendezvous.h"
 #include "examples/gpt/gpt_model.h"
+#include "sharding/sharded_model.h"
 #include "strategies/registry.h"
 
 DEFINE_string(dump_dir, "", "write init.pt and data.pt here and exit");
@@ -160,12 +161,24 @@ int Bench() {
   at::Tensor rss = at::tensor({static_cast<double>(ru.ru_maxrss) / 1024.0}, at::kDouble);  // MiB
   if (gloo) gloo->AllReduce(rss, {comm::ReduceOp::kMax})->Wait();
   const double bytes = gloo ? static_cast<double>(gloo->stats().TotalBytesSent()) / FLAGS_steps : 0.0;
+  // Persistent training state per rank: what the optimizer steps (fp32), its
+  // gradient and AdamW's two moments. The FSDP bound is 1/W of the unsharded
+  // total plus the largest unit's gathered parameters.
+  int64_t local_numel = 0;
+  for (const auto& p : strategy->parameters()) local_numel += p.numel();
+  const double persistent_mib = local_numel * 4.0 * 4.0 / (1 << 20);
+  int64_t largest = 0;
+  if (auto* sm = strategy->sharded_model_or_null()) {
+    for (const auto& u : sm->units()) largest = std::max(largest, u.padded_numel);
+  }
+  const double bound_mib = (Config().NumParameters() * 16.0 / world + largest * 4.0) / (1 << 20);
   if (rank == 0) {
     std::printf(
         "{\"impl\": \"%s\", \"world\": %d, \"median_step_s\": %.4f, \"tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, "
-        "\"bytes_sent_per_step\": %.0f, \"final_loss\": %.6f}\n",
+        "\"bytes_sent_per_step\": %.0f, \"final_loss\": %.6f, \"persistent_mib\": %.2f, \"fsdp_bound_mib\": %.2f}\n",
         (FLAGS_label.empty() ? FLAGS_strategy : FLAGS_label).c_str(), world, median,
-        FLAGS_global_batch * FLAGS_block_size / median, rss.item<double>(), bytes, last_loss);
+        FLAGS_global_batch * FLAGS_block_size / median, rss.item<double>(), bytes, last_loss, persistent_mib,
+        largest > 0 ? bound_mib : 0.0);
     std::fflush(stdout);
   }
   if (gloo) gloo->Barrier()->Wait();

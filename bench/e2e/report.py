@@ -41,6 +41,13 @@ def main(results_path, params_path, md_path, png_path, command, model_flags):
               "| implementation | W=1 | W=2 | W=4 |", "|---|---|---|---|"]
     for impl, by_w in mem.items():
         lines.append(f"| {impl} | " + " | ".join(f"{by_w.get(w, float('nan')):.0f}" for w in (1, 2, 4)) + " |")
+    lines += ["", "## Persistent training state per rank (parameters + gradients + AdamW moments, fp32)", "",
+              "Goal (issue 4): within 10% of 1/W of the unsharded total plus the largest unit's gathered parameters.",
+              "", "| implementation | W | persistent (MiB) | 1/W total + largest unit (MiB) | ratio |", "|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("fsdp_bound_mib"):
+            lines.append(f"| {r['impl']} | {r['world']} | {r['persistent_mib']:.1f} | {r['fsdp_bound_mib']:.1f} | "
+                         f"{r['persistent_mib'] / r['fsdp_bound_mib']:.2f} |")
     lines += ["", f"![step time and memory]({png_path.split('/')[-1]})", ""]
     open(md_path, "w").write("\n".join(lines))
 
