@@ -33,6 +33,7 @@ class ShardedStrategyBase : public Strategy {
   void LoadShardedStateDict(const std::vector<sharding::ShardedStateDict>& pieces);
 
   sharding::ShardedModel& sharded_model();
+  sharding::ShardedModel* sharded_model_or_null() override { return sm_.get(); }
   // The options handed to the sharding core (after precision is applied).
   const sharding::ShardingOptions& sharding_options() const { return sharding_options_; }
 

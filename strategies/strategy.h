@@ -36,6 +36,9 @@
 namespace torch::nn {
 class Module;
 }
+namespace shardtrain::sharding {
+class ShardedModel;
+}
 
 namespace shardtrain::strategies {
 
@@ -118,6 +121,14 @@ class Strategy {
 
   // Whether checkpoints should be sharded (one piece per rank) by default.
   virtual bool prefers_sharded_checkpoint() const { return false; }
+
+  // The sharding core of sharded strategies (fsdp, fsdp_native) once the
+  // model is wrapped; nullptr for replicated strategies. The Trainer uses it
+  // for sharded checkpoints (each rank's shards, resharding at another world
+  // size) and to consolidate or reshard the optimizer state
+  // (sharding/sharded_model.h: GetShardedStateDict, GatherFullFromShards,
+  // ShardsFromFull).
+  virtual sharding::ShardedModel* sharded_model_or_null() { return nullptr; }
 
  protected:
   void CheckSetUp(const char* what) const;

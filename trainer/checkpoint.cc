@@ -74,6 +74,30 @@ void SaveCheckpoint(const std::string& path, const CheckpointData& data) {
   d.insert("strategy", data.strategy);
   d.insert("rng_state", data.rng_state.defined() ? data.rng_state.cpu() : at::empty({0}, at::kByte));
   d.insert("hparams", hp);
+  if (!data.optimizer_full.empty()) {
+    c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& [name, keys] : data.optimizer_full.state) {
+      c10::Dict<std::string, at::Tensor> ks;
+      for (const auto& [k, t] : keys) ks.insert(k, t.detach().cpu().contiguous());
+      state.insert(name, ks);
+    }
+    c10::Dict<std::string, int64_t> steps;
+    for (const auto& [name, s] : data.optimizer_full.step) steps.insert(name, s);
+    c10::impl::GenericDict of(c10::StringType::get(), c10::AnyType::get());
+    of.insert("kind", data.optimizer_full.kind);
+    of.insert("state", state);
+    of.insert("step", steps);
+    d.insert("optimizer_full", of);
+  }
+  if (!data.callbacks.empty()) {
+    c10::impl::GenericDict cbs(c10::StringType::get(), c10::AnyType::get());
+    for (const auto& [key, st] : data.callbacks) {
+      c10::Dict<std::string, std::string> m;
+      for (const auto& [k, v] : st) m.insert(k, v);
+      cbs.insert(key, m);
+    }
+    d.insert("callbacks", cbs);
+  }
   std::vector<char> bytes = torch::pickle_save(c10::IValue(d));
   WriteFileAtomically(path, std::string(bytes.begin(), bytes.end()));
 }
@@ -114,6 +138,23 @@ CheckpointData LoadCheckpoint(const std::string& path) {
     out.rng_state = need("rng_state").toTensor();
     for (const auto& e : need("hparams").toGenericDict()) {
       out.hparams[e.key().toStringRef()] = e.value().toStringRef();
+    }
+    if (d.contains("optimizer_full")) {
+      auto of = d.at("optimizer_full").toGenericDict();
+      out.optimizer_full.kind = of.at("kind").toStringRef();
+      for (const auto& e : of.at("state").toGenericDict()) {
+        auto& keys = out.optimizer_full.state[e.key().toStringRef()];
+        for (const auto& k : e.value().toGenericDict()) keys[k.key().toStringRef()] = k.value().toTensor();
+      }
+      for (const auto& e : of.at("step").toGenericDict()) {
+        out.optimizer_full.step[e.key().toStringRef()] = e.value().toInt();
+      }
+    }
+    if (d.contains("callbacks")) {
+      for (const auto& e : d.at("callbacks").toGenericDict()) {
+        auto& st = out.callbacks[e.key().toStringRef()];
+        for (const auto& k : e.value().toGenericDict()) st[k.key().toStringRef()] = k.value().toStringRef();
+      }
     }
   } catch (const c10::Error& e) {
     std::string what = e.what();

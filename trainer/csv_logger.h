@@ -13,21 +13,23 @@
 #include <string>
 #include <vector>
 
+#include "trainer/logger.h"
+
 namespace shardtrain::trainer {
 
-class CsvLogger {
+class CsvLogger : public Logger {
  public:
   // version < 0: the next free version_N under <root>/<name>.
   CsvLogger(std::string root_dir, std::string name = "lightning_logs", int version = -1);
 
-  const std::string& log_dir() const { return log_dir_; }
+  const std::string& log_dir() const override { return log_dir_; }
   int version() const { return version_; }
 
-  void LogHyperparams(const std::map<std::string, std::string>& hparams);
+  void LogHyperparams(const std::map<std::string, std::string>& hparams) override;
   // Buffers a row; `step` is written in the "step" column.
-  void LogMetrics(const std::map<std::string, double>& metrics, int64_t step);
+  void LogMetrics(const std::map<std::string, double>& metrics, int64_t step) override;
   // Rewrites metrics.csv with every row so far (atomically: temp file + rename).
-  void Save();
+  void Save() override;
 
  private:
   std::string log_dir_;

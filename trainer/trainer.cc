@@ -22,8 +22,11 @@
 #include "comm/logging.h"
 #include "comm/rendezvous.h"
 #include "trainer/checkpoint.h"
+#include "trainer/checkpoint_state.h"
 #include "trainer/csv_logger.h"
 #include "trainer/progress.h"
+#include "trainer/sharded_checkpoint.h"
+#include "trainer/tensorboard_logger.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;
@@ -50,6 +53,10 @@ Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
   ST_CHECK_ARG(o.limit_train_batches >= 0 && o.limit_val_batches >= 0, "limit_*_batches must be >= 0");
   ST_CHECK_ARG(o.batch_size >= 1 && o.val_batch_size >= 0, "batch_size must be >= 1, got ", o.batch_size);
   ST_CHECK_ARG(o.log_every_n_steps >= 1, "log_every_n_steps must be >= 1, got ", o.log_every_n_steps);
+  for (const auto& l : o.loggers) {
+    ST_CHECK_ARG(l == "csv" || l == "tensorboard", "unknown logger '", l, "'; valid: csv, tensorboard");
+  }
+  for (const auto& cb : o.callbacks) ST_CHECK_ARG(cb != nullptr, "TrainerOptions::callbacks holds a null callback");
   if (o.strategy_object) {
     strategy_ = o.strategy_object;
   } else if (o.strategy != "auto") {
@@ -68,7 +75,27 @@ strategies::Strategy& Trainer::strategy() {
 
 int Trainer::rank() const { return world_ ? world_->rank() : 0; }
 int Trainer::world_size() const { return world_ ? world_->size() : 1; }
-std::string Trainer::log_dir() const { return logger_ ? logger_->log_dir() : ""; }
+std::string Trainer::log_dir() const { return loggers_.empty() ? "" : loggers_.front()->log_dir(); }
+
+void Trainer::LogMetrics(const std::map<std::string, double>& metrics, int64_t step) {
+  for (auto& l : loggers_) {
+    l->LogMetrics(metrics, step);
+    l->Save();
+  }
+}
+
+std::vector<double> Trainer::learning_rates() const {
+  std::vector<double> out;
+  if (!opt_.optimizer) return out;
+  for (auto& g : opt_.optimizer->param_groups()) out.push_back(g.options().get_lr());
+  return out;
+}
+
+std::string Trainer::optimizer_name() const {
+  if (!opt_.optimizer) return "Optimizer";
+  const std::string kind = internal::OptimizerKind(*opt_.optimizer);
+  return kind.empty() ? "Optimizer" : kind;
+}
 
 void Trainer::SetupProcesses() {
   if (world_) return;
@@ -133,11 +160,7 @@ int64_t Trainer::LimitBatches(double limit, int64_t available) const {
 }
 
 std::vector<std::string> Trainer::GatherOptimizerStates() {
-  torch::serialize::OutputArchive ar;
-  opt_.optimizer->save(ar);
-  std::ostringstream os;
-  ar.save_to(os);
-  std::string mine = os.str();
+  std::string mine = internal::SerializeOptimizer(*opt_.optimizer);
   const int W = world_size();
   if (W == 1) return {mine};
   at::Tensor len = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
@@ -154,11 +177,41 @@ std::vector<std::string> Trainer::GatherOptimizerStates() {
   return out;
 }
 
-void Trainer::SaveCheckpoint(const std::string& path) {
+void Trainer::AgreeOrThrow(bool failed, const std::string& message, const std::string& what) {
+  const double any = strategy_->ReduceMax(failed ? 1.0 : 0.0);
+  if (any <= 0) return;
+  if (failed) throw Error(message);
+  ST_THROW(Error, what, " failed on another rank (see its error)");
+}
+
+std::map<std::string, std::map<std::string, std::string>> Trainer::CallbackStates() const {
+  std::map<std::string, std::map<std::string, std::string>> out;
+  for (const auto& cb : options_.callbacks) {
+    const std::string key = cb->state_key();
+    if (!key.empty()) out[key] = cb->state_dict();
+  }
+  return out;
+}
+
+void Trainer::SaveCheckpoint(const std::string& path, CheckpointFormat format) {
   ST_CHECK_ARG(strategy_ && strategy_->wrapped(), "SaveCheckpoint needs a model (call Fit first)");
+  const bool sharded = format == CheckpointFormat::kSharded ||
+                       (format == CheckpointFormat::kAuto && strategy_->prefers_sharded_checkpoint());
+  ST_CHECK_ARG(!sharded || strategy_->sharded_model_or_null() != nullptr, "strategy '", strategy_->name(),
+               "' is not sharded: it cannot write sharded checkpoints (use CheckpointFormat::kFull)");
+  if (sharded) {
+    SaveSharded(path);
+  } else {
+    SaveFull(path);
+  }
+  last_ckpt_ = path;
+}
+
+void Trainer::SaveFull(const std::string& path) {
   CheckpointData data;
   data.state_dict = strategy_->FullStateDict();
   data.optimizer_states = GatherOptimizerStates();
+  data.optimizer_full = internal::GatherFullOptimizerState(*strategy_, *opt_.optimizer);
   data.epoch = epoch_;
   data.global_step = global_step_;
   data.batch_in_epoch = batch_in_epoch_;
@@ -166,39 +219,96 @@ void Trainer::SaveCheckpoint(const std::string& path) {
   data.strategy = strategy_->name();
   data.rng_state = at::detail::getDefaultCPUGenerator().get_state();
   data.hparams = module_->hparams();
-  if (rank() == 0) trainer::SaveCheckpoint(path, data);
-  strategy_->Barrier();
-  last_ckpt_ = path;
+  data.callbacks = CallbackStates();
+  bool failed = false;
+  std::string msg;
+  if (rank() == 0) {
+    try {
+      trainer::SaveCheckpoint(path, data);
+    } catch (const std::exception& e) {
+      failed = true;
+      msg = e.what();
+    }
+  }
+  AgreeOrThrow(failed, msg, "saving checkpoint '" + path + "'");
+}
+
+void Trainer::SaveSharded(const std::string& path) {
+  ShardedPiece piece = internal::MakeShardedPiece(*strategy_, *opt_.optimizer);
+  CheckpointData meta;
+  meta.epoch = epoch_;
+  meta.global_step = global_step_;
+  meta.batch_in_epoch = batch_in_epoch_;
+  meta.world_size = world_size();
+  meta.strategy = strategy_->name();
+  meta.rng_state = at::detail::getDefaultCPUGenerator().get_state();
+  meta.hparams = module_->hparams();
+  meta.callbacks = CallbackStates();
+  const std::string what = "saving sharded checkpoint '" + path + "'";
+  auto step = [&](bool mine, const std::function<void()>& fn) {
+    bool failed = false;
+    std::string msg;
+    if (mine) {
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        failed = true;
+        msg = e.what();
+      }
+    }
+    AgreeOrThrow(failed, msg, what);
+  };
+  step(rank() == 0, [&] { BeginShardedSave(path); });
+  step(true, [&] { WriteShardedPiece(path, piece); });
+  step(rank() == 0, [&] { FinishShardedSave(path, meta); });
 }
 
 void Trainer::LoadFrom(const std::string& path) {
-  CheckpointData ck = LoadCheckpoint(path);
+  CheckpointData ck = IsShardedCheckpoint(path) ? ConsolidateShardedCheckpoint(LoadShardedCheckpoint(path))
+                                                : LoadCheckpoint(path);
   const int W = world_size();
-  ST_CHECK_ARG(static_cast<int>(ck.optimizer_states.size()) == W, "checkpoint '", path, "' holds optimizer state of ",
-               ck.optimizer_states.size(), " ranks but this run has ", W,
-               " (optimizer state is saved per rank; resume at the same world size)");
-  strategy_->LoadFullStateDict(ck.state_dict);
-  try {
-    torch::serialize::InputArchive ar;
-    std::istringstream is(ck.optimizer_states[rank()]);
-    ar.load_from(is);
-    opt_.optimizer->load(ar);
-  } catch (const c10::Error& e) {
-    std::string what = e.what();
-    ST_THROW(Error, "checkpoint '", path, "': optimizer state does not fit this optimizer: ",
-             what.substr(0, what.find('\n')));
+  // The per-rank LibTorch archives restore everything (including parameter
+  // group options) but only into the same strategy at the same world size;
+  // the state by parameter name reshards anywhere.
+  const bool archives = static_cast<int>(ck.optimizer_states.size()) == W && ck.world_size == W &&
+                        ck.strategy == strategy_->name();
+  std::function<void()> apply_optimizer;
+  if (!archives) {
+    if (!ck.optimizer_full.empty()) {
+      apply_optimizer = internal::PrepareOptimizerLoad(*strategy_, *opt_.optimizer, ck.optimizer_full, path);
+    } else if (!ck.optimizer_states.empty()) {
+      ST_THROW(Error, "checkpoint '", path, "' holds optimizer state of ", ck.optimizer_states.size(), " ranks (",
+               ck.strategy, ") but this run has ", W, " (", strategy_->name(),
+               "); only Adam, AdamW and SGD state is saved in a form that loads at another world size or strategy");
+    }
+  }
+  strategy_->LoadFullStateDict(ck.state_dict);  // checks everything before changing anything
+  if (archives) {
+    internal::LoadOptimizerArchive(*opt_.optimizer, ck.optimizer_states[rank()], path);
+  } else if (apply_optimizer) {
+    apply_optimizer();
   }
   if (ck.rng_state.defined() && ck.rng_state.numel() > 0) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(ck.rng_state);
   }
+  for (const auto& cb : options_.callbacks) {
+    auto it = ck.callbacks.find(cb->state_key());
+    if (!cb->state_key().empty() && it != ck.callbacks.end()) cb->load_state_dict(it->second);
+  }
   epoch_ = ck.epoch;
   global_step_ = ck.global_step;
   batch_in_epoch_ = ck.batch_in_epoch;
   if (rank() == 0) {
-    ST_LOG(INFO) << "resumed from " << path << " at epoch " << epoch_ << ", global step " << global_step_;
+    ST_LOG(INFO) << "resumed from " << path << " (saved at world size " << ck.world_size << ", now " << W
+                 << ") at epoch " << epoch_ << ", global step " << global_step_;
   }
+}
+
+void Trainer::SyncShouldStop() {
+  if (options_.callbacks.empty()) return;
+  should_stop_ = strategy_->ReduceMax(should_stop_ ? 1.0 : 0.0) > 0;
 }
 
 double Trainer::RunValidation(TrainingModule& module, const Dataset& val) {
@@ -228,10 +338,8 @@ double Trainer::RunValidation(TrainingModule& module, const Dataset& val) {
   if (!any) return std::numeric_limits<double>::quiet_NaN();
   const double mean = strategy_->ReduceSum(sum) / std::max(1.0, strategy_->ReduceSum(static_cast<double>(n)));
   val_losses_.push_back(mean);
-  if (logger_) {
-    logger_->LogMetrics({{"val_loss", mean}, {"epoch", static_cast<double>(epoch_)}}, global_step_);
-    logger_->Save();
-  }
+  callback_metrics_["val_loss"] = mean;
+  LogMetrics({{"val_loss", mean}, {"epoch", static_cast<double>(epoch_)}}, global_step_);
   return mean;
 }
 
@@ -246,8 +354,23 @@ void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* v
   SetupModel(module);
   const auto& o = options_;
   const int W = world_size();
+  loggers_.clear();
   if (rank() == 0 && o.enable_logger) {
-    logger_ = std::make_unique<CsvLogger>(o.default_root_dir, o.logger_name);
+    int version = -1;
+    for (const auto& name : o.loggers) {
+      if (name == "csv") {
+        auto l = std::make_shared<CsvLogger>(o.default_root_dir, o.logger_name, version);
+        version = l->version();
+        loggers_.push_back(l);
+      } else if (name == "tensorboard") {
+        auto l = std::make_shared<TensorBoardLogger>(o.default_root_dir, o.logger_name, version);
+        version = l->version();
+        loggers_.push_back(l);
+      }
+    }
+    for (const auto& l : o.logger_objects) {
+      if (l) loggers_.push_back(l);
+    }
     auto hp = module.hparams();
     hp.emplace("strategy", strategy_->name());
     hp.emplace("precision", o.precision);
@@ -255,12 +378,28 @@ void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* v
     hp.emplace("batch_size", std::to_string(o.batch_size));
     hp.emplace("accumulate_grad_batches", std::to_string(o.accumulate_grad_batches));
     hp.emplace("seed", std::to_string(o.seed));
-    logger_->LogHyperparams(hp);
+    for (auto& l : loggers_) l->LogHyperparams(hp);
   }
-  ckpt_dir_ = ((logger_ ? fs::path(logger_->log_dir()) : fs::path(o.default_root_dir)) / "checkpoints").string();
+  // Every rank must agree on the directory: rank 0 has the loggers.
+  std::string root = loggers_.empty() ? o.default_root_dir : loggers_.front()->log_dir();
+  if (W > 1) {
+    at::Tensor len = at::full({1}, static_cast<int64_t>(root.size()), at::kLong);
+    strategy_->Broadcast(len, 0);
+    at::Tensor buf = at::zeros({len.item<int64_t>()}, at::kByte);
+    if (rank() == 0 && !root.empty()) std::memcpy(buf.data_ptr<uint8_t>(), root.data(), root.size());
+    strategy_->Broadcast(buf, 0);
+    root.assign(reinterpret_cast<const char*>(buf.data_ptr<uint8_t>()), buf.numel());
+  }
+  ckpt_dir_ = (fs::path(root) / "checkpoints").string();
+  callback_metrics_.clear();
+  should_stop_ = false;
   if (!ckpt_path.empty()) LoadFrom(ckpt_path);
   step_losses_.clear();
   val_losses_.clear();
+  bool builtin_checkpoints = o.enable_checkpointing;
+  for (const auto& cb : o.callbacks) {
+    if (dynamic_cast<ModelCheckpoint*>(cb.get())) builtin_checkpoints = false;
+  }
 
   const auto clip_algo = strategies::ParseGradClipAlgorithm(o.gradient_clip_algorithm);
   DistributedSampler sampler(train.size(), W, rank(), o.shuffle, o.seed, /*drop_last=*/false);
@@ -278,6 +417,7 @@ void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* v
   if (rank() == 0 && o.enable_progress_bar) progress = std::make_unique<ProgressReporter>(total, o.log_every_n_steps);
 
   module.on_fit_start();
+  for (auto& cb : o.callbacks) cb->on_fit_start(*this, module);
   torch::nn::Module& model = strategy_->module();
   model.train();
   bool stop = o.max_steps >= 0 && global_step_ >= o.max_steps;
@@ -318,33 +458,49 @@ void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* v
         std::map<std::string, double> row;
         for (const auto& [k, v] : module.logged_) row[k] = strategy_->ReduceMean(v);
         module.logged_.clear();
-        if (logger_ && global_step_ % o.log_every_n_steps == 0) {
+        for (const auto& [k, v] : row) callback_metrics_[k] = v;
+        callback_metrics_["train_loss"] = l;
+        if (!loggers_.empty() && global_step_ % o.log_every_n_steps == 0) {
           row["train_loss"] = l;
           row["epoch"] = static_cast<double>(epoch_);
           row["lr"] = opt_.optimizer->param_groups()[0].options().get_lr();
-          logger_->LogMetrics(row, global_step_);
-          logger_->Save();
+          LogMetrics(row, global_step_);
         }
         if (progress) progress->Update(epoch_, global_step_, l);
-        if (o.enable_checkpointing && o.checkpoint_every_n_steps > 0 && global_step_ % o.checkpoint_every_n_steps == 0) {
+        if (builtin_checkpoints && o.checkpoint_every_n_steps > 0 && global_step_ % o.checkpoint_every_n_steps == 0) {
           SaveCheckpoint((fs::path(ckpt_dir_) / ("step=" + std::to_string(global_step_) + ".ckpt")).string());
         }
         if (o.max_steps >= 0 && global_step_ >= o.max_steps) stop = true;
       }
-      if (val && (i + 1) % val_every == 0) RunValidation(module, *val);
+      for (auto& cb : o.callbacks) cb->on_train_batch_end(*this, module, loss.detach(), i);
+      if (sync) {
+        SyncShouldStop();
+        if (should_stop_) stop = true;
+      }
+      if (val && (i + 1) % val_every == 0) {
+        RunValidation(module, *val);
+        for (auto& cb : o.callbacks) cb->on_validation_end(*this, module);
+        SyncShouldStop();
+        if (should_stop_ && sync) stop = true;
+      }
       if (stop) break;
     }
     if (batch_in_epoch_ >= nb) {
       module.on_train_epoch_end(epoch_);
+      const int64_t finished = epoch_;
       ++epoch_;
       batch_in_epoch_ = 0;
-      if (o.enable_checkpointing) SaveCheckpoint((fs::path(ckpt_dir_) / "last.ckpt").string());
+      for (auto& cb : o.callbacks) cb->on_train_epoch_end(*this, module, finished);
+      SyncShouldStop();
+      if (should_stop_) stop = true;
+      if (builtin_checkpoints) SaveCheckpoint((fs::path(ckpt_dir_) / "last.ckpt").string());
     }
   }
-  if (o.enable_checkpointing) SaveCheckpoint((fs::path(ckpt_dir_) / "last.ckpt").string());
+  if (builtin_checkpoints) SaveCheckpoint((fs::path(ckpt_dir_) / "last.ckpt").string());
   if (progress) progress->Finish();
-  if (logger_) logger_->Save();
+  for (auto& l : loggers_) l->Save();
   module.on_fit_end();
+  for (auto& cb : o.callbacks) cb->on_fit_end(*this, module);
 }
 
 }  // namespace shardtrain::trainer

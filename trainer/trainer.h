@@ -21,8 +21,16 @@
 // synchronization; the loss is logged as the rank- and micro-batch mean.
 // Checkpoints (trainer/checkpoint.h) go to <log_dir>/checkpoints/: last.ckpt at
 // each epoch end and at the end of fit, and step=N.ckpt every
-// checkpoint_every_n_steps. Fit(..., ckpt_path) resumes exactly where the
-// checkpoint was taken (model, optimizer, loop position, RNG state).
+// checkpoint_every_n_steps — or, with a ModelCheckpoint callback
+// (trainer/callbacks.h), where and when it says. A strategy that prefers
+// sharded checkpoints (fsdp_native state_dict_type=sharded) writes them as
+// directories with one file per rank (trainer/sharded_checkpoint.h).
+// Fit(..., ckpt_path) resumes exactly where the checkpoint was taken (model,
+// optimizer, loop position, RNG state, callback states), from a full file or
+// a sharded directory, at the same or (for Adam, AdamW, SGD) another world size.
+//
+// Callbacks (TrainerOptions::callbacks) run at fixed points on every rank;
+// loggers (CSV, TensorBoard) write on rank 0.
 #ifndef SHARDTRAIN_TRAINER_TRAINER_H_
 #define SHARDTRAIN_TRAINER_TRAINER_H_
 
@@ -35,12 +43,19 @@
 #include "comm/communicator.h"
 #include "strategies/registry.h"
 #include "strategies/strategy.h"
+#include "trainer/callbacks.h"
 #include "trainer/data.h"
+#include "trainer/logger.h"
 #include "trainer/training_module.h"
 
 namespace shardtrain::trainer {
 
-class CsvLogger;
+// What Trainer::SaveCheckpoint writes.
+enum class CheckpointFormat {
+  kAuto,     // sharded if the strategy prefers it (fsdp_native state_dict_type=sharded), else full
+  kFull,     // one file written by rank 0 (trainer/checkpoint.h)
+  kSharded,  // a directory, one file per rank (trainer/sharded_checkpoint.h); sharded strategies only
+};
 
 struct TrainerOptions {
   std::string accelerator = "auto";  // "cpu" or "auto" (CPU: the only accelerator this build trains on)
@@ -70,6 +85,14 @@ struct TrainerOptions {
   int64_t checkpoint_every_n_steps = 0;  // 0: only at epoch ends and the end of fit
   bool enable_progress_bar = true;
   bool enable_logger = true;
+  // Loggers by name when enable_logger: "csv" (CsvLogger) and/or
+  // "tensorboard" (TensorBoardLogger); they share one version_N directory.
+  std::vector<std::string> loggers = {"csv"};
+  // Further loggers (used on rank 0, after the named ones).
+  std::vector<std::shared_ptr<Logger>> logger_objects;
+  // Run in this order at each hook (trainer/callbacks.h). A ModelCheckpoint
+  // here replaces the built-in checkpointing (last.ckpt, checkpoint_every_n_steps).
+  std::vector<CallbackPtr> callbacks;
   uint64_t seed = 0;
   bool deterministic = false;
   // The data loader part (Lightning keeps it in the DataLoader).
@@ -94,8 +117,10 @@ class Trainer {
   // returns nothing). Uses the model of the last Fit, or sets one up.
   double Validate(TrainingModule& module, const Dataset& val);
 
-  // Writes a full checkpoint (collective: every rank must call).
-  void SaveCheckpoint(const std::string& path);
+  // Writes a checkpoint (collective: every rank must call): full, or sharded
+  // when the strategy prefers it (kAuto). Atomic; on failure every rank throws
+  // shardtrain::Error and the previous file or directory at `path` is intact.
+  void SaveCheckpoint(const std::string& path, CheckpointFormat format = CheckpointFormat::kAuto);
 
   const TrainerOptions& options() const { return options_; }
   strategies::Strategy& strategy();
@@ -109,6 +134,27 @@ class Trainer {
   // <root>/<logger_name>/version_N on rank 0 ("" before Fit or without logger).
   std::string log_dir() const;
   std::string last_checkpoint_path() const { return last_ckpt_; }
+  // Where checkpoints go by default (<log_dir>/checkpoints, or
+  // <default_root_dir>/checkpoints without logger); set by Fit.
+  const std::string& checkpoint_dir() const { return ckpt_dir_; }
+
+  // For callbacks. The latest rank-reduced metrics: train_loss (each
+  // optimizer step), val_loss (each validation) and what the module log()s.
+  const std::map<std::string, double>& callback_metrics() const { return callback_metrics_; }
+  // Asks Fit to stop after the current optimizer step. The flag is
+  // all-reduced at step ends, validation ends and epoch ends, so a request
+  // from any rank stops every rank at the same point.
+  void set_should_stop(bool stop) { should_stop_ = stop; }
+  bool should_stop() const { return should_stop_; }
+  // Sends a row of scalars to every logger (rank 0; a no-op elsewhere).
+  void LogMetrics(const std::map<std::string, double>& metrics, int64_t step);
+  const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
+  const std::vector<CallbackPtr>& callbacks() const { return options_.callbacks; }
+  // Current learning rate of each parameter group, and the optimizer's kind
+  // ("Adam", "AdamW", "SGD", or "Optimizer").
+  std::vector<double> learning_rates() const;
+  std::string optimizer_name() const;
+  torch::optim::Optimizer* optimizer() const { return opt_.optimizer.get(); }
 
  private:
   void SetupProcesses();
@@ -117,6 +163,12 @@ class Trainer {
   double RunValidation(TrainingModule& module, const Dataset& val);
   int64_t LimitBatches(double limit, int64_t available) const;
   std::vector<std::string> GatherOptimizerStates();
+  void SaveFull(const std::string& path);
+  void SaveSharded(const std::string& path);
+  // Throws on every rank when `failed` on any (with this rank's message if it failed).
+  void AgreeOrThrow(bool failed, const std::string& message, const std::string& what);
+  void SyncShouldStop();
+  std::map<std::string, std::map<std::string, std::string>> CallbackStates() const;
 
   TrainerOptions options_;
   comm::CommunicatorPtr world_;
@@ -124,7 +176,9 @@ class Trainer {
   TrainingModule* module_ = nullptr;
   OptimizerConfig opt_;
   std::vector<double> initial_lrs_;
-  std::unique_ptr<CsvLogger> logger_;
+  std::vector<std::shared_ptr<Logger>> loggers_;
+  std::map<std::string, double> callback_metrics_;
+  bool should_stop_ = false;
   std::string ckpt_dir_;
   std::string last_ckpt_;
   int64_t epoch_ = 0;

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # Consumer-workspace test: proves that another Bazel workspace can depend on
-# ShardTrain and link only the communication layer.
+# ShardTrain and link only the communication layer, or the trainer with one
+# FSDP flavour (fsdp_native) and not the other (fsdp).
 #
 # It writes a scratch workspace under $TEST_TMPDIR (outside the repository) that
 #   - declares `local_repository(name = "shardtrain", path = <this checkout>)`,
 #   - loads @shardtrain//third_party:deps.bzl and calls shardtrain_dependencies(),
 #   - has one cc_binary, //:consumer, depending only on @shardtrain//:comm,
 #     @shardtrain//:gloo and @shardtrain//:rendezvous,
+#   - and a second, //:consumer_trainer, depending on
+#     @shardtrain//strategies/fsdp_native and @shardtrain//trainer,
 # then, with a nested Bazel, checks that neither //:consumer nor
-# @shardtrain//comm/... depends on anything under strategies/ or trainer/, and
-# builds and runs //:consumer (a 1-rank Gloo all-gather).
+# @shardtrain//comm/... depends on anything under strategies/ or trainer/,
+# that //:consumer_trainer has no @shardtrain//strategies/fsdp: label, and
+# builds and runs both (a 1-rank Gloo all-gather; a 1-process fsdp_native fit
+# that also checks at run time that "fsdp" is not registered).
 #
 # The nested Bazel keeps its output bases under ~/.cache/shardtrain/consumer and
 # shares ShardTrain's disk cache (~/.cache/shardtrain/bazel-disk), so a rerun
@@ -33,6 +38,7 @@ rlocation() {  # rlocation shardtrain/<path>: a runfile's real path
 WS_NAME="${TEST_WORKSPACE:-shardtrain}"
 DEPS_BZL="$(rlocation "$WS_NAME/third_party/deps.bzl")"
 MAIN_CC="$(rlocation "$WS_NAME/tests/consumer/consumer_main.cc")"
+TRAINER_CC="$(rlocation "$WS_NAME/tests/consumer/consumer_trainer_main.cc")"
 # The checkout itself: runfiles are symlinks into the source tree.
 SHARDTRAIN="$(cd "$(dirname "$DEPS_BZL")/.." && pwd -P)"
 [[ -f "$SHARDTRAIN/WORKSPACE" && -f "$SHARDTRAIN/comm/BUILD.bazel" ]] || fail "$SHARDTRAIN is not a ShardTrain checkout"
@@ -77,9 +83,19 @@ cc_binary(
         "@shardtrain//:rendezvous",
     ],
 )
+
+cc_binary(
+    name = "consumer_trainer",
+    srcs = ["trainer_main.cc"],
+    deps = [
+        "@shardtrain//strategies/fsdp_native",
+        "@shardtrain//trainer",
+    ],
+)
 EOF
 
 cp "$MAIN_CC" "$WS/main.cc"
+cp "$TRAINER_CC" "$WS/trainer_main.cc"
 
 # What a consumer needs from ShardTrain's .bazelrc: C++20, no sandbox (LibTorch
 # has ~10k headers), strict action env.
@@ -120,6 +136,18 @@ check_no_heavy_deps() {  # $1: query expression
 check_no_heavy_deps 'deps(//:consumer)'
 check_no_heavy_deps 'deps(@shardtrain//comm/...)'
 
+# The trainer with fsdp_native only: strategies/fsdp must not be in the graph.
+q='deps(//:consumer_trainer)'
+say "bazel query '$q'"
+nested query --noshow_progress "$q" >"$TEST_TMPDIR/query_trainer.txt" || fail "bazel query '$q' failed"
+grep -q '^@shardtrain//strategies/fsdp_native:fsdp_native$' "$TEST_TMPDIR/query_trainer.txt" ||
+  fail "'$q' lacks @shardtrain//strategies/fsdp_native"
+grep -q '^@shardtrain//trainer:trainer$' "$TEST_TMPDIR/query_trainer.txt" || fail "'$q' lacks @shardtrain//trainer"
+if grep -E '^@shardtrain//strategies/fsdp:' "$TEST_TMPDIR/query_trainer.txt"; then
+  fail "'$q' pulls in the labels above from @shardtrain//strategies/fsdp"
+fi
+say "  $(wc -l <"$TEST_TMPDIR/query_trainer.txt") targets, none from @shardtrain//strategies/fsdp"
+
 say "bazel build //:consumer"
 nested build //:consumer || fail "building //:consumer failed"
 
@@ -127,4 +155,11 @@ say "running //:consumer"
 out="$("$WS/bazel-bin/consumer")" || fail "//:consumer exited with $?"
 echo "$out"
 [[ "$out" == "consumer: gloo all_gather over 1 rank -> 1 2 3" ]] || fail "unexpected output: $out"
+
+say "bazel build //:consumer_trainer"
+nested build //:consumer_trainer || fail "building //:consumer_trainer failed"
+say "running //:consumer_trainer"
+out="$("$WS/bazel-bin/consumer_trainer" "$TEST_TMPDIR/consumer_trainer_run" 2>&1)" || { echo "$out"; fail "//:consumer_trainer exited with status $?"; }
+echo "$out" | tail -n 3
+[[ "$out" == *"consumer_trainer: strategies"*"fsdp_native fit"*"sharded checkpoint"* ]] || fail "unexpected output: $out"
 say "PASS"

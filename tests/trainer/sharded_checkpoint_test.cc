@@ -1,0 +1,216 @@
+// Sharded checkpoints (fsdp_native state_dict_type=sharded) end to end on CPU,
+// threads-as-ranks over Gloo: layout, resume at the same and other world sizes
+// (model and optimizer resharded), full checkpoints resumed at another world
+// size or strategy, and the error paths (missing or truncated shard file,
+// unfinished save, another model), each leaving the model untouched.
+#include <gtest/gtest.h>
+#include <torch/optim/optimizer.h>
+
+#include <fstream>
+#include <iterator>
+
+#include "comm/errors.h"
+#include "tests/trainer/fixtures.h"
+#include "trainer/checkpoint.h"
+#include "trainer/sharded_checkpoint.h"
+
+namespace shardtrain::trainer {
+namespace {
+using namespace fixtures;
+
+TrainerOptions Sharded(const std::string& root, int world, strategies::StrategyOptions extra = {}) {
+  TrainerOptions o = BaseOptions(root, world);
+  o.strategy = "fsdp_native";
+  o.strategy_options = {{"state_dict_type", "sharded"}};
+  for (const auto& [k, v] : extra) o.strategy_options[k] = v;
+  return o;
+}
+
+void ExpectContinues(const std::vector<double>& resumed, const std::vector<double>& full, size_t from, double tol) {
+  ASSERT_EQ(resumed.size() + from, full.size());
+  for (size_t i = 0; i < resumed.size(); ++i) EXPECT_NEAR(resumed[i], full[from + i], tol) << "step " << from + i;
+}
+
+// W=2 uninterrupted vs W=2 stopped after 6 of 12 steps (sharded last.ckpt) and
+// resumed at W=1, 2 and 4 with the same global batch.
+void ResumeAtOtherWorldSizes(const std::string& optimizer, strategies::StrategyOptions extra,
+                             std::vector<int> worlds) {
+  ClassifierConfig c;
+  c.optimizer = optimizer;
+  const std::string tag = optimizer + (extra.empty() ? "" : "_orig");
+  FitResult full = Fit(2, Sharded(TmpDir("full_" + tag), 2, extra), "", c);
+  ASSERT_EQ(full.losses.size(), 12u);
+  TrainerOptions first = Sharded(TmpDir("first_" + tag), 2, extra);
+  first.max_steps = 6;  // stops in the middle of epoch 1
+  FitResult a = Fit(2, first, "", c);
+  ASSERT_EQ(a.losses.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(a.losses[i], full.losses[i]);
+  ASSERT_TRUE(fs::is_directory(a.last_ckpt)) << a.last_ckpt;
+  for (const char* f : {"metadata.pt", "rank_0.pt", "rank_1.pt", "COMPLETE"}) {
+    EXPECT_TRUE(fs::exists(fs::path(a.last_ckpt) / f)) << f;
+  }
+  for (int w : worlds) {
+    SCOPED_TRACE("resumed at W=" + std::to_string(w));
+    FitResult b = Fit(w, Sharded(TmpDir("resume_" + tag + std::to_string(w)), w, extra), a.last_ckpt, c);
+    ExpectContinues(b.losses, full.losses, 6, 1e-5);
+    EXPECT_EQ(b.global_step, 12);
+  }
+}
+
+TEST(ShardedCheckpoint, AdamResumesAtWorldSizes1_2_4) { ResumeAtOtherWorldSizes("adam", {}, {1, 2, 4}); }
+
+TEST(ShardedCheckpoint, SgdMomentumAndAdamWReshard) {
+  ResumeAtOtherWorldSizes("sgd", {}, {1, 4});
+  ResumeAtOtherWorldSizes("adamw", {}, {4});
+}
+
+TEST(ShardedCheckpoint, UseOrigParamsReshards) {
+  ResumeAtOtherWorldSizes("adamw", {{"use_orig_params", "true"}}, {1, 4});
+}
+
+TEST(ShardedCheckpoint, FullCheckpointResumesAtOtherWorldSizeAndStrategy) {
+  // Full checkpoints carry the optimizer state by parameter name as well.
+  FitResult full = Fit(2, [] {
+    TrainerOptions o = BaseOptions(TmpDir("fullck_full"), 2);
+    o.strategy = "ddp";
+    return o;
+  }());
+  TrainerOptions first = BaseOptions(TmpDir("fullck_a"), 2);
+  first.strategy = "ddp";
+  first.max_steps = 6;
+  FitResult a = Fit(2, first);
+  ASSERT_TRUE(fs::is_regular_file(a.last_ckpt));
+  CheckpointData d = LoadCheckpoint(a.last_ckpt);
+  EXPECT_EQ(d.optimizer_full.kind, "Adam");
+  EXPECT_EQ(d.optimizer_full.state.at("b1.fc.weight").at("exp_avg").sizes(), (std::vector<int64_t>{16, 8}));
+  EXPECT_EQ(d.optimizer_full.step.at("head.bias"), 6);
+  // ddp at W=2 -> fsdp_native at W=4, and ddp at W=1.
+  TrainerOptions b4 = BaseOptions(TmpDir("fullck_b4"), 4);
+  b4.strategy = "fsdp_native";
+  ExpectContinues(Fit(4, b4, a.last_ckpt).losses, full.losses, 6, 1e-5);
+  TrainerOptions b1 = BaseOptions(TmpDir("fullck_b1"), 1);
+  b1.strategy = "ddp";
+  ExpectContinues(Fit(1, b1, a.last_ckpt).losses, full.losses, 6, 1e-5);
+}
+
+TEST(ShardedCheckpoint, ConsolidatedCheckpointResumesAtOtherWorldSize) {
+  FitResult full = Fit(2, Sharded(TmpDir("cons_full"), 2));
+  TrainerOptions first = Sharded(TmpDir("cons_a"), 2);
+  first.max_steps = 6;
+  FitResult a = Fit(2, first);
+  const std::string out = (fs::path(TmpDir("cons_out")) / "full.ckpt").string();
+  SaveCheckpoint(out, ConsolidateShardedCheckpoint(LoadShardedCheckpoint(a.last_ckpt)));
+  CheckpointData d = LoadCheckpoint(out);
+  EXPECT_EQ(d.global_step, 6);
+  EXPECT_EQ(d.world_size, 2);
+  EXPECT_EQ(d.strategy, "fsdp_native");
+  EXPECT_EQ(d.state_dict.at("head.weight").sizes(), (std::vector<int64_t>{3, 16}));
+  // Resume from the consolidated file: sharded at W=4 (full format, resharded optimizer).
+  TrainerOptions b = Sharded(TmpDir("cons_b"), 4);
+  b.strategy_options = {};  // state_dict_type=full: writes full checkpoints
+  ExpectContinues(Fit(4, b, out).losses, full.losses, 6, 1e-5);
+}
+
+// Runs a W=2 fit that must fail to load `ckpt` and checks nothing changed.
+void ExpectLoadFails(const std::string& ckpt, const std::vector<std::string>& needles, ClassifierConfig c = {}) {
+  auto train = MakeData(64, 1);
+  shardtrain::testing::RunRanks(2, [&](int rank, const auto& comm) {
+    Classifier module(c);
+    Trainer trainer(Sharded(TmpDir("fail_" + std::to_string(rank)), 2), comm);
+    try {
+      trainer.Fit(module, *train, nullptr, ckpt);
+      ADD_FAILURE() << "loading " << ckpt << " did not fail";
+      return;
+    } catch (const Error& e) {
+      for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(trainer.global_step(), 0);
+    EXPECT_EQ(trainer.current_epoch(), 0);
+    EXPECT_TRUE(trainer.optimizer()->state().empty());
+    // The model still holds its initial weights.
+    auto sd = trainer.strategy().FullStateDict();
+    if (rank == 0) {
+      Classifier fresh(c);
+      auto net = fresh.configure_model();
+      for (const auto& item : net->named_parameters()) {
+        ASSERT_TRUE(sd.count(item.key())) << item.key();
+        EXPECT_TRUE(sd.at(item.key()).equal(item.value())) << item.key() << " changed";
+      }
+    }
+  });
+}
+
+TEST(ShardedCheckpoint, ErrorsNameTheFileAndChangeNothing) {
+  TrainerOptions o = Sharded(TmpDir("err_src"), 2);
+  o.max_steps = 5;
+  FitResult a = Fit(2, o);
+  auto copy = [&](const std::string& name) {
+    const fs::path dst = fs::path(TmpDir("err_" + name)) / "ckpt";
+    fs::copy(a.last_ckpt, dst, fs::copy_options::recursive);
+    return dst;
+  };
+  {  // a missing shard file
+    const fs::path d = copy("missing");
+    fs::remove(d / "rank_1.pt");
+    ExpectLoadFails(d.string(), {"missing the shard file", (d / "rank_1.pt").string()});
+    try {
+      LoadShardedCheckpoint(d.string());
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find((d / "rank_1.pt").string()), std::string::npos) << e.what();
+    }
+  }
+  {  // a truncated shard file
+    const fs::path d = copy("truncated");
+    const fs::path f = d / "rank_0.pt";
+    std::string bytes;
+    {
+      std::ifstream in(f, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    {
+      std::ofstream out(f, std::ios::binary | std::ios::trunc);
+      out.write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
+    }
+    ExpectLoadFails(d.string(), {"truncated or corrupt", f.string()});
+  }
+  {  // an unfinished save (no COMPLETE marker)
+    const fs::path d = copy("incomplete");
+    fs::remove(d / "COMPLETE");
+    ExpectLoadFails(d.string(), {"incomplete", (d / "COMPLETE").string()});
+  }
+  {  // another model (4 classes instead of 3)
+    ClassifierConfig other;
+    other.classes = 4;
+    ExpectLoadFails(a.last_ckpt, {"does not match the model", "head.weight"}, other);
+  }
+  {  // a missing directory
+    ExpectLoadFails(a.last_ckpt + ".nope", {"cannot open checkpoint", a.last_ckpt + ".nope"});
+  }
+}
+
+TEST(ShardedCheckpoint, InterruptedSaveKeepsThePreviousCheckpoint) {
+  TrainerOptions o = Sharded(TmpDir("atomic"), 2);
+  o.max_steps = 2;
+  FitResult a = Fit(2, o);
+  ShardedCheckpoint before = LoadShardedCheckpoint(a.last_ckpt);
+  EXPECT_EQ(before.meta.global_step, 2);
+  // A crash mid-save leaves the temporary directory with some files; the
+  // checkpoint at the path is untouched and still loads.
+  const std::string tmp = ShardedTempDir(a.last_ckpt);
+  fs::create_directories(tmp);
+  std::ofstream(fs::path(tmp) / "rank_0.pt") << "partial";
+  EXPECT_EQ(LoadShardedCheckpoint(a.last_ckpt).meta.global_step, 2);
+  // The next save replaces the checkpoint and clears the leftovers.
+  ShardedCheckpoint next = before;
+  next.meta.global_step = 3;
+  SaveShardedCheckpoint(a.last_ckpt, next);
+  EXPECT_EQ(LoadShardedCheckpoint(a.last_ckpt).meta.global_step, 3);
+  EXPECT_FALSE(fs::exists(tmp));
+  for (const auto& e : fs::directory_iterator(fs::path(a.last_ckpt).parent_path())) {
+    EXPECT_EQ(e.path().filename().string().find("tmp"), std::string::npos) << e.path();
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain::trainer

@@ -1,0 +1,389 @@
+#include "trainer/checkpoint_state.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/optimizer.h>
+#include <torch/optim/sgd.h>
+#include <torch/serialize/input-archive.h>
+#include <torch/serialize/output-archive.h>
+
+#include <algorithm>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "comm/errors.h"
+#include "sharding/sharded_model.h"
+
+namespace shardtrain::trainer::internal {
+namespace {
+
+// Every state key any supported optimizer has (a fixed order: the ranks agree
+// on which ones to gather by index).
+const std::vector<std::string>& AllKeys() {
+  static const std::vector<std::string> keys = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer"};
+  return keys;
+}
+
+struct TensorState {
+  std::map<std::string, at::Tensor> tensors;
+  int64_t step = -1;
+};
+
+template <typename S>
+void AddAdamLike(const S& s, TensorState& out) {
+  out.step = s.step();
+  if (s.exp_avg().defined()) out.tensors["exp_avg"] = s.exp_avg();
+  if (s.exp_avg_sq().defined()) out.tensors["exp_avg_sq"] = s.exp_avg_sq();
+  if (s.max_exp_avg_sq().defined() && s.max_exp_avg_sq().numel() > 0) out.tensors["max_exp_avg_sq"] = s.max_exp_avg_sq();
+}
+
+std::optional<TensorState> GetState(const torch::optim::Optimizer& opt, const at::Tensor& p) {
+  auto it = opt.state().find(p.unsafeGetTensorImpl());
+  if (it == opt.state().end() || !it->second) return std::nullopt;
+  TensorState out;
+  if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(it->second.get())) {
+    AddAdamLike(*a, out);
+  } else if (auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get())) {
+    AddAdamLike(*w, out);
+  } else if (auto* s = dynamic_cast<const torch::optim::SGDParamState*>(it->second.get())) {
+    if (!s->momentum_buffer().defined()) return std::nullopt;
+    out.tensors["momentum_buffer"] = s->momentum_buffer();
+  } else {
+    return std::nullopt;
+  }
+  return out;
+}
+
+template <typename S>
+std::unique_ptr<torch::optim::OptimizerParamState> MakeAdamLike(const TensorState& st) {
+  auto s = std::make_unique<S>();
+  s->step(std::max<int64_t>(st.step, 0));
+  auto get = [&](const char* k) {
+    auto it = st.tensors.find(k);
+    return it == st.tensors.end() ? at::Tensor() : it->second;
+  };
+  s->exp_avg(get("exp_avg"));
+  s->exp_avg_sq(get("exp_avg_sq"));
+  s->max_exp_avg_sq(get("max_exp_avg_sq"));
+  return s;
+}
+
+void SetState(torch::optim::Optimizer& opt, const std::string& kind, const at::Tensor& p,
+              const std::optional<TensorState>& st) {
+  void* key = p.unsafeGetTensorImpl();
+  opt.state().erase(key);
+  if (!st) return;
+  if (kind == "Adam") {
+    opt.state()[key] = MakeAdamLike<torch::optim::AdamParamState>(*st);
+  } else if (kind == "AdamW") {
+    opt.state()[key] = MakeAdamLike<torch::optim::AdamWParamState>(*st);
+  } else if (kind == "SGD") {
+    auto it = st->tensors.find("momentum_buffer");
+    if (it == st->tensors.end()) return;
+    auto s = std::make_unique<torch::optim::SGDParamState>();
+    s->momentum_buffer(it->second);
+    opt.state()[key] = std::move(s);
+  }
+}
+
+std::vector<at::Tensor> OptimizerParams(const torch::optim::Optimizer& opt) {
+  std::vector<at::Tensor> out;
+  for (const auto& g : opt.param_groups()) {
+    for (const auto& p : g.params()) out.push_back(p);
+  }
+  return out;
+}
+
+// Where an optimized tensor of a sharded strategy lives in its unit's shard.
+struct Loc {
+  int unit = -1;
+  int64_t offset = 0;
+  int64_t len = 0;
+};
+
+std::vector<Loc> Locate(sharding::ShardedModel& sm, const std::vector<at::Tensor>& params) {
+  const auto named = sm.named_parameters();
+  const auto units = sm.units();
+  std::unordered_map<const void*, size_t> index;
+  for (size_t i = 0; i < named.size(); ++i) index[named[i].second.unsafeGetTensorImpl()] = i;
+  std::map<std::string, int> unit_of;
+  for (size_t u = 0; u < units.size(); ++u) {
+    for (const auto& n : units[u].param_names) unit_of[n] = static_cast<int>(u);
+  }
+  std::vector<Loc> out;
+  for (const auto& p : params) {
+    auto it = index.find(p.unsafeGetTensorImpl());
+    ST_CHECK_ARG(it != index.end(),
+                 "the optimizer steps a tensor that is not one of the strategy's parameters(); checkpoints of "
+                 "sharded strategies need an optimizer over (a subset of) strategy parameters()");
+    Loc loc;
+    if (sm.options().use_orig_params) {
+      loc.unit = unit_of.at(named[it->second].first);
+      loc.offset = p.storage_offset();
+    } else {
+      loc.unit = static_cast<int>(it->second);  // one shard per unit, in unit order
+      loc.offset = 0;
+    }
+    loc.len = p.numel();
+    out.push_back(loc);
+  }
+  return out;
+}
+
+// Full parameter shapes by name (the module keeps them while sharded).
+std::map<std::string, std::vector<int64_t>> ParamShapes(strategies::Strategy& s) {
+  std::map<std::string, std::vector<int64_t>> out;
+  for (const auto& item : s.module().named_parameters(true)) out[item.key()] = item.value().sizes().vec();
+  return out;
+}
+
+// This rank's optimizer state laid out per unit like the unit's shard.
+void FlattenOptimizerState(sharding::ShardedModel& sm, const torch::optim::Optimizer& opt,
+                           std::vector<std::map<std::string, at::Tensor>>& units_out, std::vector<int64_t>& steps) {
+  const auto units = sm.units();
+  units_out.assign(units.size(), {});
+  steps.assign(units.size(), -1);
+  const auto params = OptimizerParams(opt);
+  const auto locs = Locate(sm, params);
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto st = GetState(opt, params[i]);
+    if (!st) continue;
+    const Loc& loc = locs[i];
+    for (const auto& [k, t] : st->tensors) {
+      at::Tensor& dst = units_out[loc.unit][k];
+      if (!dst.defined()) dst = at::zeros({units[loc.unit].shard_numel}, at::kFloat);
+      dst.narrow(0, loc.offset, loc.len).copy_(t.detach().reshape({-1}));
+    }
+    steps[loc.unit] = std::max(steps[loc.unit], st->step);
+  }
+}
+
+}  // namespace
+
+std::string OptimizerKind(const torch::optim::Optimizer& opt) {
+  if (dynamic_cast<const torch::optim::Adam*>(&opt)) return "Adam";
+  if (dynamic_cast<const torch::optim::AdamW*>(&opt)) return "AdamW";
+  if (dynamic_cast<const torch::optim::SGD*>(&opt)) return "SGD";
+  return "";
+}
+
+std::string SerializeOptimizer(const torch::optim::Optimizer& opt) {
+  torch::serialize::OutputArchive ar;
+  opt.save(ar);
+  std::ostringstream os;
+  ar.save_to(os);
+  return os.str();
+}
+
+void LoadOptimizerArchive(torch::optim::Optimizer& opt, const std::string& bytes, const std::string& path) {
+  try {
+    torch::serialize::InputArchive ar;
+    std::istringstream is(bytes);
+    ar.load_from(is);
+    opt.load(ar);
+  } catch (const c10::Error& e) {
+    std::string what = e.what();
+    ST_THROW(Error, "checkpoint '", path, "': optimizer state does not fit this optimizer: ",
+             what.substr(0, what.find('\n')));
+  }
+}
+
+FullOptimizerState GatherFullOptimizerState(strategies::Strategy& s, torch::optim::Optimizer& opt) {
+  FullOptimizerState out;
+  out.kind = OptimizerKind(opt);
+  if (out.kind.empty()) return out;
+  at::NoGradGuard no_grad;
+  sharding::ShardedModel* sm = s.sharded_model_or_null();
+  if (!sm) {
+    std::unordered_map<const void*, std::string> names;
+    for (const auto& [n, t] : s.named_parameters()) names[t.unsafeGetTensorImpl()] = n;
+    for (const auto& p : OptimizerParams(opt)) {
+      auto st = GetState(opt, p);
+      auto it = names.find(p.unsafeGetTensorImpl());
+      if (!st || it == names.end()) continue;
+      for (const auto& [k, t] : st->tensors) out.state[it->second][k] = t.detach().cpu().clone();
+      if (st->step >= 0) out.step[it->second] = st->step;
+    }
+    return out;
+  }
+  std::vector<std::map<std::string, at::Tensor>> local;
+  std::vector<int64_t> steps;
+  FlattenOptimizerState(*sm, opt, local, steps);
+  const auto units = sm->units();
+  const auto& keys = AllKeys();
+  const int64_t U = static_cast<int64_t>(units.size()), K = static_cast<int64_t>(keys.size());
+  // Agree on which (unit, key) pairs exist anywhere and on the steps: every
+  // rank must then run the same gathers.
+  at::Tensor flags = at::zeros({U * K + U}, at::kDouble);
+  for (int64_t u = 0; u < U; ++u) {
+    for (int64_t k = 0; k < K; ++k) {
+      if (local[u].count(keys[k])) flags[u * K + k] = 1.0;
+    }
+    flags[U * K + u] = static_cast<double>(steps[u]);
+  }
+  if (s.world() && s.world()->size() > 1) s.world()->AllReduce(flags, {comm::ReduceOp::kMax})->Wait();
+  auto acc = flags.accessor<double, 1>();
+  for (int64_t k = 0; k < K; ++k) {
+    bool any = false;
+    for (int64_t u = 0; u < U; ++u) any = any || acc[u * K + k] > 0;
+    if (!any) continue;
+    std::vector<at::Tensor> per_unit;
+    for (int64_t u = 0; u < U; ++u) {
+      auto it = local[u].find(keys[k]);
+      per_unit.push_back(it != local[u].end() ? it->second : at::zeros({units[u].shard_numel}, at::kFloat));
+    }
+    auto full = sm->GatherFullFromShards(per_unit);
+    for (int64_t u = 0; u < U; ++u) {
+      if (acc[u * K + k] <= 0) continue;
+      for (const auto& n : units[u].param_names) out.state[n][keys[k]] = full.at(n).cpu();
+    }
+  }
+  for (int64_t u = 0; u < U; ++u) {
+    const auto step = static_cast<int64_t>(acc[U * K + u]);
+    bool has = false;
+    for (int64_t k = 0; k < K; ++k) has = has || acc[u * K + k] > 0;
+    if (has && step >= 0) {
+      for (const auto& n : units[u].param_names) out.step[n] = step;
+    }
+  }
+  return out;
+}
+
+ShardedPiece MakeShardedPiece(strategies::Strategy& s, torch::optim::Optimizer& opt) {
+  sharding::ShardedModel* sm = s.sharded_model_or_null();
+  ST_CHECK_ARG(sm != nullptr, "strategy '", s.name(), "' is not sharded: it cannot write sharded checkpoints");
+  at::NoGradGuard no_grad;
+  sharding::ShardedStateDict sd = sm->GetShardedStateDict();
+  const auto shapes = ParamShapes(s);
+  ShardedPiece piece;
+  piece.rank = s.rank();
+  piece.world_size = s.world_size();
+  piece.shard_rank = sd.shard_rank;
+  piece.shard_world = sd.shard_world;
+  for (const auto& u : sd.units) {
+    SavedUnit su;
+    su.name = u.name;
+    su.param_names = u.param_names;
+    for (const auto& n : u.param_names) {
+      auto it = shapes.find(n);
+      ST_CHECK_ARG(it != shapes.end(), "sharded checkpoint: unit parameter '", n, "' is not a parameter of the module");
+      su.param_shapes.push_back(it->second);
+    }
+    su.numel = u.numel;
+    su.padded_numel = u.padded_numel;
+    su.shard_numel = u.shard_numel;
+    piece.units.push_back(std::move(su));
+  }
+  for (const auto& t : sd.shards) piece.shards.push_back(t.to(at::kFloat));
+  piece.buffers = sd.buffers;
+  piece.optimizer_kind = OptimizerKind(opt);
+  if (piece.optimizer_kind.empty()) {
+    piece.optimizer_archive = SerializeOptimizer(opt);
+  } else {
+    FlattenOptimizerState(*sm, opt, piece.optimizer_units, piece.optimizer_steps);
+  }
+  return piece;
+}
+
+std::function<void()> PrepareOptimizerLoad(strategies::Strategy& s, torch::optim::Optimizer& opt,
+                                           const FullOptimizerState& state, const std::string& path) {
+  if (state.empty()) return [] {};
+  const std::string kind = OptimizerKind(opt);
+  if (kind != state.kind) {
+    ST_THROW(Error, "checkpoint '", path, "' holds ", state.kind, " optimizer state but this run's optimizer is ",
+             kind.empty() ? "another kind" : kind, "; nothing was loaded");
+  }
+  at::NoGradGuard no_grad;
+  const auto shapes = ParamShapes(s);
+  std::ostringstream problems;
+  for (const auto& [name, keys] : state.state) {
+    auto it = shapes.find(name);
+    if (it == shapes.end()) {
+      problems << "\n  unexpected: optimizer state for '" << name << "', which the model does not have";
+      continue;
+    }
+    const int64_t n = c10::multiply_integers(it->second);
+    for (const auto& [k, t] : keys) {
+      if (t.numel() != n) {
+        problems << "\n  size mismatch: optimizer state '" << k << "' of '" << name << "' has " << t.numel()
+                 << " elements, the parameter " << n;
+      }
+    }
+  }
+  if (!problems.str().empty()) {
+    ST_THROW(Error, "checkpoint '", path, "': optimizer state does not match the model (nothing was loaded):",
+             problems.str());
+  }
+  const auto params = OptimizerParams(opt);
+  std::vector<std::optional<TensorState>> states(params.size());
+  sharding::ShardedModel* sm = s.sharded_model_or_null();
+  if (!sm) {
+    std::unordered_map<const void*, std::string> names;
+    for (const auto& [n, t] : s.named_parameters()) names[t.unsafeGetTensorImpl()] = n;
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto nit = names.find(params[i].unsafeGetTensorImpl());
+      if (nit == names.end()) continue;
+      auto sit = state.state.find(nit->second);
+      if (sit == state.state.end() || sit->second.empty()) continue;
+      TensorState st;
+      for (const auto& [k, t] : sit->second) st.tensors[k] = t.reshape(params[i].sizes()).to(params[i].options()).clone();
+      auto step = state.step.find(nit->second);
+      st.step = step == state.step.end() ? -1 : step->second;
+      states[i] = std::move(st);
+    }
+  } else {
+    const auto units = sm->units();
+    std::set<std::string> keys;
+    for (const auto& [name, ks] : state.state) {
+      for (const auto& [k, t] : ks) keys.insert(k);
+    }
+    // Reshard each key: full tensors by name -> this rank's unit shards.
+    std::map<std::string, std::vector<at::Tensor>> shards;
+    for (const auto& key : keys) {
+      std::map<std::string, at::Tensor> full;
+      for (const auto& u : units) {
+        for (const auto& n : u.param_names) {
+          auto sit = state.state.find(n);
+          const at::Tensor* t = nullptr;
+          if (sit != state.state.end()) {
+            auto kit = sit->second.find(key);
+            if (kit != sit->second.end()) t = &kit->second;
+          }
+          full[n] = t ? t->reshape(shapes.at(n)).to(at::kFloat) : at::zeros(shapes.at(n), at::kFloat);
+        }
+      }
+      shards[key] = sm->ShardsFromFull(full);
+    }
+    std::vector<bool> has(units.size(), false);
+    std::vector<int64_t> unit_step(units.size(), -1);
+    for (size_t u = 0; u < units.size(); ++u) {
+      for (const auto& n : units[u].param_names) {
+        auto sit = state.state.find(n);
+        if (sit != state.state.end() && !sit->second.empty()) has[u] = true;
+        auto step = state.step.find(n);
+        if (step != state.step.end()) unit_step[u] = std::max(unit_step[u], step->second);
+      }
+    }
+    const auto locs = Locate(*sm, params);
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Loc& loc = locs[i];
+      if (!has[loc.unit]) continue;
+      TensorState st;
+      for (const auto& [k, per_unit] : shards) {
+        st.tensors[k] =
+            per_unit[loc.unit].narrow(0, loc.offset, loc.len).reshape(params[i].sizes()).to(params[i].options()).clone();
+      }
+      st.step = unit_step[loc.unit];
+      states[i] = std::move(st);
+    }
+  }
+  return [&opt, kind, params, states = std::move(states)] {
+    for (size_t i = 0; i < params.size(); ++i) SetState(opt, kind, params[i], states[i]);
+  };
+}
+
+}  // namespace shardtrain::trainer::internal

@@ -1,0 +1,28 @@
+// Logger: where the Trainer sends metrics and hyperparameters (rank 0 only).
+// Implementations: CsvLogger (trainer/csv_logger.h, Lightning's CSVLogger
+// layout) and TensorBoardLogger (trainer/tensorboard_logger.h, event files
+// TensorBoard reads). Plain C++ (no torch header).
+#ifndef SHARDTRAIN_TRAINER_LOGGER_H_
+#define SHARDTRAIN_TRAINER_LOGGER_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+namespace shardtrain::trainer {
+
+class Logger {
+ public:
+  virtual ~Logger() = default;
+  // The run's directory (<root>/<name>/version_N).
+  virtual const std::string& log_dir() const = 0;
+  virtual void LogHyperparams(const std::map<std::string, std::string>& hparams) = 0;
+  // Scalars of one step.
+  virtual void LogMetrics(const std::map<std::string, double>& metrics, int64_t step) = 0;
+  // Makes everything logged so far durable (the Trainer calls it after each row).
+  virtual void Save() {}
+};
+
+}  // namespace shardtrain::trainer
+
+#endif  // SHARDTRAIN_TRAINER_LOGGER_H_

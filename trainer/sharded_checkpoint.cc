@@ -1,0 +1,451 @@
+#include "trainer/sharded_checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <torch/serialize.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
+
+#include "comm/errors.h"
+
+namespace shardtrain::trainer {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kFormat = "shardtrain.sharded";
+
+c10::impl::GenericDict NewDict() { return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get()); }
+
+at::Tensor BytesTensor(const std::string& s) {
+  at::Tensor t = at::empty({static_cast<int64_t>(s.size())}, at::kByte);
+  if (!s.empty()) std::memcpy(t.data_ptr<uint8_t>(), s.data(), s.size());
+  return t;
+}
+
+std::string TensorBytes(const at::Tensor& t) {
+  at::Tensor b = t.contiguous();
+  return std::string(reinterpret_cast<const char*>(b.data_ptr<uint8_t>()), b.numel());
+}
+
+void WritePickle(const std::string& path, const c10::IValue& v) {
+  std::vector<char> bytes = torch::pickle_save(v);
+  WriteFileAtomically(path, std::string(bytes.begin(), bytes.end()));
+}
+
+c10::impl::GenericDict ReadPickleDict(const std::string& path, const std::string& what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in.good()) ST_THROW(Error, what, " '", path, "' cannot be opened");
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  c10::IValue v;
+  try {
+    v = torch::pickle_load(bytes);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    ST_THROW(Error, what, " '", path, "' is truncated or corrupt (", bytes.size(), " bytes; cannot be read: ",
+             msg.substr(0, msg.find('\n')), ")");
+  }
+  if (!v.isGenericDict()) ST_THROW(Error, what, " '", path, "' is not a ShardTrain sharded checkpoint file");
+  return v.toGenericDict();
+}
+
+void FsyncDir(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+fs::path ParentOf(const fs::path& p) { return p.has_parent_path() ? p.parent_path() : fs::path("."); }
+
+c10::IValue PieceToIValue(const ShardedPiece& p) {
+  auto d = NewDict();
+  d.insert("rank", p.rank);
+  d.insert("world_size", p.world_size);
+  d.insert("shard_rank", p.shard_rank);
+  d.insert("shard_world", p.shard_world);
+  c10::impl::GenericList units(c10::AnyType::get());
+  for (const auto& u : p.units) {
+    auto ud = NewDict();
+    ud.insert("name", u.name);
+    c10::List<std::string> names;
+    for (const auto& n : u.param_names) names.push_back(n);
+    ud.insert("param_names", names);
+    c10::impl::GenericList shapes(c10::ListType::ofInts());
+    for (const auto& s : u.param_shapes) shapes.push_back(c10::IValue(s));
+    ud.insert("param_shapes", shapes);
+    ud.insert("numel", u.numel);
+    ud.insert("padded_numel", u.padded_numel);
+    ud.insert("shard_numel", u.shard_numel);
+    units.push_back(ud);
+  }
+  d.insert("units", units);
+  c10::List<at::Tensor> shards;
+  for (const auto& s : p.shards) shards.push_back(s.detach().cpu().contiguous());
+  d.insert("shards", shards);
+  c10::Dict<std::string, at::Tensor> buffers;
+  for (const auto& [k, v] : p.buffers) buffers.insert(k, v.detach().cpu().contiguous());
+  d.insert("buffers", buffers);
+  auto od = NewDict();
+  od.insert("kind", p.optimizer_kind);
+  c10::impl::GenericList ounits(c10::AnyType::get());
+  for (const auto& m : p.optimizer_units) {
+    c10::Dict<std::string, at::Tensor> md;
+    for (const auto& [k, v] : m) md.insert(k, v.detach().cpu().contiguous());
+    ounits.push_back(md);
+  }
+  od.insert("units", ounits);
+  od.insert("steps", c10::IValue(p.optimizer_steps));
+  od.insert("archive", BytesTensor(p.optimizer_archive));
+  d.insert("optimizer", od);
+  return d;
+}
+
+ShardedPiece PieceFromDict(const c10::impl::GenericDict& d, const std::string& path) {
+  auto need = [&](const c10::impl::GenericDict& m, const char* key) {
+    if (!m.contains(key)) ST_THROW(Error, "sharded checkpoint file '", path, "' has no '", key, "' entry");
+    return m.at(key);
+  };
+  ShardedPiece p;
+  try {
+    p.rank = need(d, "rank").toInt();
+    p.world_size = need(d, "world_size").toInt();
+    p.shard_rank = need(d, "shard_rank").toInt();
+    p.shard_world = need(d, "shard_world").toInt();
+    for (const auto& uv : need(d, "units").toListRef()) {
+      auto ud = uv.toGenericDict();
+      SavedUnit u;
+      u.name = need(ud, "name").toStringRef();
+      for (const auto& n : need(ud, "param_names").toListRef()) u.param_names.push_back(n.toStringRef());
+      for (const auto& s : need(ud, "param_shapes").toListRef()) u.param_shapes.push_back(s.toIntVector());
+      u.numel = need(ud, "numel").toInt();
+      u.padded_numel = need(ud, "padded_numel").toInt();
+      u.shard_numel = need(ud, "shard_numel").toInt();
+      p.units.push_back(std::move(u));
+    }
+    for (const auto& t : need(d, "shards").toListRef()) p.shards.push_back(t.toTensor());
+    for (const auto& e : need(d, "buffers").toGenericDict()) p.buffers[e.key().toStringRef()] = e.value().toTensor();
+    auto od = need(d, "optimizer").toGenericDict();
+    p.optimizer_kind = need(od, "kind").toStringRef();
+    for (const auto& mv : need(od, "units").toListRef()) {
+      std::map<std::string, at::Tensor> m;
+      for (const auto& e : mv.toGenericDict()) m[e.key().toStringRef()] = e.value().toTensor();
+      p.optimizer_units.push_back(std::move(m));
+    }
+    p.optimizer_steps = need(od, "steps").toIntVector();
+    p.optimizer_archive = TensorBytes(need(od, "archive").toTensor());
+  } catch (const c10::Error& e) {
+    std::string what = e.what();
+    ST_THROW(Error, "sharded checkpoint file '", path, "' has an unexpected layout: ", what.substr(0, what.find('\n')));
+  }
+  return p;
+}
+
+bool SameUnits(const std::vector<SavedUnit>& a, const std::vector<SavedUnit>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].name != b[i].name || a[i].param_names != b[i].param_names || a[i].param_shapes != b[i].param_shapes ||
+        a[i].numel != b[i].numel || a[i].padded_numel != b[i].padded_numel || a[i].shard_numel != b[i].shard_numel) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The piece holding each shard rank (HYBRID_SHARD replicas hold equal shards: the first is used).
+std::vector<const ShardedPiece*> ByShardRank(const ShardedCheckpoint& ck) {
+  std::vector<const ShardedPiece*> out(ck.pieces.front().shard_world, nullptr);
+  for (const auto& p : ck.pieces) {
+    if (!out[p.shard_rank]) out[p.shard_rank] = &p;
+  }
+  return out;
+}
+
+// Splits a unit's unpadded flat tensor into its parameters by name.
+void SplitUnit(const SavedUnit& u, const at::Tensor& flat, std::map<std::string, at::Tensor>& out) {
+  int64_t offset = 0;
+  for (size_t k = 0; k < u.param_names.size(); ++k) {
+    int64_t n = 1;
+    for (auto s : u.param_shapes[k]) n *= s;
+    out[u.param_names[k]] = flat.narrow(0, offset, n).reshape(u.param_shapes[k]).clone();
+    offset += n;
+  }
+}
+
+}  // namespace
+
+std::string ShardedPieceFileName(int64_t rank) { return "rank_" + std::to_string(rank) + ".pt"; }
+
+bool IsShardedCheckpoint(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec);
+}
+
+std::string ShardedTempDir(const std::string& path) {
+  fs::path p = fs::path(path).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return (ParentOf(p) / ("." + p.filename().string() + ".tmp-sharded")).string();
+}
+
+void BeginShardedSave(const std::string& path) {
+  const fs::path tmp = ShardedTempDir(path);
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  if (ec) ST_THROW(Error, "cannot remove the stale temporary directory '", tmp.string(), "': ", ec.message());
+  fs::create_directories(tmp, ec);
+  if (ec) ST_THROW(Error, "cannot create the temporary directory '", tmp.string(), "': ", ec.message());
+}
+
+void WriteShardedPiece(const std::string& path, const ShardedPiece& piece) {
+  const fs::path tmp = ShardedTempDir(path);
+  if (!fs::is_directory(tmp)) {
+    ST_THROW(Error, "sharded save of '", path, "': temporary directory '", tmp.string(), "' does not exist");
+  }
+  WritePickle((tmp / ShardedPieceFileName(piece.rank)).string(), PieceToIValue(piece));
+}
+
+void FinishShardedSave(const std::string& path, const CheckpointData& meta) {
+  const fs::path tmp = ShardedTempDir(path);
+  const fs::path target = fs::path(path).lexically_normal();
+  c10::List<std::string> files;
+  for (int64_t r = 0; r < meta.world_size; ++r) {
+    const fs::path f = tmp / ShardedPieceFileName(r);
+    if (!fs::exists(f)) ST_THROW(Error, "sharded save of '", path, "': rank ", r, " did not write '", f.string(), "'");
+    files.push_back(ShardedPieceFileName(r));
+  }
+  auto d = NewDict();
+  d.insert("format", std::string(kFormat));
+  d.insert("format_version", kShardedCheckpointFormatVersion);
+  d.insert("world_size", meta.world_size);
+  d.insert("epoch", meta.epoch);
+  d.insert("global_step", meta.global_step);
+  d.insert("batch_in_epoch", meta.batch_in_epoch);
+  d.insert("strategy", meta.strategy);
+  d.insert("rng_state", meta.rng_state.defined() ? meta.rng_state.cpu() : at::empty({0}, at::kByte));
+  c10::Dict<std::string, std::string> hp;
+  for (const auto& [k, v] : meta.hparams) hp.insert(k, v);
+  d.insert("hparams", hp);
+  auto cbs = NewDict();
+  for (const auto& [key, st] : meta.callbacks) {
+    c10::Dict<std::string, std::string> m;
+    for (const auto& [k, v] : st) m.insert(k, v);
+    cbs.insert(key, m);
+  }
+  d.insert("callbacks", cbs);
+  d.insert("files", files);
+  WritePickle((tmp / kShardedMetadataFile).string(), d);
+  // The marker goes last: a directory without it is never loaded.
+  WriteFileAtomically((tmp / kShardedCompleteMarker).string(),
+                      "shardtrain sharded checkpoint, format version " +
+                          std::to_string(kShardedCheckpointFormatVersion) + "\n");
+  FsyncDir(tmp);
+  std::error_code ec;
+  const bool existed = fs::exists(fs::symlink_status(target, ec));
+  if (!existed) {
+    if (::rename(tmp.c_str(), target.c_str()) != 0) {
+      ST_THROW(Error, "cannot rename '", tmp.string(), "' to '", target.string(), "': ", std::strerror(errno));
+    }
+  } else if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+    fs::remove_all(tmp, ec);  // now the previous checkpoint
+  } else {
+    // No atomic exchange on this file system: move the old one aside first.
+    const fs::path old = ParentOf(target) / ("." + target.filename().string() + ".old-sharded");
+    fs::remove_all(old, ec);
+    if (::rename(target.c_str(), old.c_str()) != 0) {
+      ST_THROW(Error, "cannot move the previous checkpoint '", target.string(), "' aside: ", std::strerror(errno));
+    }
+    if (::rename(tmp.c_str(), target.c_str()) != 0) {
+      const int err = errno;
+      ::rename(old.c_str(), target.c_str());
+      ST_THROW(Error, "cannot rename '", tmp.string(), "' to '", target.string(), "': ", std::strerror(err));
+    }
+    fs::remove_all(old, ec);
+  }
+  FsyncDir(ParentOf(target));
+}
+
+void SaveShardedCheckpoint(const std::string& path, const ShardedCheckpoint& ckpt) {
+  BeginShardedSave(path);
+  for (const auto& p : ckpt.pieces) WriteShardedPiece(path, p);
+  CheckpointData meta = ckpt.meta;
+  meta.world_size = static_cast<int64_t>(ckpt.pieces.size());
+  FinishShardedSave(path, meta);
+}
+
+ShardedCheckpoint LoadShardedCheckpoint(const std::string& path) {
+  const fs::path dir(path);
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) ST_THROW(Error, "cannot open checkpoint '", path, "': it does not exist");
+  if (!fs::is_directory(dir, ec)) ST_THROW(Error, "checkpoint '", path, "' is not a sharded checkpoint directory");
+  if (!fs::exists(dir / kShardedCompleteMarker, ec)) {
+    ST_THROW(Error, "sharded checkpoint '", path, "' is incomplete: '", (dir / kShardedCompleteMarker).string(),
+             "' is missing (the save did not finish)");
+  }
+  const std::string meta_path = (dir / kShardedMetadataFile).string();
+  if (!fs::exists(meta_path, ec)) {
+    ST_THROW(Error, "sharded checkpoint '", path, "' is missing its metadata file '", meta_path, "'");
+  }
+  auto md = ReadPickleDict(meta_path, "sharded checkpoint metadata");
+  ShardedCheckpoint ck;
+  std::vector<std::string> files;
+  try {
+    if (!md.contains("format") || md.at("format").toStringRef() != kFormat) {
+      ST_THROW(Error, "'", meta_path, "' is not ShardTrain sharded checkpoint metadata");
+    }
+    const int64_t version = md.at("format_version").toInt();
+    if (version > kShardedCheckpointFormatVersion) {
+      ST_THROW(Error, "sharded checkpoint '", path, "' has format version ", version, "; this build reads up to ",
+               kShardedCheckpointFormatVersion);
+    }
+    auto& m = ck.meta;
+    m.world_size = md.at("world_size").toInt();
+    m.epoch = md.at("epoch").toInt();
+    m.global_step = md.at("global_step").toInt();
+    m.batch_in_epoch = md.at("batch_in_epoch").toInt();
+    m.strategy = md.at("strategy").toStringRef();
+    m.rng_state = md.at("rng_state").toTensor();
+    for (const auto& e : md.at("hparams").toGenericDict()) m.hparams[e.key().toStringRef()] = e.value().toStringRef();
+    for (const auto& e : md.at("callbacks").toGenericDict()) {
+      auto& st = m.callbacks[e.key().toStringRef()];
+      for (const auto& k : e.value().toGenericDict()) st[k.key().toStringRef()] = k.value().toStringRef();
+    }
+    for (const auto& f : md.at("files").toListRef()) files.push_back(f.toStringRef());
+  } catch (const c10::Error& e) {
+    std::string what = e.what();
+    ST_THROW(Error, "sharded checkpoint metadata '", meta_path, "' has an unexpected layout: ",
+             what.substr(0, what.find('\n')));
+  }
+  const int64_t W = ck.meta.world_size;
+  if (W < 1 || static_cast<int64_t>(files.size()) != W) {
+    ST_THROW(Error, "sharded checkpoint metadata '", meta_path, "' lists ", files.size(), " rank files for world size ",
+             W);
+  }
+  // Every file must be there before any is read.
+  for (int64_t r = 0; r < W; ++r) {
+    const fs::path f = dir / files[r];
+    if (!fs::exists(f, ec)) {
+      ST_THROW(Error, "sharded checkpoint '", path, "' is missing the shard file '", f.string(), "' (rank ", r, " of ",
+               W, ")");
+    }
+  }
+  for (int64_t r = 0; r < W; ++r) {
+    const std::string f = (dir / files[r]).string();
+    ShardedPiece p = PieceFromDict(ReadPickleDict(f, "sharded checkpoint file"), f);
+    auto bad = [&](const auto&... what) { ST_THROW(Error, "sharded checkpoint file '", f, "': ", what...); };
+    if (p.rank != r || p.world_size != W) bad("holds rank ", p.rank, " of ", p.world_size, ", expected rank ", r, " of ", W);
+    if (p.shard_world < 1 || p.shard_rank < 0 || p.shard_rank >= p.shard_world) {
+      bad("shard rank ", p.shard_rank, " outside [0, ", p.shard_world, ")");
+    }
+    if (p.shards.size() != p.units.size()) bad(p.shards.size(), " unit shards for ", p.units.size(), " units");
+    for (size_t i = 0; i < p.units.size(); ++i) {
+      const auto& u = p.units[i];
+      if (u.param_names.size() != u.param_shapes.size()) bad("unit '", u.name, "' names and shapes disagree");
+      int64_t n = 0;
+      for (const auto& s : u.param_shapes) n += c10::multiply_integers(s);
+      if (n != u.numel || u.shard_numel * p.shard_world != u.padded_numel || u.padded_numel < u.numel) {
+        bad("unit '", u.name, "' has inconsistent sizes");
+      }
+      if (p.shards[i].numel() != u.shard_numel) {
+        bad("unit '", u.name, "' shard has ", p.shards[i].numel(), " elements, expected ", u.shard_numel);
+      }
+    }
+    if (!p.optimizer_units.empty()) {
+      if (p.optimizer_units.size() != p.units.size() || p.optimizer_steps.size() != p.units.size()) {
+        bad("optimizer state for ", p.optimizer_units.size(), " units, expected ", p.units.size());
+      }
+      for (size_t i = 0; i < p.units.size(); ++i) {
+        for (const auto& [k, t] : p.optimizer_units[i]) {
+          if (t.numel() != p.units[i].shard_numel) bad("optimizer state '", k, "' of unit '", p.units[i].name, "' has the wrong size");
+        }
+      }
+    }
+    if (!ck.pieces.empty()) {
+      const auto& first = ck.pieces.front();
+      if (p.shard_world != first.shard_world || !SameUnits(p.units, first.units)) {
+        bad("its units or shard group disagree with rank 0's file");
+      }
+      if (p.optimizer_kind != first.optimizer_kind) {
+        bad("optimizer '", p.optimizer_kind, "' but rank 0's file has '", first.optimizer_kind, "'");
+      }
+    }
+    ck.pieces.push_back(std::move(p));
+  }
+  std::vector<bool> seen(ck.pieces.front().shard_world, false);
+  for (const auto& p : ck.pieces) seen[p.shard_rank] = true;
+  for (size_t s = 0; s < seen.size(); ++s) {
+    if (!seen[s]) ST_THROW(Error, "sharded checkpoint '", path, "' has no file holding shard rank ", s);
+  }
+  return ck;
+}
+
+std::map<std::string, at::Tensor> ConsolidateParameters(const ShardedCheckpoint& ck) {
+  ST_CHECK_ARG(!ck.pieces.empty(), "sharded checkpoint without pieces");
+  auto by = ByShardRank(ck);
+  std::map<std::string, at::Tensor> out;
+  const auto& units = ck.pieces.front().units;
+  for (size_t i = 0; i < units.size(); ++i) {
+    std::vector<at::Tensor> parts;
+    for (const auto* p : by) parts.push_back(p->shards[i].reshape({-1}).to(at::kFloat));
+    SplitUnit(units[i], at::cat(parts).narrow(0, 0, units[i].numel), out);
+  }
+  return out;
+}
+
+FullOptimizerState ConsolidateOptimizerState(const ShardedCheckpoint& ck) {
+  FullOptimizerState out;
+  ST_CHECK_ARG(!ck.pieces.empty(), "sharded checkpoint without pieces");
+  const auto& first = ck.pieces.front();
+  if (first.optimizer_kind.empty() || first.optimizer_units.empty()) return out;
+  out.kind = first.optimizer_kind;
+  auto by = ByShardRank(ck);
+  for (size_t i = 0; i < first.units.size(); ++i) {
+    const auto& u = first.units[i];
+    std::set<std::string> keys;
+    int64_t step = -1;
+    for (const auto* p : by) {
+      for (const auto& [k, t] : p->optimizer_units[i]) keys.insert(k);
+      step = std::max(step, p->optimizer_steps[i]);
+    }
+    for (const auto& key : keys) {
+      std::vector<at::Tensor> parts;
+      for (const auto* p : by) {
+        auto it = p->optimizer_units[i].find(key);
+        parts.push_back(it != p->optimizer_units[i].end() ? it->second.reshape({-1})
+                                                          : at::zeros({u.shard_numel}, p->shards[i].options()));
+      }
+      std::map<std::string, at::Tensor> split;
+      SplitUnit(u, at::cat(parts).narrow(0, 0, u.numel), split);
+      for (auto& [name, t] : split) out.state[name][key] = t;
+    }
+    if (!keys.empty() && step >= 0) {
+      for (const auto& name : u.param_names) out.step[name] = step;
+    }
+  }
+  return out;
+}
+
+CheckpointData ConsolidateShardedCheckpoint(const ShardedCheckpoint& ck) {
+  CheckpointData out = ck.meta;
+  out.world_size = static_cast<int64_t>(ck.pieces.size());
+  out.state_dict = ConsolidateParameters(ck);
+  for (const auto& [k, v] : ck.pieces.front().buffers) {
+    out.state_dict[k] = at::isFloatingType(v.scalar_type()) ? v.to(at::kFloat) : v.clone();
+  }
+  out.optimizer_full = ConsolidateOptimizerState(ck);
+  const bool archives = std::all_of(ck.pieces.begin(), ck.pieces.end(),
+                                    [](const ShardedPiece& p) { return !p.optimizer_archive.empty(); });
+  if (archives) {
+    for (const auto& p : ck.pieces) out.optimizer_states.push_back(p.optimizer_archive);
+  }
+  return out;
+}
+
+}  // namespace shardtrain::trainer

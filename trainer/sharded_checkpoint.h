@@ -1,0 +1,118 @@
+// Sharded checkpoints: a directory with one file per rank plus metadata, for
+// sharded strategies (fsdp_native with state_dict_type=sharded). No rank ever
+// holds the full model to save; loading reshards to any world size.
+//
+//   <dir>/metadata.pt   written by rank 0: "format" ("shardtrain.sharded"),
+//                       "format_version", "world_size", "epoch", "global_step",
+//                       "batch_in_epoch", "strategy", "rng_state", "hparams",
+//                       "callbacks", "files" (the rank files, by rank)
+//   <dir>/rank_<r>.pt   rank r's piece (ShardedPiece below):
+//       "rank", "world_size", "shard_rank", "shard_world"   ints
+//       "units"    [{"name", "param_names": [str], "param_shapes": [[int]],
+//                    "numel", "padded_numel", "shard_numel"}]
+//       "shards"   [float32 tensor]  this rank's block of each unit's flat parameter
+//       "buffers"  {name: tensor}
+//       "optimizer" {"kind": str, "units": [{key: tensor shaped like the unit's
+//                    shard}], "steps": [int], "archive": uint8 tensor}
+//   <dir>/COMPLETE      written last: a directory without it is an unfinished save
+//
+// A unit's flat parameter is its parameters laid end to end (in param_names
+// order), padded to shard_world * shard_numel; shard rank s holds the block
+// [s * shard_numel, (s + 1) * shard_numel). The optimizer state of Adam, AdamW
+// and SGD is stored the same way (exp_avg etc. of the unit's shard), so it
+// reshards like the parameters; other optimizers store their LibTorch archive
+// ("archive"), which only loads at the same world size.
+//
+// Every file is a torch::pickle_save archive (Python:
+// torch.load(f, weights_only=False)). Saving writes into a temporary sibling
+// directory, fsyncs every file, writes COMPLETE last and then swaps the
+// directory into place (renameat2 RENAME_EXCHANGE, or two renames where the
+// file system lacks it), so an interrupted save never destroys the previous
+// checkpoint at the same path. With several processes the directory must be
+// on a file system every rank sees (rank 0 checks the other ranks' files).
+#ifndef SHARDTRAIN_TRAINER_SHARDED_CHECKPOINT_H_
+#define SHARDTRAIN_TRAINER_SHARDED_CHECKPOINT_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "trainer/checkpoint.h"
+
+namespace shardtrain::trainer {
+
+inline constexpr int64_t kShardedCheckpointFormatVersion = 1;
+inline constexpr const char* kShardedMetadataFile = "metadata.pt";
+inline constexpr const char* kShardedCompleteMarker = "COMPLETE";
+
+// One unit (FSDP wrap point) as saved.
+struct SavedUnit {
+  std::string name;
+  std::vector<std::string> param_names;
+  std::vector<std::vector<int64_t>> param_shapes;
+  int64_t numel = 0;
+  int64_t padded_numel = 0;
+  int64_t shard_numel = 0;
+};
+
+// One rank's file.
+struct ShardedPiece {
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  int64_t shard_rank = 0;   // rank in the shard group (HYBRID_SHARD: several ranks share one)
+  int64_t shard_world = 1;
+  std::vector<SavedUnit> units;
+  std::vector<at::Tensor> shards;              // per unit, shard_numel float32 elements
+  std::map<std::string, at::Tensor> buffers;   // full (replicated)
+  std::string optimizer_kind;                  // "Adam", "AdamW", "SGD", or "" (none / archive)
+  std::vector<std::map<std::string, at::Tensor>> optimizer_units;  // per unit; empty map: no state
+  std::vector<int64_t> optimizer_steps;        // per unit; -1: none
+  std::string optimizer_archive;               // serialized LibTorch optimizer (unsupported kinds)
+};
+
+struct ShardedCheckpoint {
+  // Loop state, RNG, hyperparameters, callbacks (state_dict and optimizer
+  // fields are empty).
+  CheckpointData meta;
+  std::vector<ShardedPiece> pieces;  // by rank
+};
+
+// "rank_<r>.pt"
+std::string ShardedPieceFileName(int64_t rank);
+// True when `path` is a directory (a sharded checkpoint, finished or not).
+bool IsShardedCheckpoint(const std::string& path);
+
+// A collective save in three steps (the Trainer runs them on the ranks):
+// rank 0 calls BeginShardedSave, then every rank WriteShardedPiece into the
+// directory it returns, then rank 0 FinishShardedSave. All throw
+// shardtrain::Error naming the file on I/O failure; `path` is untouched then.
+// The temporary directory for `path` (the same on every rank).
+std::string ShardedTempDir(const std::string& path);
+void BeginShardedSave(const std::string& path);
+void WriteShardedPiece(const std::string& path, const ShardedPiece& piece);
+void FinishShardedSave(const std::string& path, const CheckpointData& meta);
+// Single-process convenience: all three steps.
+void SaveShardedCheckpoint(const std::string& path, const ShardedCheckpoint& ckpt);
+
+// Reads and validates every file: a missing COMPLETE marker, metadata or rank
+// file, a truncated or corrupt file, or pieces that disagree with each other
+// throw shardtrain::Error naming the file.
+ShardedCheckpoint LoadShardedCheckpoint(const std::string& path);
+
+// Consolidation (no model needed): the full parameters by name, float32.
+std::map<std::string, at::Tensor> ConsolidateParameters(const ShardedCheckpoint& ckpt);
+// The optimizer state by parameter name (empty kind when none was saved in
+// reshardable form).
+FullOptimizerState ConsolidateOptimizerState(const ShardedCheckpoint& ckpt);
+// The full checkpoint of the same state (what //tools:consolidate writes):
+// state_dict (parameters and float32 buffers), optimizer_full, loop state,
+// RNG, hyperparameters, callbacks; optimizer_states holds the per-rank
+// archives when the optimizer was saved that way.
+CheckpointData ConsolidateShardedCheckpoint(const ShardedCheckpoint& ckpt);
+
+}  // namespace shardtrain::trainer
+
+#endif  // SHARDTRAIN_TRAINER_SHARDED_CHECKPOINT_H_
