@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 #include <torch/serialize/input-archive.h>
@@ -115,6 +116,9 @@ void Trainer::SetupProcesses() {
     LaunchLocalRanks(lo);
     info = DetectClusterEnvironment();
   }
+  // The launcher gives the ranks it starts OMP_NUM_THREADS (cores split
+  // between local ranks); this process's OpenMP read the environment before.
+  if (const char* t = std::getenv("OMP_NUM_THREADS")) at::set_num_threads(std::max(1, std::atoi(t)));
   ST_CHECK_ARG(info.world_size == W, "the job has ", info.world_size, " ranks (", info.source,
                ") but devices * num_nodes = ", W);
   SetLogRank(info.rank, info.world_size);
