@@ -51,3 +51,5 @@ def shardtrain_dependencies():
     # code itself is the copy inside libtorch_cpu, never linked twice).
     _maybe(system_library, "gloo_headers", headers = ["gloo"], libs = {"gloo": []})
     _maybe(system_library, "nlohmann_json", headers = ["nlohmann"], libs = {"json": []})
+    # zlib (Debian zlib1g-dev): examples/fashion_mnist reads the gzipped IDX files.
+    _maybe(system_library, "zlib", headers = ["zlib.h", "zconf.h"], libs = {"zlib": ["z"]})

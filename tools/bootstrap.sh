@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what ShardTrain needs on a fresh Debian 12 machine, idempotently:
 #   - Debian packages: Bazel 4 (bazel-bootstrap) and its rule sets, Abseil, glog,
-#     gflags, GoogleTest, nlohmann-json, Gloo's headers, the Fashion-MNIST data set;
+#     gflags, GoogleTest, nlohmann-json, Gloo's headers, zlib, the Fashion-MNIST data set;
 #   - the pinned PyPI torch (LibTorch's C++ headers and libraries plus Python
 #     PyTorch for reference runs) into the project-local prefix .deps/venv.
 # pip's download cache stays in the user's cache directory, outside the clone.
@@ -14,7 +14,7 @@ PREFIX="$ROOT/.deps/venv"
 DEBIAN_PACKAGES=(
   bazel-bootstrap bazel-rules-java bazel-platforms
   libabsl-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev
-  nlohmann-json3-dev libgloo-dev dataset-fashion-mnist fortunes
+  nlohmann-json3-dev libgloo-dev zlib1g-dev dataset-fashion-mnist fortunes
   python3 python3-venv binutils g++
 )
 

@@ -1,0 +1,279 @@
+// examples/fashion_mnist: a CNN on Fashion-MNIST, trained by the Trainer with
+// any registered strategy (default fsdp_native: FULL_SHARD over 2 CPU ranks).
+//
+//   tools/bazel run //examples/fashion_mnist:train -- --max_epochs=3
+//
+// Data: the IDX files of Debian's `dataset-fashion-mnist` package
+// (/usr/share/datasets/fashion-mnist) or --data_dir. The last --val_size
+// training images validate after every epoch; the 10 000 test images give the
+// test accuracy at the end. Ranks: --devices=N on one machine (the Trainer
+// re-executes this binary for ranks 1..N-1); under torchrun --no-python, srun
+// or mpirun the launcher's ranks are joined instead. Logs and checkpoints:
+// <default_root_dir>/lightning_logs/version_N/; --ckpt_path resumes.
+#include <ATen/ATen.h>
+#include <gflags/gflags.h>
+#include <torch/optim/adam.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "comm/errors.h"
+#include "comm/launcher.h"
+#include "examples/common/example_util.h"
+#include "examples/fashion_mnist/cnn_model.h"
+#include "examples/fashion_mnist/fashion_mnist.h"
+#include "strategies/registry.h"
+#include "trainer/callbacks.h"
+#include "trainer/trainer.h"
+
+DEFINE_string(data_dir, shardtrain::examples::kFashionMnistDebianDir,
+              "directory with the Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz], ...)");
+DEFINE_string(strategy, "fsdp_native", "strategy by registered name (fsdp_native, fsdp, ddp, single_device, ...)");
+DEFINE_string(strategy_options, "", "the strategy's options as key=value,key=value (e.g. sharding_strategy=SHARD_GRAD_OP)");
+DEFINE_int32(devices, 2, "ranks on this machine (under torchrun/srun/mpirun: taken from the launcher)");
+DEFINE_string(precision, "32-true", "32-true, bf16-mixed, 16-mixed or bf16-true");
+DEFINE_int64(max_epochs, 3, "epochs to train");
+DEFINE_int64(max_steps, -1, "stop after this many optimizer steps (-1: no limit)");
+DEFINE_int64(batch_size, 64, "images per rank per step");
+DEFINE_double(lr, 1e-3, "Adam learning rate");
+DEFINE_string(lr_schedule, "cosine", "cosine (decay to 0 over the run's max_epochs/max_steps) or constant");
+DEFINE_double(dropout, 0.25, "dropout before the classifier head");
+DEFINE_int64(val_size, 5000, "training images held out for validation (0: none)");
+DEFINE_string(default_root_dir, "", "logs and checkpoints go to DIR/lightning_logs/version_N (default: the current directory)");
+DEFINE_string(ckpt_path, "", "resume from this checkpoint (.../checkpoints/last.ckpt), or 'last' for the newest run's");
+DEFINE_int64(log_every_n_steps, 50, "progress and CSV log interval in steps");
+DEFINE_uint64(seed, 42, "random seed (initial weights, shuffling, dropout)");
+
+namespace {
+
+using namespace shardtrain;
+using examples::PrintLine;
+
+std::string Fmt(const char* format, double a, double b = 0, double c = 0, double d = 0) {
+  char buf[256];
+  std::snprintf(buf, sizeof(buf), format, a, b, c, d);
+  return buf;
+}
+
+class FashionMnistModule : public trainer::TrainingModule {
+ public:
+  // total_steps > 0: cosine decay of the learning rate to 0 over that many steps.
+  FashionMnistModule(examples::CnnConfig config, double lr, int64_t total_steps)
+      : config_(config), lr_(lr), total_steps_(total_steps) {}
+
+  std::shared_ptr<torch::nn::Module> configure_model() override {
+    net_ = std::make_shared<examples::CnnImpl>(config_);
+    return net_;
+  }
+  at::Tensor training_step(const trainer::Batch& b, int64_t) override {
+    at::Tensor logits = forward([&] { return net_->forward(b.inputs); });
+    return at::cross_entropy_loss(logits.to(at::kFloat), b.targets);
+  }
+  std::optional<at::Tensor> validation_step(const trainer::Batch& b, int64_t) override {
+    at::Tensor logits = forward([&] { return net_->forward(b.inputs); }).to(at::kFloat);
+    val_correct_ += logits.argmax(1).eq(b.targets).sum().item<double>();
+    val_seen_ += static_cast<double>(b.targets.numel());
+    return at::cross_entropy_loss(logits, b.targets);
+  }
+  trainer::OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
+    trainer::OptimizerConfig c;
+    c.optimizer = std::make_shared<torch::optim::Adam>(params, torch::optim::AdamOptions(lr_));
+    if (total_steps_ > 0) {
+      const double total = static_cast<double>(total_steps_);
+      c.lr_lambda = [total](int64_t step) {
+        return 0.5 * (1.0 + std::cos(M_PI * std::min(1.0, static_cast<double>(step) / total)));
+      };
+    }
+    return c;
+  }
+  std::map<std::string, std::string> hparams() const override {
+    return {{"model", "cnn"},
+            {"channels", std::to_string(config_.channels1) + "," + std::to_string(config_.channels2)},
+            {"hidden", std::to_string(config_.hidden)},
+            {"dropout", std::to_string(config_.dropout)},
+            {"lr", std::to_string(lr_)},
+            {"lr_schedule", total_steps_ > 0 ? "cosine over " + std::to_string(total_steps_) + " steps" : "constant"}};
+  }
+
+  examples::CnnImpl& net() { return *net_; }
+  // Validation accuracy counted since the last call, over all ranks (collective).
+  double TakeValAccuracy() {
+    const double correct = strategy().ReduceSum(val_correct_), seen = strategy().ReduceSum(val_seen_);
+    val_correct_ = val_seen_ = 0;
+    return seen > 0 ? correct / seen : 0.0;
+  }
+
+ private:
+  examples::CnnConfig config_;
+  double lr_;
+  int64_t total_steps_;
+  std::shared_ptr<examples::CnnImpl> net_;
+  double val_correct_ = 0, val_seen_ = 0;
+};
+
+// Prints (rank 0) and logs the validation loss and accuracy after each validation.
+class ReportCallback : public trainer::Callback {
+ public:
+  void on_fit_start(trainer::Trainer&, trainer::TrainingModule&) override { t0_ = std::chrono::steady_clock::now(); }
+  void on_validation_end(trainer::Trainer& trainer, trainer::TrainingModule& module) override {
+    const double acc = static_cast<FashionMnistModule&>(module).TakeValAccuracy();
+    trainer.LogMetrics({{"val_acc", acc}}, trainer.global_step());
+    if (trainer.rank() != 0) return;
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    const auto& m = trainer.callback_metrics();
+    const double val_loss = m.count("val_loss") ? m.at("val_loss") : 0.0;
+    std::ostringstream os;
+    os << "epoch " << trainer.current_epoch() << " step " << trainer.global_step()
+       << Fmt(" | val loss %.4f | val acc %.2f%% | %.0f s", val_loss, 100.0 * acc, secs);
+    PrintLine(os.str());
+  }
+
+ private:
+  std::chrono::steady_clock::time_point t0_;
+};
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+  int64_t correct = 0, total = 0;
+  std::vector<double> per_class;
+};
+
+// Test-set evaluation through the strategy's forward, every rank in lockstep:
+// rank r takes samples r, r+W, r+2W, ... (DistributedSampler order without
+// shuffling); every rank runs the same number of batches, and the padding a
+// sampler adds when W does not divide the set is not counted.
+EvalResult Evaluate(FashionMnistModule& module, const examples::FashionMnist& data, int64_t batch_size) {
+  auto& strategy = module.strategy();
+  const int W = strategy.world_size(), r = strategy.rank();
+  module.net().eval();
+  at::NoGradGuard no_grad;
+  trainer::DistributedSampler sampler(data.size(), W, r, /*shuffle=*/false, 0, /*drop_last=*/false);
+  const auto indices = sampler.indices();
+  const int64_t C = static_cast<int64_t>(examples::kFashionMnistClasses.size());
+  at::Tensor correct = at::zeros({C}, at::kDouble), count = at::zeros({C}, at::kDouble);
+  double loss_sum = 0;
+  for (int64_t start = 0; start < static_cast<int64_t>(indices.size()); start += batch_size) {
+    const int64_t end = std::min<int64_t>(start + batch_size, static_cast<int64_t>(indices.size()));
+    trainer::Batch b = data.get_batch({indices.begin() + start, indices.begin() + end});
+    const auto dt = strategy.compute_dtype();
+    if (dt != at::kFloat) b.inputs = b.inputs.to(dt);
+    at::Tensor logits = module.forward([&] { return module.net().forward(b.inputs); }).to(at::kFloat);
+    // Position k of this rank's list is sample r + k*W of the unpadded order.
+    at::Tensor pos = at::arange(start, end, at::kLong) * W + r;
+    at::Tensor real = pos.lt(data.size());
+    at::Tensor hit = logits.argmax(1).eq(b.targets).logical_and(real).to(at::kDouble);
+    correct.index_add_(0, b.targets, hit);
+    count.index_add_(0, b.targets, real.to(at::kDouble));
+    loss_sum += at::cross_entropy_loss(logits, b.targets, {}, at::Reduction::None)
+                    .masked_select(real)
+                    .sum()
+                    .item<double>();
+  }
+  module.net().train();
+  EvalResult res;
+  for (int64_t c = 0; c < C; ++c) {
+    const double k = strategy.ReduceSum(correct[c].item<double>()), n = strategy.ReduceSum(count[c].item<double>());
+    res.correct += static_cast<int64_t>(k);
+    res.total += static_cast<int64_t>(n);
+    res.per_class.push_back(n > 0 ? k / n : 0.0);
+  }
+  res.loss = strategy.ReduceSum(loss_sum) / std::max<int64_t>(1, res.total);
+  res.accuracy = res.total > 0 ? static_cast<double>(res.correct) / res.total : 0.0;
+  return res;
+}
+
+int Run() {
+  const auto t_start = std::chrono::steady_clock::now();
+  const examples::ProcessPlan plan =
+      examples::PlanProcesses(FLAGS_devices, !gflags::GetCommandLineFlagInfoOrDie("devices").is_default);
+  examples::SetThreadsPerRank(plan.devices);
+  const bool rank0 = plan.rank == 0;
+
+  const std::string data_dir = examples::UserPath(FLAGS_data_dir);
+  examples::FashionMnist full_train = examples::FashionMnist::Load(data_dir, "train");
+  examples::FashionMnist test = examples::FashionMnist::Load(data_dir, "test");
+  ST_CHECK_ARG(FLAGS_val_size >= 0 && FLAGS_val_size < full_train.size(), "--val_size must be in [0, ",
+               full_train.size(), "), got ", FLAGS_val_size);
+  const int64_t n_train = full_train.size() - FLAGS_val_size;
+  examples::FashionMnist train(full_train.images().slice(0, 0, n_train), full_train.labels().slice(0, 0, n_train));
+  examples::FashionMnist val(full_train.images().slice(0, n_train), full_train.labels().slice(0, n_train));
+
+  trainer::TrainerOptions o;
+  o.strategy = FLAGS_strategy;
+  o.strategy_options = examples::ParseKeyValueList(FLAGS_strategy_options, "--strategy_options");
+  o.devices = plan.devices;
+  o.num_nodes = plan.num_nodes;
+  o.precision = FLAGS_precision;
+  o.max_epochs = FLAGS_max_epochs;
+  o.max_steps = FLAGS_max_steps;
+  o.batch_size = FLAGS_batch_size;
+  o.val_batch_size = 500;
+  o.log_every_n_steps = FLAGS_log_every_n_steps;
+  o.default_root_dir = FLAGS_default_root_dir.empty() ? examples::UserPath(".") : examples::UserPath(FLAGS_default_root_dir);
+  o.seed = FLAGS_seed;
+  o.callbacks = {std::make_shared<ReportCallback>()};
+  const std::string ckpt = examples::ResolveCheckpointPath(FLAGS_ckpt_path, o.default_root_dir, o.logger_name);
+  trainer::Trainer trainer(o);  // validates strategy name, options and precision
+
+  examples::CnnConfig cfg;
+  cfg.dropout = FLAGS_dropout;
+  // The schedule spans the whole run (the Trainer's step count: every rank
+  // gets ceil(N / W) samples per epoch, in batches of batch_size).
+  ST_CHECK_ARG(FLAGS_lr_schedule == "cosine" || FLAGS_lr_schedule == "constant", "--lr_schedule=", FLAGS_lr_schedule,
+               " is not valid; valid: cosine, constant");
+  const int64_t world = plan.devices * plan.num_nodes;
+  const int64_t steps_per_epoch = ((train.size() + world - 1) / world + FLAGS_batch_size - 1) / FLAGS_batch_size;
+  int64_t total_steps = FLAGS_max_epochs >= 0 ? FLAGS_max_epochs * steps_per_epoch : -1;
+  if (FLAGS_max_steps >= 0) total_steps = total_steps >= 0 ? std::min(total_steps, FLAGS_max_steps) : FLAGS_max_steps;
+  ST_CHECK_ARG(FLAGS_lr_schedule == "constant" || total_steps > 0,
+               "--lr_schedule=cosine needs a finite run (--max_epochs or --max_steps); use --lr_schedule=constant");
+  FashionMnistModule module(cfg, FLAGS_lr, FLAGS_lr_schedule == "cosine" ? total_steps : 0);
+  if (rank0) {
+    std::printf("ShardTrain Fashion-MNIST: CNN (conv %ld-%ld, fc %ld), strategy %s, %d rank(s)%s, %s, %ld train / %ld "
+                "val / %ld test images from %s\n",
+                static_cast<long>(cfg.channels1), static_cast<long>(cfg.channels2), static_cast<long>(cfg.hidden),
+                FLAGS_strategy.c_str(), plan.devices * plan.num_nodes, plan.external ? (" via " + plan.source).c_str() : "",
+                FLAGS_precision.c_str(), static_cast<long>(train.size()), static_cast<long>(val.size()),
+                static_cast<long>(test.size()), data_dir.c_str());
+    if (!ckpt.empty()) std::printf("resuming from %s\n", ckpt.c_str());
+    std::fflush(stdout);
+  }
+  const auto t_fit = std::chrono::steady_clock::now();
+  trainer.Fit(module, train, val.size() > 0 ? &val : nullptr, ckpt);
+  const double fit_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_fit).count();
+
+  const EvalResult res = Evaluate(module, test, 500);
+  trainer.LogMetrics({{"test_acc", res.accuracy}, {"test_loss", res.loss}}, trainer.global_step());
+  if (rank0) {
+    std::ostringstream classes;
+    for (size_t c = 0; c < res.per_class.size(); ++c) {
+      classes << (c ? ", " : "") << examples::kFashionMnistClasses[c] << Fmt(" %.1f%%", 100.0 * res.per_class[c]);
+    }
+    const double total_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    std::printf("per class: %s\n", classes.str().c_str());
+    std::printf("test accuracy: %.2f%% (%ld/%ld), test loss %.4f after %ld epoch(s), %ld steps; fit %.0f s, total %.0f s\n",
+                100.0 * res.accuracy, static_cast<long>(res.correct), static_cast<long>(res.total), res.loss,
+                static_cast<long>(trainer.current_epoch()), static_cast<long>(trainer.global_step()), fit_secs,
+                total_secs);
+    std::printf("logs: %s\ncheckpoint: %s\n", trainer.log_dir().c_str(), trainer.last_checkpoint_path().c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  gflags::SetUsageMessage("train a CNN on Fashion-MNIST with the ShardTrain Trainer: train --strategy=fsdp_native --devices=2");
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  int code = 1;
+  try {
+    code = Run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    code = 1;
+  }
+  return shardtrain::JoinLocalRanks(code);
+}
