@@ -24,6 +24,7 @@
 #include "comm/gloo_communicator.h"
 #include "comm/launcher.h"
 #include "comm/rendezvous.h"
+#include "examples/common/example_util.h"
 #include "examples/gpt/gpt_model.h"
 #include "sharding/sharded_model.h"
 #include "strategies/registry.h"
@@ -123,14 +124,7 @@ int Bench() {
     at::NoGradGuard no_grad;
     for (auto& p : model->named_parameters()) p.value().copy_(init.at(p.key()));
   }
-  strategies::StrategyOptions so;
-  std::stringstream ss(FLAGS_strategy_options);
-  for (std::string kv; std::getline(ss, kv, ',');) {
-    if (kv.empty()) continue;
-    auto eq = kv.find('=');
-    ST_CHECK_ARG(eq != std::string::npos, "--strategy_options entry '", kv, "' is not key=value");
-    so[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
+  const strategies::StrategyOptions so = examples::ParseKeyValueList(FLAGS_strategy_options, "--strategy_options");
   auto strategy = strategies::StrategyRegistry::Create(FLAGS_strategy, so);
   strategy->Setup(world_comm, info);
   strategy->WrapModel(model);
