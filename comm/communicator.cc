@@ -1,5 +1,6 @@
 #include "comm/communicator.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "comm/errors.h"
@@ -93,6 +94,18 @@ void Communicator::CheckGatherScatter(const char* op, const at::Tensor& shard, c
   ST_CHECK_ARG(full.numel() == shard.numel() * size_, op, " on group '", name_, "': the full buffer must have ",
                size_, " x shard elements = ", shard.numel() * size_, ", got ", full.numel(), " (shard has ",
                shard.numel(), ")");
+}
+
+int Communicator::PrepareNewGroup(const std::vector<int>& ranks, const std::string& name, int* group_id) {
+  ST_CHECK_ARG(!ranks.empty(), "NewGroup '", name, "': needs at least one rank");
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    ST_CHECK_ARG(ranks[i] >= 0 && ranks[i] < size_, "NewGroup '", name, "': rank ", ranks[i], " is not in [0, ", size_,
+                 ")");
+    ST_CHECK_ARG(i == 0 || ranks[i] > ranks[i - 1], "NewGroup '", name, "': ranks must be strictly ascending");
+  }
+  *group_id = next_group_++;
+  auto it = std::find(ranks.begin(), ranks.end(), rank_);
+  return it == ranks.end() ? -1 : static_cast<int>(it - ranks.begin());
 }
 
 HybridGroups Communicator::SplitHybrid(int shard_size) {

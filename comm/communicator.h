@@ -128,6 +128,10 @@ class Communicator {
  protected:
   Communicator(int rank, int size, std::string name, std::chrono::milliseconds timeout);
   void Count(CommOp op, int64_t bytes_sent);
+  // Checks NewGroup's arguments and numbers the group (every rank calls it the
+  // same way). Returns this rank's index in `ranks`, or -1 when it is not a
+  // member; `group_id` receives the group's number for its store prefix.
+  int PrepareNewGroup(const std::vector<int>& ranks, const std::string& name, int* group_id);
   // Checks the arguments common to all-gather / reduce-scatter.
   void CheckGatherScatter(const char* op, const at::Tensor& shard, const at::Tensor& full) const;
 
@@ -137,6 +141,7 @@ class Communicator {
   std::chrono::milliseconds timeout_;
 
  private:
+  int next_group_ = 0;
   std::array<std::atomic<int64_t>, static_cast<int>(CommOp::kCount)> calls_{};
   std::array<std::atomic<int64_t>, static_cast<int>(CommOp::kCount)> bytes_{};
 };

@@ -156,14 +156,16 @@ void GlooCommunicator::VerifySameCall(CommOp op, const at::Tensor& t, int64_t ro
 // and copies it into `output`; the all-to-all reduce-scatter receives into a
 // fresh full-size tensor and reduces with blocks.sum(0) (very slow for 16-bit
 // types); fresh buffers above glibc's mmap threshold are page-faulted in on
-// every call. The fast paths instead issue ONE c10d alltoall_base with split
-// sizes {0, n} / {n, 0}: each rank sends n elements straight from the user's
-// tensor and receives n straight into the user's output (so (W-1)/W of the
-// full buffer, as counted), on Gloo's worker thread like every other op. The
-// local step (own shard copy; add of own block and scale) runs on the calling
-// thread in pieces of at most GRAIN_SIZE elements, so it never wakes the
-// OpenMP pool, whose spinning threads otherwise steal the cores Gloo's I/O
-// needs on small machines.
+// every call. The fast paths instead exchange with c10d alltoall_base and
+// split sizes {0, n} / {n, 0}: each rank sends n elements straight from the
+// user's tensor and receives n straight into the user's output (so (W-1)/W of
+// the full buffer, as counted), on Gloo's worker threads like every other op.
+// All-gather is one such exchange; reduce-scatter is one per 4 MiB piece, and
+// its Wait() adds (and scales) piece k while later pieces are still moving.
+// The local steps (own shard copy; add of own block and scale) run on the
+// calling thread in pieces of at most GRAIN_SIZE elements, so they never wake
+// the OpenMP pool, whose spinning threads otherwise steal the cores Gloo's
+// I/O needs on small machines.
 namespace {
 
 bool IsFloating(at::ScalarType t) {
@@ -183,6 +185,36 @@ c10::intrusive_ptr<c10d::Work> ExchangeWithPeer(c10d::Backend& pg, int rank, con
   o.timeout = timeout;
   return pg.alltoall_base(out, in, recv_splits, send_splits, o);
 }
+
+// A W=2 reduce-scatter exchanged in pieces: wait() reduces piece k on the
+// calling thread while Gloo's worker threads still move pieces k+1, ...
+class PipelinedWork : public c10d::Work {
+ public:
+  PipelinedWork(std::vector<c10::intrusive_ptr<c10d::Work>> pieces, std::function<void(size_t)> on_piece)
+      : pieces_(std::move(pieces)), on_piece_(std::move(on_piece)) {}
+  bool isCompleted() override {
+    return std::all_of(pieces_.begin(), pieces_.end(), [](const auto& w) { return w->isCompleted(); });
+  }
+  bool wait(std::chrono::milliseconds timeout) override {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (; next_ < pieces_.size(); ++next_) {
+      if (timeout == ::kNoTimeout) {
+        pieces_[next_]->wait(timeout);
+      } else {
+        const auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        pieces_[next_]->wait(std::max(left, std::chrono::milliseconds(1)));
+      }
+      on_piece_(next_);
+    }
+    return true;
+  }
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> pieces_;
+  std::function<void(size_t)> on_piece_;
+  size_t next_ = 0;
+};
 
 // Runs f(offset, length) over [0, n) in pieces small enough for ATen to run
 // each on the calling thread.
@@ -204,17 +236,18 @@ WorkPtr GlooCommunicator::AllGather(const at::Tensor& input, const at::Tensor& o
     output.copy_(input);
     return CompletedWork();
   }
-  if (size_ == 2 && input.numel() > 0) {  // W=2 fast path (see above)
-    const at::Tensor in = input.reshape(-1), out = output.reshape(-1);
+  if (size_ == 2 && input.numel() > 0) {  // W=2 fast path (see above); taken on both ranks alike
+    at::Tensor in = input.reshape(-1);
+    const at::Tensor out = output.reshape(-1);
     const int64_t n = in.numel();
     const at::Tensor mine = out.narrow(0, rank_ * n, n), theirs = out.narrow(0, (1 - rank_) * n, n);
-    // `input` may be this rank's block of `output` (in place); any other overlap takes the general path.
+    // In place (`input` is this rank's block of `output`) needs no copy; any
+    // other overlap sends from a copy.
     const bool in_place = in.data_ptr() == mine.data_ptr();
-    if (in_place || at::get_overlap_status(in, out) == at::MemOverlapStatus::No) {
-      auto work = ExchangeWithPeer(*pg_, rank_, in, theirs, timeout_);
-      if (!in_place) std::memcpy(mine.data_ptr(), in.data_ptr(), n * in.element_size());  // overlaps the exchange
-      return std::make_shared<GlooWork>(work, Describe("AllGather", *this), timeout_, nullptr);
-    }
+    if (!in_place && at::get_overlap_status(in, out) != at::MemOverlapStatus::No) in = in.clone();
+    auto work = ExchangeWithPeer(*pg_, rank_, in, theirs, timeout_);
+    if (!in_place) std::memcpy(mine.data_ptr(), in.data_ptr(), n * in.element_size());  // overlaps the exchange
+    return std::make_shared<GlooWork>(work, Describe("AllGather", *this), timeout_, nullptr);
   }
   at::Tensor in = input, out = output;
   auto work = pg_->_allgather_base(out, in);
@@ -235,35 +268,58 @@ WorkPtr GlooCommunicator::ReduceScatter(const at::Tensor& input, const at::Tenso
       1.0 / (options.pre_divide * options.post_divide * (options.op == ReduceOp::kAvg ? size_ : 1));
   const int64_t n = output.numel();
   const int world = size_;
-  if (size_ == 2 && n > 0 && IsFloating(output.scalar_type()) &&
-      at::get_overlap_status(input, output) == at::MemOverlapStatus::No) {  // W=2 fast path (see above)
+  if (size_ == 2 && n > 0 && IsFloating(output.scalar_type())) {  // W=2 fast path (see above); both ranks alike
     // Send the peer's block of `input`, receive the peer's contribution to ours
-    // straight into `output`, then add ours. Same arithmetic as the general
-    // path, bit for bit (checked by comm_bench's self-check): the sum of the
-    // two blocks (then the scale) in the dtype for float32/float64; for 16-bit
-    // types sum and scale in float32 and one rounding at the end. Other dtypes, and outputs that alias the input,
-    // take the general path.
-    const at::Tensor in = input.reshape(-1), out = output.reshape(-1);
+    // (straight into `output` unless it aliases `input`), then add ours. Same
+    // arithmetic as the general path, bit for bit (checked by comm_bench's
+    // self-check): the sum of the two blocks, then the scale, in the dtype for
+    // float32/float64; in float32 with one rounding at the end for 16-bit
+    // types; the trailing add of +0 turns -0 into +0 and changes nothing else,
+    // as the general path's sum (which starts from +0) does.
+    at::Tensor in = input.reshape(-1);
+    const at::Tensor out = output.reshape(-1);
+    at::Tensor recv = out;
+    if (at::get_overlap_status(in, out) != at::MemOverlapStatus::No) {
+      if (out.data_ptr() == in.narrow(0, rank_ * n, n).data_ptr()) {
+        recv = at::empty_like(out);  // in place: `output` is this rank's block of `input`
+      } else {
+        in = in.clone();
+      }
+    }
     const at::Tensor mine = in.narrow(0, rank_ * n, n), to_peer = in.narrow(0, (1 - rank_) * n, n);
-    auto finish = [out, mine, n, scale]() {
-      const bool low = out.scalar_type() == at::kHalf || out.scalar_type() == at::kBFloat16;
-      // The trailing add_(0.0) turns -0 into +0 and changes nothing else, as
-      // the general path's sum (which starts from +0) does.
-      Serially(n, [&](int64_t i, int64_t len) {
-        at::Tensor o = out.narrow(0, i, len);
+    const bool low = out.scalar_type() == at::kHalf || out.scalar_type() == at::kBFloat16;
+    // +0 as a 0-dim tensor: adding it is markedly faster than adding the Scalar 0.0.
+    const at::Tensor zero = at::zeros({}, out.options().dtype(low && scale != 1.0 ? at::kFloat : out.scalar_type()));
+    auto reduce = [out, recv, mine, scale, low, zero](int64_t begin, int64_t count) {
+      Serially(count, [&](int64_t i, int64_t len) {
+        at::Tensor o = out.narrow(0, begin + i, len), got = recv.narrow(0, begin + i, len);
+        const at::Tensor m = mine.narrow(0, begin + i, len);
         if (!low || scale == 1.0) {
-          o.add_(mine.narrow(0, i, len)).add_(0.0);
+          at::add_out(o, got, m).add_(zero);
           if (scale != 1.0) o.mul_(scale);
         } else {
-          at::Tensor acc = o.to(at::kFloat);
-          acc.add_(mine.narrow(0, i, len)).add_(0.0);
+          at::Tensor acc = got.to(at::kFloat);
+          acc.add_(m).add_(zero);
           acc.mul_(scale);
           o.copy_(acc);
         }
       });
     };
-    return std::make_shared<GlooWork>(ExchangeWithPeer(*pg_, rank_, to_peer, out, timeout_),
-                                      Describe("ReduceScatter", *this), timeout_, std::move(finish));
+    // Exchanged in pieces of 4 MiB (of the output), so reducing one piece
+    // overlaps moving the next ones; each piece is one alltoall_base.
+    constexpr int64_t kPieceBytes = int64_t{4} << 20;
+    const int64_t piece = std::max<int64_t>(1, kPieceBytes / output.element_size());
+    std::vector<c10::intrusive_ptr<c10d::Work>> pieces;
+    for (int64_t i = 0; i < n; i += piece) {
+      const int64_t len = std::min(piece, n - i);
+      pieces.push_back(ExchangeWithPeer(*pg_, rank_, to_peer.narrow(0, i, len), recv.narrow(0, i, len), timeout_));
+    }
+    auto on_piece = [reduce, piece, n](size_t k) {
+      const int64_t begin = static_cast<int64_t>(k) * piece;
+      reduce(begin, std::min(piece, n - begin));
+    };
+    return std::make_shared<GlooWork>(c10::make_intrusive<PipelinedWork>(std::move(pieces), std::move(on_piece)),
+                                      Describe("ReduceScatter", *this), timeout_, nullptr);
   }
   // Every rank sends block j of its input to rank j, then sums what it got.
   at::Tensor recv = size_ == 1 ? input : at::empty_like(input);
@@ -336,19 +392,13 @@ WorkPtr GlooCommunicator::Barrier() {
 }
 
 CommunicatorPtr GlooCommunicator::NewGroup(const std::vector<int>& ranks, const std::string& name) {
-  ST_CHECK_ARG(!ranks.empty(), "NewGroup '", name, "': needs at least one rank");
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    ST_CHECK_ARG(ranks[i] >= 0 && ranks[i] < size_, "NewGroup '", name, "': rank ", ranks[i], " is not in [0, ", size_,
-                 ")");
-    ST_CHECK_ARG(i == 0 || ranks[i] > ranks[i - 1], "NewGroup '", name, "': ranks must be strictly ascending");
-  }
-  const int id = next_group_++;
-  auto it = std::find(ranks.begin(), ranks.end(), rank_);
-  if (it == ranks.end()) return nullptr;
+  int id = 0;
+  const int index = PrepareNewGroup(ranks, name, &id);
+  if (index < 0) return nullptr;
   GlooOptions o = options_;
   o.name = name_ + "/" + name;
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("group" + std::to_string(id) + "/" + name, store_);
-  return Create(prefixed, static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()), o);
+  return Create(prefixed, index, static_cast<int>(ranks.size()), o);
 }
 
 }  // namespace shardtrain::comm

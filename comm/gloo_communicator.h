@@ -60,7 +60,6 @@ class GlooCommunicator : public Communicator {
   c10::intrusive_ptr<c10d::Store> store_;
   GlooOptions options_;
   c10::intrusive_ptr<c10d::Backend> pg_;
-  int next_group_ = 0;
 };
 
 }  // namespace shardtrain::comm

@@ -589,20 +589,14 @@ WorkPtr NcclCommunicator::Barrier() {
 }
 
 CommunicatorPtr NcclCommunicator::NewGroup(const std::vector<int>& ranks, const std::string& name) {
-  ST_CHECK_ARG(!ranks.empty(), "NewGroup '", name, "': needs at least one rank");
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    ST_CHECK_ARG(ranks[i] >= 0 && ranks[i] < size_, "NewGroup '", name, "': rank ", ranks[i], " is not in [0, ", size_,
-                 ")");
-    ST_CHECK_ARG(i == 0 || ranks[i] > ranks[i - 1], "NewGroup '", name, "': ranks must be strictly ascending");
-  }
-  const int id = next_group_++;
-  auto it = std::find(ranks.begin(), ranks.end(), rank_);
-  if (it == ranks.end()) return nullptr;
+  int id = 0;
+  const int index = PrepareNewGroup(ranks, name, &id);
+  if (index < 0) return nullptr;
   NcclOptions o = options_;
   o.name = name_ + "/" + name;
   o.device = device_;
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("group" + std::to_string(id) + "/" + name, store_);
-  return Create(prefixed, static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()), o);
+  return Create(prefixed, index, static_cast<int>(ranks.size()), o);
 }
 
 }  // namespace shardtrain::comm

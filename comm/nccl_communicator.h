@@ -110,7 +110,6 @@ class NcclCommunicator : public Communicator {
   int device_ = -1;
   std::shared_ptr<internal::NcclState> state_;
   at::Tensor barrier_buffer_;
-  int next_group_ = 0;
 
   std::mutex watchdog_mu_;
   std::condition_variable watchdog_cv_;

@@ -47,6 +47,9 @@
 DEFINE_int32(rank, -1, "this process's rank; -1: be rank 0 and start ranks 1..world_size-1 as child processes");
 DEFINE_int32(world_size, 2, "number of ranks (processes)");
 DEFINE_string(master_addr, "127.0.0.1", "TCPStore address (rank 0 serves it)");
+DEFINE_string(gloo_hostname, "",
+              "GlooOptions.hostname: address Gloo listens on (empty: the communicator's default, the machine's "
+              "hostname, as torch.distributed does)");
 DEFINE_int32(master_port, 0, "TCPStore port; 0: pick a free one (only without --rank)");
 DEFINE_string(sizes_mib, "1,4,16,64,256", "full-buffer sizes in MiB, comma separated");
 DEFINE_string(dtypes, "float32,bfloat16", "dtypes: float32, bfloat16, float16, float64");
@@ -201,7 +204,7 @@ bool SelfCheck(GlooCommunicator& c) {
   };
   for (at::ScalarType dt : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble}) {
     const std::string dn = c10::toString(dt);
-    for (int64_t n : {int64_t{1}, int64_t{100003}, int64_t{3} << 20}) {
+    for (int64_t n : {int64_t{1}, int64_t{100003}, (int64_t{3} << 20) + 12345}) {  // the last: several RS pieces
       // All-gather, separate buffers and in place.
       std::vector<at::Tensor> shards;
       for (int q = 0; q < w; ++q) shards.push_back(RandomInput(n, dt, 1000 + q));
@@ -213,6 +216,12 @@ bool SelfCheck(GlooCommunicator& c) {
       full.narrow(0, r * n, n).copy_(shards[r]);
       c.AllGather(full.narrow(0, r * n, n), full)->Wait();
       expect(BitEqual(full, expected), "in-place all_gather " + dn + " n=" + std::to_string(n));
+      if (w == 2) {  // input is the OTHER rank's block of the output
+        full.fill_(7);
+        full.narrow(0, (1 - r) * n, n).copy_(shards[r]);
+        c.AllGather(full.narrow(0, (1 - r) * n, n), full)->Wait();
+        expect(BitEqual(full, expected), "all_gather from the peer's block " + dn + " n=" + std::to_string(n));
+      }
       // Reduce-scatter: SUM, AVG with divide factors, and into a view of the input.
       std::vector<at::Tensor> inputs;
       for (int q = 0; q < w; ++q) inputs.push_back(RandomInput(w * n, dt, 2000 + q));
@@ -227,7 +236,8 @@ bool SelfCheck(GlooCommunicator& c) {
         const std::string what = "reduce_scatter#" + std::to_string(variant) + " " + dn + " n=" + std::to_string(n);
         const at::Tensor ref = ReferenceReduceScatter(inputs, r, scale);
         if (!BitEqual(out, ref)) {
-          const at::Tensor bad = out.to(at::kDouble).ne(ref.to(at::kDouble)).logical_or(out.signbit().ne(ref.signbit()));
+          const at::Tensor bad =
+              out.to(at::kDouble).ne(ref.to(at::kDouble)).logical_or(out.signbit().ne(ref.signbit()));
           const int64_t first = bad.nonzero().flatten()[0].item<int64_t>();
           std::cerr << what << ": " << bad.sum().item<int64_t>() << " elements differ, first at " << first << ": got "
                     << out[first].item<double>() << ", reference " << ref[first].item<double>() << "\n";
@@ -239,6 +249,11 @@ bool SelfCheck(GlooCommunicator& c) {
           c.ReduceScatter(aliased, aliased.narrow(0, r * n, n), o)->Wait();
           expect(BitEqual(aliased.narrow(0, r * n, n), ReferenceReduceScatter(inputs, r, scale)),
                  "reduce_scatter into its own input block " + dn);
+          at::Tensor straddling = inputs[r].clone();  // output overlaps two blocks of the input
+          const at::Tensor view = straddling.narrow(0, n / 2, n);
+          c.ReduceScatter(straddling, view, o)->Wait();
+          expect(BitEqual(view, ReferenceReduceScatter(inputs, r, scale)),
+                 "reduce_scatter into a view straddling input blocks " + dn);
         }
       }
     }
@@ -259,7 +274,9 @@ bool TimeCase(GlooCommunicator& comm, const Case& cs, const std::string& impl, s
   for (int i = 0; i < FLAGS_warmup; ++i) RunOnce(comm, cs.op, shard, full);
   if (cs.op == "all_reduce") full.fill_(1);  // keep repeated in-place sums finite
   const int64_t mib = cs.full_bytes >> 20;
-  const int iters = mib >= FLAGS_large_mib ? FLAGS_large_iters : mib < FLAGS_small_mib ? FLAGS_small_iters : FLAGS_iters;
+  const int iters = mib >= FLAGS_large_mib   ? FLAGS_large_iters
+                    : mib < FLAGS_small_mib ? FLAGS_small_iters
+                                            : FLAGS_iters;
   std::vector<double> ms;
   comm.ResetStats();
   for (int i = 0; i < iters; ++i) {
@@ -304,7 +321,7 @@ int RunRank() {
   auto store = CreateStore(ro);
   GlooOptions go;
   go.timeout = std::chrono::seconds(FLAGS_timeout_s);
-  go.hostname = FLAGS_master_addr;  // loopback on one machine
+  go.hostname = FLAGS_gloo_hostname;
   go.threads = FLAGS_gloo_threads;
   go.verify_calls = FLAGS_verify_calls;
   auto comm = GlooCommunicator::Create(store, FLAGS_rank, FLAGS_world_size, go);
@@ -349,7 +366,9 @@ int RunRank() {
   if (FLAGS_self_check) {
     const bool ok = SelfCheck(*comm);
     all_ok = ok && all_ok;
-    if (leader) std::printf("# self-check (edge cases, bit-exact reduce-scatter arithmetic): %s\n", ok ? "ok" : "FAILED");
+    if (leader) {
+      std::printf("# self-check (edge cases, bit-exact reduce-scatter arithmetic): %s\n", ok ? "ok" : "FAILED");
+    }
   }
   for (const auto& cs : cases) {
     all_ok = TimeCase(*comm, cs, "shardtrain", csv.get()) && all_ok;

@@ -6,8 +6,10 @@
 #
 #   bench/comm/run.sh                      # full run (1..256 MiB), ~3-5 minutes on 2 cores
 #   SIZES=1,4 bench/comm/run.sh --out /tmp/quick.md
+#   NICE=-10 bench/comm/run.sh                 # on a shared machine: run the ranks at higher priority
 #   bench/comm/run.sh --baseline-rev eec0c67   # also time comm_bench built against
 #                                              # comm/gloo_communicator.cc at that revision ("before" column)
+#   bench/comm/run.sh --keep /tmp/csv          # also keep the raw CSVs there
 #
 # The two implementations run alternately, one size at a time, so that load
 # from other processes on the machine affects both alike.
@@ -17,17 +19,21 @@ cd "$ROOT"
 
 OUT="docs/comm_benchmark.md"
 BASELINE_REV=""
+KEEP=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --baseline-rev) BASELINE_REV="$2"; shift 2 ;;
-    *) echo "usage: $0 [--out FILE] [--baseline-rev REV]" >&2; exit 2 ;;
+    --keep) KEEP="$2"; shift 2 ;;
+    *) echo "usage: $0 [--out FILE] [--baseline-rev REV] [--keep DIR]" >&2; exit 2 ;;
   esac
 done
 
 PY="${PYTHON:-$ROOT/.deps/venv/bin/python}"
 SIZES="${SIZES:-1,4,16,64,256}"
 DTYPES="${DTYPES:-float32,bfloat16}"
+RUN=()
+[[ -n "${NICE:-}" ]] && RUN=(nice -n "$NICE")
 COMMON=(--dtypes="$DTYPES" --warmup=2 --small_iters=25 --small_mib=16 --iters=9 --large_iters=5 --large_mib=256)
 
 tools/bazel build //bench/comm:comm_bench
@@ -42,15 +48,15 @@ self_check=true
 IFS=',' read -ra size_list <<<"$SIZES"
 for s in "${size_list[@]}"; do
   echo "=== ${s} MiB: ShardTrain ==="
-  "$BIN" --sizes_mib="$s" --self_check="$self_check" --out="$TMP/st_$s.csv" "${COMMON[@]}"
+  "${RUN[@]+"${RUN[@]}"}" "$BIN" --sizes_mib="$s" --self_check="$self_check" --out="$TMP/st_$s.csv" "${COMMON[@]}"
   self_check=false  # the edge-case check runs once, before the first size
   if [[ -n "$BASELINE_REV" ]]; then
     echo "=== ${s} MiB: ShardTrain at $BASELINE_REV (before) ==="
-    "$TMP/comm_bench_baseline" --sizes_mib="$s" --self_check=false --unverified_below_mib=0 \
+    "${RUN[@]+"${RUN[@]}"}" "$TMP/comm_bench_baseline" --sizes_mib="$s" --self_check=false --unverified_below_mib=0 \
       --out="$TMP/base_$s.csv" "${COMMON[@]}"
   fi
   echo "=== ${s} MiB: PyTorch ==="
-  "$PY" bench/comm/torch_reference.py --sizes_mib="$s" --out="$TMP/py_$s.csv" "${COMMON[@]}"
+  "${RUN[@]+"${RUN[@]}"}" "$PY" bench/comm/torch_reference.py --sizes_mib="$s" --out="$TMP/py_$s.csv" "${COMMON[@]}"
 done
 load_after="$(cut -d' ' -f1-3 /proc/loadavg)"
 elapsed=$(( $(date +%s) - start ))
@@ -62,16 +68,21 @@ mem="$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo)"
 cmd="bench/comm/run.sh"
 [[ "$SIZES" != "1,4,16,64,256" ]] && cmd="SIZES=$SIZES $cmd"
 [[ "$DTYPES" != "float32,bfloat16" ]] && cmd="DTYPES=$DTYPES $cmd"
+[[ -n "${NICE:-}" ]] && cmd="NICE=$NICE $cmd"
 [[ -n "$BASELINE_REV" ]] && cmd+=" --baseline-rev $BASELINE_REV"
 [[ "$OUT" != "docs/comm_benchmark.md" ]] && cmd+=" --out $OUT"
 
 machine=(
   --machine "$(nproc) CPU cores ($cpu), $mem RAM, $(uname -sr); both ranks on this machine, Gloo over loopback (127.0.0.1)"
   --machine "torch $torch_version (pip, project venv) for both sides; intra-op threads $threads per rank, Gloo worker threads 2 per rank"
-  --machine "load average (1/5/15 min) before: $load_before, after: $load_after; benchmark wall time ${elapsed} s; $(date -u '+%Y-%m-%d %H:%M UTC')"
+  --machine "load average (1/5/15 min) before: $load_before, after: $load_after (other work shared the machine when above ~1); benchmark wall time ${elapsed} s; ${NICE:+ranks run under nice -n $NICE; }$(date -u '+%Y-%m-%d %H:%M UTC')"
 )
 base_args=()
 [[ -n "$BASELINE_REV" ]] && base_args=(--baseline "$TMP"/base_*.csv --baseline-rev "$BASELINE_REV")
 "$PY" bench/comm/make_table.py --shardtrain "$TMP"/st_*.csv --pytorch "$TMP"/py_*.csv \
   "${base_args[@]+"${base_args[@]}"}" --command "$cmd" "${machine[@]}" >"$OUT"
+if [[ -n "$KEEP" ]]; then
+  mkdir -p "$KEEP"
+  cp "$TMP"/*.csv "$KEEP"/
+fi
 echo "wrote $OUT (${elapsed} s)"
