@@ -13,26 +13,8 @@ namespace shardtrain::trainer {
 namespace fs = std::filesystem;
 
 CsvLogger::CsvLogger(std::string root_dir, std::string name, int version) {
-  fs::path base = fs::path(root_dir) / name;
-  std::error_code ec;
-  fs::create_directories(base, ec);
-  ST_CHECK_ARG(!ec, "CsvLogger: cannot create '", base.string(), "': ", ec.message());
-  if (version < 0) {
-    version = 0;
-    for (const auto& e : fs::directory_iterator(base)) {
-      const std::string n = e.path().filename().string();
-      if (e.is_directory() && n.rfind("version_", 0) == 0) {
-        try {
-          version = std::max(version, std::stoi(n.substr(8)) + 1);
-        } catch (const std::exception&) {
-        }
-      }
-    }
-  }
+  log_dir_ = MakeVersionedLogDir("CsvLogger", root_dir, name, &version);
   version_ = version;
-  log_dir_ = (base / ("version_" + std::to_string(version))).string();
-  fs::create_directories(log_dir_, ec);
-  ST_CHECK_ARG(!ec, "CsvLogger: cannot create '", log_dir_, "': ", ec.message());
 }
 
 namespace {

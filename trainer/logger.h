@@ -23,6 +23,12 @@ class Logger {
   virtual void Save() {}
 };
 
+// Creates and returns Lightning's run directory <root_dir>/<name>/version_N.
+// A negative *version picks the next free N and stores it. `logger` names the
+// caller in errors.
+std::string MakeVersionedLogDir(const std::string& logger, const std::string& root_dir, const std::string& name,
+                                int* version);
+
 }  // namespace shardtrain::trainer
 
 #endif  // SHARDTRAIN_TRAINER_LOGGER_H_

@@ -114,26 +114,8 @@ double Now() {
 }  // namespace
 
 TensorBoardLogger::TensorBoardLogger(std::string root_dir, std::string name, int version) {
-  fs::path base = fs::path(root_dir) / name;
-  std::error_code ec;
-  fs::create_directories(base, ec);
-  ST_CHECK_ARG(!ec, "TensorBoardLogger: cannot create '", base.string(), "': ", ec.message());
-  if (version < 0) {
-    version = 0;
-    for (const auto& e : fs::directory_iterator(base)) {
-      const std::string n = e.path().filename().string();
-      if (e.is_directory() && n.rfind("version_", 0) == 0) {
-        try {
-          version = std::max(version, std::stoi(n.substr(8)) + 1);
-        } catch (const std::exception&) {
-        }
-      }
-    }
-  }
+  log_dir_ = MakeVersionedLogDir("TensorBoardLogger", root_dir, name, &version);
   version_ = version;
-  log_dir_ = (base / ("version_" + std::to_string(version))).string();
-  fs::create_directories(log_dir_, ec);
-  ST_CHECK_ARG(!ec, "TensorBoardLogger: cannot create '", log_dir_, "': ", ec.message());
   char host[256] = {0};
   if (::gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') std::strcpy(host, "localhost");
   const double now = Now();
