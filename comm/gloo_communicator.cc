@@ -323,11 +323,10 @@ WorkPtr GlooCommunicator::ReduceScatter(const at::Tensor& input, const at::Tenso
   }
   // Every rank sends block j of its input to rank j, then sums what it got.
   at::Tensor recv = size_ == 1 ? input : at::empty_like(input);
-  auto finish = [recv, output, n, world, scale, pre = options.pre_divide]() mutable {
+  auto finish = [recv, output, n, world, scale]() mutable {
     at::Tensor blocks = recv.view({world, n});
     const bool low = output.scalar_type() == at::kHalf || output.scalar_type() == at::kBFloat16;
     at::Tensor sum = low ? blocks.sum(0, false, at::kFloat) : blocks.sum(0);
-    (void)pre;
     if (scale != 1.0) sum.mul_(scale);
     output.copy_(sum);
   };

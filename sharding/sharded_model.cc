@@ -316,14 +316,12 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
   for (const auto& item : module_->named_modules()) modules.emplace_back(item.key(), item.value());
   std::unordered_map<const at::TensorImpl*, std::string> param_name;
-  std::vector<std::pair<std::string, at::Tensor>> all_params;
   for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
     if (param_name.count(item.value().unsafeGetTensorImpl())) continue;  // shared parameter seen before
     param_name[item.value().unsafeGetTensorImpl()] = item.key();
-    all_params.emplace_back(item.key(), item.value());
   }
   std::unordered_set<const at::TensorImpl*> taken;
-  auto unit_params = [&](torch::nn::Module& m, const std::string& prefix) {
+  auto unit_params = [&](torch::nn::Module& m) {
     std::vector<FlatParamEntry> entries;
     for (const auto& item : m.named_parameters(true)) {
       const at::TensorImpl* impl = item.value().unsafeGetTensorImpl();
@@ -334,7 +332,6 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
       e.requires_grad = item.value().requires_grad();
       entries.push_back(std::move(e));
     }
-    (void)prefix;
     return entries;
   };
   // Deepest wrap points first so nested units take their parameters before parents.
@@ -342,7 +339,7 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
     auto* wp = dynamic_cast<WrapPoint*>(it->second.get());
     if (!wp || it->second.get() == module_.get()) continue;
     ST_CHECK_ARG(wp->unit_ == nullptr, "wrap point '", it->first, "' is already a unit of another ShardedModel");
-    auto entries = unit_params(*it->second, it->first);
+    auto entries = unit_params(*it->second);
     int64_t numel = 0;
     for (auto& e : entries) numel += e.param.numel();
     if (entries.empty() || !policy.should_wrap(*wp, numel)) continue;
@@ -360,9 +357,8 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
   auto root = std::make_unique<ShardedUnit>();
   root->is_root = true;
   root->name = "";
-  root->flat = std::make_unique<FlatParameter>("<root>", unit_params(*module_, ""), shard_group_->rank(),
+  root->flat = std::make_unique<FlatParameter>("<root>", unit_params(*module_), shard_group_->rank(),
                                                shard_group_->size(), options_.offload_params);
-  if (auto* wp = dynamic_cast<WrapPoint*>(module_.get())) (void)wp;  // the root is driven by Forward()
   root_ = root.get();
   units_.push_back(std::move(root));
 
@@ -525,9 +521,6 @@ void ShardedModel::BeginForward() {
   if (callback_queued_ || next_launch_ > 0) {
     // A previous backward did not finish (an exception inside it): start clean.
     ResetIteration();
-  }
-  for (auto& u : units_) {
-    if (u->grads_armed && !no_sync_ && !u->flat_grad.defined()) u->grads_armed = false;
   }
   Unshard(root_);
   WaitUnshard(root_);
@@ -900,13 +893,8 @@ void ShardedModel::LoadFullStateDict(const std::map<std::string, at::Tensor>& st
   auto shards = ShardsFromFull(state);
   for (size_t i = 0; i < units_.size(); ++i) units_[i]->flat->shard().detach().copy_(shards[i]);
   for (auto& [k, b] : buffers) b.copy_(state.at(k));
-  for (auto& u : units_) {
-    if (u->state != ShardedUnit::State::kSharded && !u->aliased) {
-      Reshard(u.get());
-    } else if (u->aliased) {
-      // `full` is the shard itself: already updated.
-    }
-  }
+  // Gathered copies are stale now; aliased units (`full` is the shard) are current.
+  for (auto& u : units_) Reshard(u.get());
 }
 
 ShardedStateDict ShardedModel::GetShardedStateDict() const {
