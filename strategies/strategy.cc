@@ -82,20 +82,25 @@ double Strategy::ClipGradients(double value, GradClipAlgorithm algorithm) {
 
 at::Tensor Strategy::ForwardWithPrecision(const std::function<at::Tensor()>& fn) {
   if (precision_ != "bf16-mixed" && precision_ != "16-mixed") return fn();
-  const auto dev = at::kCPU;
-  const bool prev_enabled = at::autocast::is_autocast_enabled(dev);
-  const auto prev_dtype = at::autocast::get_autocast_dtype(dev);
-  at::autocast::set_autocast_enabled(dev, true);
-  at::autocast::set_autocast_dtype(dev, precision_ == "bf16-mixed" ? at::kBFloat16 : at::kHalf);
+  // Autocast for CPU and CUDA tensors (a model on a CUDA device, accelerator=cuda).
+  const auto dtype = precision_ == "bf16-mixed" ? at::kBFloat16 : at::kHalf;
   struct Restore {
-    bool enabled;
-    at::ScalarType dtype;
+    bool enabled[2];
+    at::ScalarType dtype[2];
     ~Restore() {
-      at::autocast::set_autocast_enabled(at::kCPU, enabled);
-      at::autocast::set_autocast_dtype(at::kCPU, dtype);
-      if (!enabled) at::autocast::clear_cache();
+      const c10::DeviceType devs[2] = {at::kCPU, at::kCUDA};
+      for (int i = 0; i < 2; ++i) {
+        at::autocast::set_autocast_enabled(devs[i], enabled[i]);
+        at::autocast::set_autocast_dtype(devs[i], dtype[i]);
+      }
+      if (!enabled[0] && !enabled[1]) at::autocast::clear_cache();
     }
-  } restore{prev_enabled, prev_dtype};
+  } restore{{at::autocast::is_autocast_enabled(at::kCPU), at::autocast::is_autocast_enabled(at::kCUDA)},
+            {at::autocast::get_autocast_dtype(at::kCPU), at::autocast::get_autocast_dtype(at::kCUDA)}};
+  for (const c10::DeviceType dev : {at::kCPU, at::kCUDA}) {
+    at::autocast::set_autocast_enabled(dev, true);
+    at::autocast::set_autocast_dtype(dev, dtype);
+  }
   return fn();
 }
 
@@ -111,9 +116,14 @@ void Strategy::ApplyTruePrecision(torch::nn::Module& module) {
 }
 
 namespace {
+// NCCL takes CUDA tensors only: metric collectives then run on the current CUDA device.
+c10::Device CollectiveDevice(const comm::Communicator& world) {
+  return world.backend() == "nccl" ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU);
+}
+
 double Reduce(const comm::CommunicatorPtr& world, double v, comm::ReduceOp op) {
   if (!world || world->size() == 1) return v;
-  at::Tensor t = at::full({1}, v, at::kDouble);
+  at::Tensor t = at::full({1}, v, at::TensorOptions().dtype(at::kDouble).device(CollectiveDevice(*world)));
   world->AllReduce(t, {op})->Wait();
   return t.item<double>();
 }
@@ -128,7 +138,15 @@ void Strategy::Barrier() {
 }
 
 void Strategy::Broadcast(const at::Tensor& tensor, int root) {
-  if (world_ && world_->size() > 1) world_->Broadcast(tensor, root)->Wait();
+  if (!world_ || world_->size() == 1) return;
+  const c10::Device dev = CollectiveDevice(*world_);
+  if (tensor.device() == dev || tensor.is_cuda()) {
+    world_->Broadcast(tensor, root)->Wait();
+    return;
+  }
+  at::Tensor staged = tensor.to(dev);
+  world_->Broadcast(staged, root)->Wait();
+  tensor.copy_(staged);
 }
 
 double ClipLocalGradNorm(const std::vector<at::Tensor>& params, double max_norm, double norm_type) {

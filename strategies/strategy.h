@@ -97,7 +97,9 @@ class Strategy {
   virtual void ClipGradValue(double clip_value);
   double ClipGradients(double value, GradClipAlgorithm algorithm);
 
-  // Metric helpers over the world group (identity for one process).
+  // Metric helpers over the world group (identity for one process). With an
+  // NCCL world the value (and a CPU tensor given to Broadcast) goes through
+  // the current CUDA device.
   double ReduceMean(double value);
   double ReduceSum(double value);
   double ReduceMax(double value);

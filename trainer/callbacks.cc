@@ -252,7 +252,7 @@ EarlyStopping::EarlyStopping(EarlyStoppingOptions options) : options_(std::move(
 }
 
 void EarlyStopping::on_validation_end(Trainer& trainer, TrainingModule&) {
-  if (!options_.check_on_train_epoch_end) Check(trainer);
+  if (!options_.check_on_train_epoch_end && trainer.fitting()) Check(trainer);
 }
 
 void EarlyStopping::on_train_epoch_end(Trainer& trainer, TrainingModule&, int64_t) {

@@ -52,7 +52,9 @@ class Callback {
   // completes (if any) is done: trainer.global_step() counts it.
   virtual void on_train_batch_end(Trainer& trainer, TrainingModule& module, const at::Tensor& loss,
                                   int64_t batch_idx) {}
-  // After each validation run in Fit (callback_metrics has val_loss).
+  // Before and after each validation pass, in Fit and in Trainer::Validate
+  // (trainer.fitting() tells which); at the end callback_metrics has val_loss.
+  virtual void on_validation_start(Trainer& trainer, TrainingModule& module) {}
   virtual void on_validation_end(Trainer& trainer, TrainingModule& module) {}
   // After training epoch `epoch` (0-based) ended; trainer.current_epoch() is
   // already epoch + 1 (a checkpoint taken here resumes with the next epoch).
@@ -166,7 +168,8 @@ struct EarlyStoppingOptions {
 };
 
 // Lightning's EarlyStopping. The decision is taken on rank 0 and broadcast;
-// Fit then ends on every rank after the same optimizer step.
+// Fit then ends on every rank after the same optimizer step. Validation
+// outside Fit (Trainer::Validate) is not checked.
 class EarlyStopping : public Callback {
  public:
   explicit EarlyStopping(EarlyStoppingOptions options = {});

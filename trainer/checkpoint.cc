@@ -1,8 +1,11 @@
 #include "trainer/checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
 #include <fcntl.h>
-#include <torch/serialize.h>
+#include <torch/csrc/jit/serialization/export.h>
+#include <torch/csrc/jit/serialization/pickle.h>
+#include <torch/csrc/jit/serialization/pickler.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,6 +18,69 @@
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;
+namespace {
+
+// Lists with a specialized element type (int, tensor, ...) are pickled as
+// torch.jit._pickle.build_* calls even without type tags; as lists of Any
+// they are plain pickle lists. Dicts are plain once untagged.
+c10::IValue Plain(const c10::IValue& v) {
+  if (v.isList()) {
+    c10::impl::GenericList out(c10::AnyType::get());
+    for (const c10::IValue& e : v.toListRef()) out.push_back(Plain(e));
+    return out;
+  }
+  if (v.isGenericDict()) {
+    const auto in = v.toGenericDict();
+    c10::impl::GenericDict out(in.keyType(), c10::AnyType::get());
+    for (const auto& e : in) out.insert(e.key(), Plain(e.value()));
+    return out;
+  }
+  return v;
+}
+
+}  // namespace
+
+c10::IValue GradScalerStateToIValue(const GradScalerState& s) {
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  d.insert("scale", s.scale);
+  d.insert("growth_factor", s.growth_factor);
+  d.insert("backoff_factor", s.backoff_factor);
+  d.insert("growth_interval", s.growth_interval);
+  d.insert("_growth_tracker", s.growth_tracker);
+  return d;
+}
+
+GradScalerState GradScalerStateFromIValue(const c10::IValue& v) {
+  auto g = v.toGenericDict();
+  GradScalerState s;
+  s.scale = g.at("scale").toDouble();
+  s.growth_factor = g.at("growth_factor").toDouble();
+  s.backoff_factor = g.at("backoff_factor").toDouble();
+  s.growth_interval = g.at("growth_interval").toInt();
+  s.growth_tracker = g.at("_growth_tracker").toInt();
+  return s;
+}
+
+std::string PickleSavePlain(const c10::IValue& value) {
+  std::vector<char> pickled;
+  torch::jit::Pickler pickler([&](const char* data, size_t n) { pickled.insert(pickled.end(), data, data + n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(Plain(value));
+  pickler.stop();
+  std::string out;
+  out.reserve(pickled.size());
+  {
+    caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, size_t n) {
+      out.append(static_cast<const char*>(data), n);
+      return n;
+    });
+    torch::jit::writeArchiveAndTensors("data", pickled.data(), pickled.size(), pickler.tensorData(), writer);
+    writer.writeEndOfFile();
+  }
+  return out;
+}
 
 void WriteFileAtomically(const std::string& path, const std::string& bytes) {
   fs::path p(path);
@@ -98,8 +164,8 @@ void SaveCheckpoint(const std::string& path, const CheckpointData& data) {
     }
     d.insert("callbacks", cbs);
   }
-  std::vector<char> bytes = torch::pickle_save(c10::IValue(d));
-  WriteFileAtomically(path, std::string(bytes.begin(), bytes.end()));
+  if (data.grad_scaler) d.insert("grad_scaler", GradScalerStateToIValue(*data.grad_scaler));
+  WriteFileAtomically(path, PickleSavePlain(c10::IValue(d)));
 }
 
 CheckpointData LoadCheckpoint(const std::string& path) {
@@ -108,7 +174,7 @@ CheckpointData LoadCheckpoint(const std::string& path) {
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   c10::IValue v;
   try {
-    v = torch::pickle_load(bytes);
+    v = torch::jit::pickle_load(bytes);
   } catch (const std::exception& e) {
     std::string what = e.what();
     what = what.substr(0, what.find('\n'));
@@ -156,6 +222,7 @@ CheckpointData LoadCheckpoint(const std::string& path) {
         for (const auto& k : e.value().toGenericDict()) st[k.key().toStringRef()] = k.value().toStringRef();
       }
     }
+    if (d.contains("grad_scaler")) out.grad_scaler = GradScalerStateFromIValue(d.at("grad_scaler"));
   } catch (const c10::Error& e) {
     std::string what = e.what();
     ST_THROW(Error, "checkpoint '", path, "' has an unexpected layout: ", what.substr(0, what.find('\n')));

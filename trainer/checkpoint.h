@@ -2,10 +2,11 @@
 // the same directory, fsync, rename, fsync of the directory), so a crash
 // mid-save never destroys the previous checkpoint.
 //
-// The file is a torch::pickle_save archive of a dict that Python loads with
-// torch.load(path, weights_only=False) (checked with the pinned torch 2.11;
-// the default weights_only=True rejects the pickler's container type tags,
-// torch.jit._pickle.restore_type_tag):
+// The file is the zip archive torch.save writes (one "data.pkl" pickle plus
+// one record per tensor storage), pickled without LibTorch's container type
+// tags (PickleSavePlain below), so Python's torch.load(path) reads it with the
+// default weights_only=True (checked with the pinned torch 2.11) and
+// LibTorch's torch::pickle_load reads it too. It is a dict:
 //   "state_dict"        {name: tensor}  the model's full (unsharded) state dict
 //   "optimizer_states"  [uint8 tensor]  one serialized LibTorch optimizer
 //                                       archive per rank (sharded strategies
@@ -24,6 +25,11 @@
 //                       (full, unsharded tensors shaped like the parameter);
 //                       loadable at any world size and by any strategy
 //   "callbacks"         {callback key: {str: str}}  callback states (ModelCheckpoint, EarlyStopping)
+//   "grad_scaler"       {"scale": float, "growth_factor": float,
+//                        "backoff_factor": float, "growth_interval": int,
+//                        "_growth_tracker": int}  the loss scaler of
+//                       "16-mixed" runs (trainer/grad_scaler.h; the keys of
+//                       torch.amp.GradScaler.state_dict())
 //
 // Sharded checkpoints (a directory with one file per rank) are in
 // trainer/sharded_checkpoint.h; //tools:consolidate turns one into this format.
@@ -34,8 +40,15 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "trainer/grad_scaler.h"
+
+namespace c10 {
+struct IValue;
+}
 
 namespace shardtrain::trainer {
 
@@ -61,6 +74,7 @@ struct CheckpointData {
   std::map<std::string, std::string> hparams;
   FullOptimizerState optimizer_full;  // optional (empty kind: not saved)
   std::map<std::string, std::map<std::string, std::string>> callbacks;  // optional
+  std::optional<GradScalerState> grad_scaler;                           // optional ("16-mixed")
 };
 
 // Writes atomically; throws shardtrain::Error on I/O failure (the previous file
@@ -70,6 +84,20 @@ void SaveCheckpoint(const std::string& path, const CheckpointData& data);
 // Reads and validates a checkpoint. A missing, truncated or corrupt file, or
 // one without the expected entries, throws shardtrain::Error naming the path.
 CheckpointData LoadCheckpoint(const std::string& path);
+
+// The bytes torch::pickle_save(value) would give — torch.save's zip archive —
+// but pickled without container type tags (torch.jit._pickle.restore_type_tag,
+// build_intlist, ...), which Python's weights_only unpickler rejects: every
+// list is written as a plain list, every dict as a plain dict. Python's
+// torch.load then needs no weights_only=False; LibTorch's pickle_load reads
+// the lists back as generic lists (elements typed Any) and the dicts as
+// generic dicts. Used for full checkpoints and sharded-checkpoint files.
+std::string PickleSavePlain(const c10::IValue& value);
+
+// The "grad_scaler" entry (also in sharded-checkpoint metadata). From an
+// IValue: throws c10::Error when keys are missing or mistyped.
+c10::IValue GradScalerStateToIValue(const GradScalerState& state);
+GradScalerState GradScalerStateFromIValue(const c10::IValue& value);
 
 // Writes `bytes` to `path` atomically (temp file, fsync, rename, fsync dir).
 void WriteFileAtomically(const std::string& path, const std::string& bytes);

@@ -17,6 +17,7 @@
 
 #include "comm/errors.h"
 #include "sharding/sharded_model.h"
+#include "trainer/accelerator.h"
 
 namespace shardtrain::trainer::internal {
 namespace {
@@ -225,7 +226,9 @@ FullOptimizerState GatherFullOptimizerState(strategies::Strategy& s, torch::opti
     }
     flags[U * K + u] = static_cast<double>(steps[u]);
   }
-  if (s.world() && s.world()->size() > 1) s.world()->AllReduce(flags, {comm::ReduceOp::kMax})->Wait();
+  if (s.world() && s.world()->size() > 1) HostAllReduce(*s.world(), flags, comm::ReduceOp::kMax);
+  const auto shard_options = at::TensorOptions().dtype(at::kFloat).device(
+      s.parameters().empty() ? c10::Device(c10::kCPU) : s.parameters().front().device());
   auto acc = flags.accessor<double, 1>();
   for (int64_t k = 0; k < K; ++k) {
     bool any = false;
@@ -234,7 +237,7 @@ FullOptimizerState GatherFullOptimizerState(strategies::Strategy& s, torch::opti
     std::vector<at::Tensor> per_unit;
     for (int64_t u = 0; u < U; ++u) {
       auto it = local[u].find(keys[k]);
-      per_unit.push_back(it != local[u].end() ? it->second : at::zeros({units[u].shard_numel}, at::kFloat));
+      per_unit.push_back(it != local[u].end() ? it->second : at::zeros({units[u].shard_numel}, shard_options));
     }
     auto full = sm->GatherFullFromShards(per_unit);
     for (int64_t u = 0; u < U; ++u) {

@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 #include <fcntl.h>
 #include <stdio.h>
-#include <torch/serialize.h>
+#include <torch/csrc/jit/serialization/pickle.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,9 +35,15 @@ std::string TensorBytes(const at::Tensor& t) {
   return std::string(reinterpret_cast<const char*>(b.data_ptr<uint8_t>()), b.numel());
 }
 
-void WritePickle(const std::string& path, const c10::IValue& v) {
-  std::vector<char> bytes = torch::pickle_save(v);
-  WriteFileAtomically(path, std::string(bytes.begin(), bytes.end()));
+void WritePickle(const std::string& path, const c10::IValue& v) { WriteFileAtomically(path, PickleSavePlain(v)); }
+
+// Files written by PickleSavePlain read back with lists of Any; older ones
+// (torch::pickle_save) with typed int lists. Either way: the ints.
+std::vector<int64_t> IntList(const c10::IValue& v) {
+  if (v.isIntList()) return v.toIntVector();
+  std::vector<int64_t> out;
+  for (const auto& e : v.toListRef()) out.push_back(e.toInt());
+  return out;
 }
 
 c10::impl::GenericDict ReadPickleDict(const std::string& path, const std::string& what) {
@@ -46,7 +52,7 @@ c10::impl::GenericDict ReadPickleDict(const std::string& path, const std::string
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   c10::IValue v;
   try {
-    v = torch::pickle_load(bytes);
+    v = torch::jit::pickle_load(bytes);
   } catch (const std::exception& e) {
     std::string msg = e.what();
     ST_THROW(Error, what, " '", path, "' is truncated or corrupt (", bytes.size(), " bytes; cannot be read: ",
@@ -125,7 +131,7 @@ ShardedPiece PieceFromDict(const c10::impl::GenericDict& d, const std::string& p
       SavedUnit u;
       u.name = need(ud, "name").toStringRef();
       for (const auto& n : need(ud, "param_names").toListRef()) u.param_names.push_back(n.toStringRef());
-      for (const auto& s : need(ud, "param_shapes").toListRef()) u.param_shapes.push_back(s.toIntVector());
+      for (const auto& s : need(ud, "param_shapes").toListRef()) u.param_shapes.push_back(IntList(s));
       u.numel = need(ud, "numel").toInt();
       u.padded_numel = need(ud, "padded_numel").toInt();
       u.shard_numel = need(ud, "shard_numel").toInt();
@@ -140,7 +146,7 @@ ShardedPiece PieceFromDict(const c10::impl::GenericDict& d, const std::string& p
       for (const auto& e : mv.toGenericDict()) m[e.key().toStringRef()] = e.value().toTensor();
       p.optimizer_units.push_back(std::move(m));
     }
-    p.optimizer_steps = need(od, "steps").toIntVector();
+    p.optimizer_steps = IntList(need(od, "steps"));
     p.optimizer_archive = TensorBytes(need(od, "archive").toTensor());
   } catch (const c10::Error& e) {
     std::string what = e.what();
@@ -240,6 +246,7 @@ void FinishShardedSave(const std::string& path, const CheckpointData& meta) {
     cbs.insert(key, m);
   }
   d.insert("callbacks", cbs);
+  if (meta.grad_scaler) d.insert("grad_scaler", GradScalerStateToIValue(*meta.grad_scaler));
   d.insert("files", files);
   WritePickle((tmp / kShardedMetadataFile).string(), d);
   // The marker goes last: a directory without it is never loaded.
@@ -317,6 +324,7 @@ ShardedCheckpoint LoadShardedCheckpoint(const std::string& path) {
       auto& st = m.callbacks[e.key().toStringRef()];
       for (const auto& k : e.value().toGenericDict()) st[k.key().toStringRef()] = k.value().toStringRef();
     }
+    if (md.contains("grad_scaler")) m.grad_scaler = GradScalerStateFromIValue(md.at("grad_scaler"));
     for (const auto& f : md.at("files").toListRef()) files.push_back(f.toStringRef());
   } catch (const c10::Error& e) {
     std::string what = e.what();

@@ -5,7 +5,9 @@
 //   <dir>/metadata.pt   written by rank 0: "format" ("shardtrain.sharded"),
 //                       "format_version", "world_size", "epoch", "global_step",
 //                       "batch_in_epoch", "strategy", "rng_state", "hparams",
-//                       "callbacks", "files" (the rank files, by rank)
+//                       "callbacks", "files" (the rank files, by rank) and,
+//                       for "16-mixed" runs, "grad_scaler" (as in full
+//                       checkpoints, trainer/checkpoint.h)
 //   <dir>/rank_<r>.pt   rank r's piece (ShardedPiece below):
 //       "rank", "world_size", "shard_rank", "shard_world"   ints
 //       "units"    [{"name", "param_names": [str], "param_shapes": [[int]],
@@ -23,8 +25,9 @@
 // reshards like the parameters; other optimizers store their LibTorch archive
 // ("archive"), which only loads at the same world size.
 //
-// Every file is a torch::pickle_save archive (Python:
-// torch.load(f, weights_only=False)). Saving writes into a temporary sibling
+// Every file is a torch.save-format archive without container type tags
+// (PickleSavePlain, trainer/checkpoint.h): Python's torch.load(f) reads it
+// with the default weights_only=True. Saving writes into a temporary sibling
 // directory, fsyncs every file, writes COMPLETE last and then swaps the
 // directory into place (renameat2 RENAME_EXCHANGE, or two renames where the
 // file system lacks it), so an interrupted save never destroys the previous

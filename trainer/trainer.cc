@@ -37,14 +37,21 @@ strategies::Strategy& TrainingModule::strategy() {
   return *strategy_;
 }
 
+Trainer& TrainingModule::trainer() {
+  ST_CHECK_ARG(trainer_ != nullptr, "TrainingModule: no trainer yet (only valid inside Trainer::Fit/Validate)");
+  return *trainer_;
+}
+
 Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
     : options_(std::move(options)), world_(std::move(world)) {
   const auto& o = options_;
-  ST_CHECK_ARG(o.accelerator == "cpu" || o.accelerator == "auto", "unknown or unsupported accelerator '",
-               o.accelerator, "'; valid: cpu, auto (CUDA training is not available in this build)");
-  ST_CHECK_ARG(o.devices >= 1 && o.num_nodes >= 1, "devices and num_nodes must be >= 1, got ", o.devices, " and ",
-               o.num_nodes);
+  accelerator_ = ResolveAccelerator(o.accelerator);
+  ST_CHECK_ARG((o.devices >= 1 || o.devices == kAutoDevices) && o.num_nodes >= 1,
+               "devices must be >= 1 or kAutoDevices (\"auto\") and num_nodes >= 1, got devices=", o.devices,
+               ", num_nodes=", o.num_nodes);
+  devices_ = ResolveDevices(o.devices, accelerator_);
   strategies::CheckPrecision(o.precision);
+  GradScaler check_scaler_options(o.grad_scaler);
   strategies::ParseGradClipAlgorithm(o.gradient_clip_algorithm);
   ST_CHECK_ARG(o.gradient_clip_val >= 0, "gradient_clip_val must be >= 0, got ", o.gradient_clip_val);
   ST_CHECK_ARG(o.max_epochs >= 0 || o.max_steps >= 0, "max_epochs=-1 (unlimited) needs max_steps");
@@ -100,8 +107,14 @@ std::string Trainer::optimizer_name() const {
 
 void Trainer::SetupProcesses() {
   if (world_) return;
-  const int W = options_.devices * options_.num_nodes;
+  const int W = devices_ * options_.num_nodes;
+  const bool cuda = accelerator_ == "cuda";
   if (W == 1) {
+    if (cuda) {
+      SetCurrentDevice(RankDevice(accelerator_, 0));
+      world_ = CreateNcclCommunicator(comm::CreateHashStore(), 0, 1, 0);
+      return;
+    }
     comm::GlooOptions go;
     go.hostname = "127.0.0.1";
     world_ = comm::GlooCommunicator::Create(comm::CreateHashStore(), 0, 1, go);
@@ -112,7 +125,7 @@ void Trainer::SetupProcesses() {
     ST_CHECK_ARG(options_.num_nodes == 1, "num_nodes=", options_.num_nodes,
                  " needs an external launcher (torchrun, srun, mpirun); none was detected");
     LaunchOptions lo;
-    lo.num_ranks = options_.devices;
+    lo.num_ranks = devices_;
     LaunchLocalRanks(lo);
     info = DetectClusterEnvironment();
   }
@@ -130,7 +143,13 @@ void Trainer::SetupProcesses() {
   ro.master_port = info.master_port;
   ro.agent_store = info.agent_store;
   ro.restart_count = info.restart_count;
-  world_ = comm::GlooCommunicator::Create(comm::CreateStore(ro), info.rank, info.world_size);
+  cluster_ = info;
+  if (cuda) {
+    SetCurrentDevice(RankDevice(accelerator_, info.local_rank));
+    world_ = CreateNcclCommunicator(comm::CreateStore(ro), info.rank, info.world_size, info.local_rank);
+  } else {
+    world_ = comm::GlooCommunicator::Create(comm::CreateStore(ro), info.rank, info.world_size);
+  }
 }
 
 void Trainer::SetupModel(TrainingModule& module) {
@@ -140,22 +159,73 @@ void Trainer::SetupModel(TrainingModule& module) {
   if (options_.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
   at::manual_seed(options_.seed);
   ClusterInfo cluster;
-  cluster.rank = rank();
-  cluster.world_size = world_size();
-  cluster.local_world_size = options_.num_nodes == 1 ? world_size() : options_.devices;
-  cluster.local_rank = rank() % cluster.local_world_size;
-  cluster.num_nodes = options_.num_nodes;
+  if (cluster_) {
+    cluster = *cluster_;
+  } else {
+    cluster.rank = rank();
+    cluster.world_size = world_size();
+    cluster.local_world_size = options_.num_nodes == 1 ? world_size() : devices_;
+    cluster.local_rank = rank() % cluster.local_world_size;
+    cluster.num_nodes = options_.num_nodes;
+  }
+  device_ = RankDevice(accelerator_, cluster.local_rank);
+  SetCurrentDevice(device_);
   strategy_->SetPrecision(options_.precision);
   strategy_->Setup(world_, cluster);
   module.strategy_ = strategy_.get();
+  module.trainer_ = this;
   module_ = &module;
+  scaler_.reset();
+  if (options_.precision == "16-mixed" && options_.grad_scaler.enabled) {
+    scaler_ = std::make_unique<GradScaler>(options_.grad_scaler);
+  }
   auto model = module.configure_model();
   ST_CHECK_ARG(model != nullptr, "configure_model returned no module");
+  if (device_.is_cuda()) model->to(device_);
   strategy_->WrapModel(model);
   opt_ = module.configure_optimizers(strategy_->parameters());
   ST_CHECK_ARG(opt_.optimizer != nullptr, "configure_optimizers returned no optimizer");
   initial_lrs_.clear();
   for (auto& g : opt_.optimizer->param_groups()) initial_lrs_.push_back(g.options().get_lr());
+}
+
+Batch Trainer::ToDevice(Batch b) const {
+  if (!device_.is_cpu()) {
+    if (b.inputs.defined()) b.inputs = b.inputs.to(device_);
+    if (b.targets.defined()) b.targets = b.targets.to(device_);
+  }
+  const auto dt = strategy_->compute_dtype();
+  if (dt != at::kFloat && b.inputs.defined() && at::isFloatingType(b.inputs.scalar_type())) b.inputs = b.inputs.to(dt);
+  return b;
+}
+
+int64_t Trainer::NumTrainingBatches(const Dataset& train, int world_size) const {
+  const auto& o = options_;
+  DistributedSampler sampler(train.size(), world_size, 0, /*shuffle=*/false, o.seed, /*drop_last=*/false);
+  const int64_t all = static_cast<int64_t>(MakeBatches(sampler.indices(), o.batch_size, o.drop_last).size());
+  return LimitBatches(o.limit_train_batches, all);
+}
+
+int64_t Trainer::estimated_stepping_batches(const Dataset& train) const {
+  const auto& o = options_;
+  if (o.max_epochs < 0) return o.max_steps;
+  const int W = world_ ? world_->size() : devices_ * o.num_nodes;
+  const int64_t nb = NumTrainingBatches(train, W);
+  int64_t steps = (nb + o.accumulate_grad_batches - 1) / o.accumulate_grad_batches * std::max<int64_t>(o.max_epochs, 1);
+  if (o.max_steps >= 0) steps = std::min(steps, o.max_steps);
+  return steps;
+}
+
+int64_t Trainer::estimated_stepping_batches() const {
+  ST_CHECK_ARG(fit_train_batches_ >= 0,
+               "estimated_stepping_batches() needs the training data: call it from Fit (configure_optimizers on) or "
+               "after it, or pass the data set");
+  const auto& o = options_;
+  if (o.max_epochs < 0) return o.max_steps;
+  int64_t steps = (fit_train_batches_ + o.accumulate_grad_batches - 1) / o.accumulate_grad_batches *
+                  std::max<int64_t>(o.max_epochs, 1);
+  if (o.max_steps >= 0) steps = std::min(steps, o.max_steps);
+  return steps;
 }
 
 int64_t Trainer::LimitBatches(double limit, int64_t available) const {
@@ -169,12 +239,12 @@ std::vector<std::string> Trainer::GatherOptimizerStates() {
   if (W == 1) return {mine};
   at::Tensor len = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
   at::Tensor lens = at::empty({W}, at::kLong);
-  world_->AllGather(len, lens)->Wait();
+  HostAllGather(*world_, len, lens);
   const int64_t max_len = lens.max().item<int64_t>();
   at::Tensor buf = at::zeros({max_len}, at::kByte);
   std::memcpy(buf.data_ptr<uint8_t>(), mine.data(), mine.size());
   at::Tensor all = at::empty({W * max_len}, at::kByte);
-  world_->AllGather(buf, all)->Wait();
+  HostAllGather(*world_, buf, all);
   std::vector<std::string> out;
   const char* p = reinterpret_cast<const char*>(all.data_ptr<uint8_t>());
   for (int r = 0; r < W; ++r) out.emplace_back(p + r * max_len, lens[r].item<int64_t>());
@@ -224,6 +294,7 @@ void Trainer::SaveFull(const std::string& path) {
   data.rng_state = at::detail::getDefaultCPUGenerator().get_state();
   data.hparams = module_->hparams();
   data.callbacks = CallbackStates();
+  if (scaler_) data.grad_scaler = scaler_->state();
   bool failed = false;
   std::string msg;
   if (rank() == 0) {
@@ -248,6 +319,7 @@ void Trainer::SaveSharded(const std::string& path) {
   meta.rng_state = at::detail::getDefaultCPUGenerator().get_state();
   meta.hparams = module_->hparams();
   meta.callbacks = CallbackStates();
+  if (scaler_) meta.grad_scaler = scaler_->state();
   const std::string what = "saving sharded checkpoint '" + path + "'";
   auto step = [&](bool mine, const std::function<void()>& fn) {
     bool failed = false;
@@ -286,6 +358,15 @@ void Trainer::LoadFrom(const std::string& path) {
                "); only Adam, AdamW and SGD state is saved in a form that loads at another world size or strategy");
     }
   }
+  std::optional<GradScaler> scaler;  // checked now, installed with the rest
+  if (scaler_ && ck.grad_scaler) {
+    scaler.emplace(*scaler_);
+    try {
+      scaler->load_state(*ck.grad_scaler);
+    } catch (const std::exception& e) {
+      ST_THROW(Error, "checkpoint '", path, "': ", e.what());
+    }
+  }
   strategy_->LoadFullStateDict(ck.state_dict);  // checks everything before changing anything
   if (archives) {
     internal::LoadOptimizerArchive(*opt_.optimizer, ck.optimizer_states[rank()], path);
@@ -301,6 +382,7 @@ void Trainer::LoadFrom(const std::string& path) {
     auto it = ck.callbacks.find(cb->state_key());
     if (!cb->state_key().empty() && it != ck.callbacks.end()) cb->load_state_dict(it->second);
   }
+  if (scaler) *scaler_ = *scaler;
   epoch_ = ck.epoch;
   global_step_ = ck.global_step;
   batch_in_epoch_ = ck.batch_in_epoch;
@@ -316,48 +398,66 @@ void Trainer::SyncShouldStop() {
 }
 
 double Trainer::RunValidation(TrainingModule& module, const Dataset& val) {
+  module.on_validation_start();
+  for (auto& cb : options_.callbacks) cb->on_validation_start(*this, module);
   torch::nn::Module& model = strategy_->module();
+  const bool was_training = model.is_training();
   model.eval();
-  at::NoGradGuard no_grad;
-  DistributedSampler sampler(val.size(), world_size(), rank(), /*shuffle=*/false, options_.seed, false);
-  auto batches = MakeBatches(sampler.indices(), options_.val_batch_size > 0 ? options_.val_batch_size : options_.batch_size,
-                             false);
-  const int64_t nb = LimitBatches(options_.limit_val_batches, static_cast<int64_t>(batches.size()));
+  // What training_step log()ged for the next training row waits until validation is done.
+  std::map<std::string, double> pending = std::move(module.logged_);
+  module.logged_.clear();
+  std::map<std::string, std::pair<double, int64_t>> logged;  // name -> (sum, count) over batches
   double sum = 0;
   int64_t n = 0;
   bool any = true;
-  for (int64_t i = 0; i < nb; ++i) {
-    Batch b = val.get_batch(batches[i]);
-    const auto dt = strategy_->compute_dtype();
-    if (dt != at::kFloat && at::isFloatingType(b.inputs.scalar_type())) b.inputs = b.inputs.to(dt);
-    auto loss = module.validation_step(b, i);
-    if (!loss) {
-      any = false;
-      break;
+  {
+    at::NoGradGuard no_grad;
+    DistributedSampler sampler(val.size(), world_size(), rank(), /*shuffle=*/false, options_.seed, false);
+    auto batches = MakeBatches(sampler.indices(),
+                               options_.val_batch_size > 0 ? options_.val_batch_size : options_.batch_size, false);
+    const int64_t nb = LimitBatches(options_.limit_val_batches, static_cast<int64_t>(batches.size()));
+    for (int64_t i = 0; i < nb; ++i) {
+      Batch b = ToDevice(val.get_batch(batches[i]));
+      auto loss = module.validation_step(b, i);
+      for (const auto& [k, v] : module.logged_) {
+        logged[k].first += v;
+        ++logged[k].second;
+      }
+      module.logged_.clear();
+      if (!loss) {
+        any = false;
+        break;
+      }
+      sum += loss->item<double>();
+      ++n;
     }
-    sum += loss->item<double>();
-    ++n;
   }
-  model.train();
-  if (!any) return std::numeric_limits<double>::quiet_NaN();
-  const double mean = strategy_->ReduceSum(sum) / std::max(1.0, strategy_->ReduceSum(static_cast<double>(n)));
-  val_losses_.push_back(mean);
-  callback_metrics_["val_loss"] = mean;
-  LogMetrics({{"val_loss", mean}, {"epoch", static_cast<double>(epoch_)}}, global_step_);
+  module.logged_ = std::move(pending);
+  if (was_training) model.train();
+  double mean = std::numeric_limits<double>::quiet_NaN();
+  std::map<std::string, double> row;
+  for (const auto& [k, sc] : logged) {
+    // Same names on every rank (as for training logs); a mean over all batches of all ranks.
+    row[k] = strategy_->ReduceSum(sc.first) / std::max(1.0, strategy_->ReduceSum(static_cast<double>(sc.second)));
+  }
+  if (any) {
+    mean = strategy_->ReduceSum(sum) / std::max(1.0, strategy_->ReduceSum(static_cast<double>(n)));
+    val_losses_.push_back(mean);
+    row["val_loss"] = mean;
+  }
+  for (const auto& [k, v] : row) callback_metrics_[k] = v;
+  if (!row.empty()) {
+    row["epoch"] = static_cast<double>(epoch_);
+    LogMetrics(row, global_step_);  // at the global step at which validation ran
+  }
+  module.on_validation_end();
+  for (auto& cb : options_.callbacks) cb->on_validation_end(*this, module);
   return mean;
 }
 
-double Trainer::Validate(TrainingModule& module, const Dataset& val) {
-  SetupProcesses();
-  SetupModel(module);
-  return RunValidation(module, val);
-}
-
-void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* val, const std::string& ckpt_path) {
-  SetupProcesses();
-  SetupModel(module);
+void Trainer::SetupLoggers(TrainingModule& module) {
+  if (loggers_set_up_) return;
   const auto& o = options_;
-  const int W = world_size();
   loggers_.clear();
   if (rank() == 0 && o.enable_logger) {
     int version = -1;
@@ -378,7 +478,8 @@ void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* v
     auto hp = module.hparams();
     hp.emplace("strategy", strategy_->name());
     hp.emplace("precision", o.precision);
-    hp.emplace("world_size", std::to_string(W));
+    hp.emplace("accelerator", accelerator_);
+    hp.emplace("world_size", std::to_string(world_size()));
     hp.emplace("batch_size", std::to_string(o.batch_size));
     hp.emplace("accumulate_grad_batches", std::to_string(o.accumulate_grad_batches));
     hp.emplace("seed", std::to_string(o.seed));
@@ -386,7 +487,7 @@ void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* v
   }
   // Every rank must agree on the directory: rank 0 has the loggers.
   std::string root = loggers_.empty() ? o.default_root_dir : loggers_.front()->log_dir();
-  if (W > 1) {
+  if (world_size() > 1) {
     at::Tensor len = at::full({1}, static_cast<int64_t>(root.size()), at::kLong);
     strategy_->Broadcast(len, 0);
     at::Tensor buf = at::zeros({len.item<int64_t>()}, at::kByte);
@@ -395,6 +496,30 @@ void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* v
     root.assign(reinterpret_cast<const char*>(buf.data_ptr<uint8_t>()), buf.numel());
   }
   ckpt_dir_ = (fs::path(root) / "checkpoints").string();
+  loggers_set_up_ = true;
+}
+
+double Trainer::Validate(TrainingModule& module, const Dataset& val) {
+  SetupProcesses();
+  SetupModel(module);
+  SetupLoggers(module);
+  ST_CHECK_ARG(!fitting_, "Trainer::Validate cannot run inside Fit");
+  return RunValidation(module, val);
+}
+
+void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* val, const std::string& ckpt_path) {
+  ST_CHECK_ARG(!fitting_, "Trainer::Fit is already running");
+  struct FittingScope {
+    bool& flag;
+    explicit FittingScope(bool& f) : flag(f) { flag = true; }
+    ~FittingScope() { flag = false; }
+  } fitting(fitting_);
+  SetupProcesses();
+  const auto& o = options_;
+  const int W = world_size();
+  fit_train_batches_ = NumTrainingBatches(train, W);  // for estimated_stepping_batches() in configure_optimizers
+  SetupModel(module);
+  SetupLoggers(module);
   callback_metrics_.clear();
   should_stop_ = false;
   if (!ckpt_path.empty()) LoadFrom(ckpt_path);
@@ -407,18 +532,16 @@ void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* v
 
   const auto clip_algo = strategies::ParseGradClipAlgorithm(o.gradient_clip_algorithm);
   DistributedSampler sampler(train.size(), W, rank(), o.shuffle, o.seed, /*drop_last=*/false);
-  const int64_t nb_all = static_cast<int64_t>(MakeBatches(sampler.indices(), o.batch_size, o.drop_last).size());
-  const int64_t nb = LimitBatches(o.limit_train_batches, nb_all);
+  const int64_t nb = fit_train_batches_;
   ST_CHECK_ARG(nb > 0, "no training batches: dataset of ", train.size(), " samples, ", W, " ranks, batch_size ",
                o.batch_size, ", limit_train_batches ", o.limit_train_batches);
-  const int64_t steps_per_epoch = (nb + o.accumulate_grad_batches - 1) / o.accumulate_grad_batches;
-  int64_t total = o.max_epochs >= 0 ? steps_per_epoch * o.max_epochs : -1;
-  if (o.max_steps >= 0) total = total >= 0 ? std::min(total, o.max_steps) : o.max_steps;
+  const int64_t total = estimated_stepping_batches();
   const int64_t val_every = o.val_check_interval > 1.0
                                 ? static_cast<int64_t>(o.val_check_interval)
                                 : std::max<int64_t>(1, static_cast<int64_t>(std::floor(nb * o.val_check_interval)));
   std::unique_ptr<ProgressReporter> progress;
   if (rank() == 0 && o.enable_progress_bar) progress = std::make_unique<ProgressReporter>(total, o.log_every_n_steps);
+  auto reduce_max = [this](double v) { return strategy_->ReduceMax(v); };
 
   module.on_fit_start();
   for (auto& cb : o.callbacks) cb->on_fit_start(*this, module);
@@ -433,25 +556,27 @@ void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* v
     double acc_loss = 0;
     int64_t acc_n = 0;
     for (int64_t i = batch_in_epoch_; i < nb; ++i) {
-      Batch b = train.get_batch(batches[i]);
-      const auto dt = strategy_->compute_dtype();
-      if (dt != at::kFloat && at::isFloatingType(b.inputs.scalar_type())) b.inputs = b.inputs.to(dt);
+      Batch b = ToDevice(train.get_batch(batches[i]));
       const bool sync = (i + 1) % o.accumulate_grad_batches == 0 || i + 1 == nb;
       at::Tensor loss = module.training_step(b, i);
-      strategy_->Backward(o.accumulate_grad_batches > 1 ? loss / static_cast<double>(o.accumulate_grad_batches) : loss,
-                          sync);
+      at::Tensor to_backward = o.accumulate_grad_batches > 1 ? loss / static_cast<double>(o.accumulate_grad_batches) : loss;
+      if (scaler_) to_backward = scaler_->Scale(to_backward);
+      strategy_->Backward(to_backward, sync);
       module.on_train_batch_end(loss.detach(), i);
       acc_loss += loss.detach().to(at::kDouble).item<double>();
       ++acc_n;
       batch_in_epoch_ = i + 1;
       if (sync) {
-        if (o.gradient_clip_val > 0) strategy_->ClipGradients(o.gradient_clip_val, clip_algo);
+        // 16-mixed: unscale before clipping; an overflow on any rank skips the step on every rank.
+        const bool skip = scaler_ && scaler_->Unscale(strategy_->parameters(), reduce_max);
+        if (!skip && o.gradient_clip_val > 0) strategy_->ClipGradients(o.gradient_clip_val, clip_algo);
         if (opt_.lr_lambda) {
           const double f = opt_.lr_lambda(global_step_);
           auto& groups = opt_.optimizer->param_groups();
           for (size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(initial_lrs_[g] * f);
         }
-        opt_.optimizer->step();
+        if (!skip) opt_.optimizer->step();
+        if (scaler_) scaler_->Update(skip);
         opt_.optimizer->zero_grad();
         ++global_step_;
         module.global_step_ = global_step_;
@@ -468,6 +593,7 @@ void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* v
           row["train_loss"] = l;
           row["epoch"] = static_cast<double>(epoch_);
           row["lr"] = opt_.optimizer->param_groups()[0].options().get_lr();
+          if (scaler_) row["grad_scale"] = scaler_->scale();
           LogMetrics(row, global_step_);
         }
         if (progress) progress->Update(epoch_, global_step_, l);
@@ -483,7 +609,6 @@ void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* v
       }
       if (val && (i + 1) % val_every == 0) {
         RunValidation(module, *val);
-        for (auto& cb : o.callbacks) cb->on_validation_end(*this, module);
         SyncShouldStop();
         if (should_stop_ && sync) stop = true;
       }

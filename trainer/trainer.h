@@ -12,13 +12,16 @@
 // devices * num_nodes > 1, a process not started by a launcher re-executes its
 // own binary for the other local ranks (comm/launcher.h LaunchLocalRanks), then
 // every rank detects its place (comm/cluster_environment.h: torchrun, SLURM,
-// MPI variables), meets the others through a TCPStore and talks Gloo.
+// MPI variables), meets the others through a TCPStore and talks Gloo — or,
+// with accelerator cuda, NCCL, each rank on cuda:<local rank>.
 //
 // Loop: per epoch a DistributedSampler gives each rank its share (reshuffled
 // with seed + epoch); every rank runs the same number of batches.
 // accumulate_grad_batches micro-batches make one optimizer step (the first
 // ones without gradient synchronization); gradients are clipped after
-// synchronization; the loss is logged as the rank- and micro-batch mean.
+// synchronization (and, with "16-mixed", after the GradScaler unscaled them;
+// a step that overflowed on any rank is skipped on all); the loss is logged
+// as the rank- and micro-batch mean.
 // Checkpoints (trainer/checkpoint.h) go to <log_dir>/checkpoints/: last.ckpt at
 // each epoch end and at the end of fit, and step=N.ckpt every
 // checkpoint_every_n_steps — or, with a ModelCheckpoint callback
@@ -26,8 +29,9 @@
 // sharded checkpoints (fsdp_native state_dict_type=sharded) writes them as
 // directories with one file per rank (trainer/sharded_checkpoint.h).
 // Fit(..., ckpt_path) resumes exactly where the checkpoint was taken (model,
-// optimizer, loop position, RNG state, callback states), from a full file or
-// a sharded directory, at the same or (for Adam, AdamW, SGD) another world size.
+// optimizer, loop position, CPU RNG state, callback states, the 16-mixed
+// GradScaler), from a full file or a sharded directory, at the same or (for
+// Adam, AdamW, SGD) another world size.
 //
 // Callbacks (TrainerOptions::callbacks) run at fixed points on every rank;
 // loggers (CSV, TensorBoard) write on rank 0.
@@ -37,14 +41,17 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "strategies/registry.h"
 #include "strategies/strategy.h"
+#include "trainer/accelerator.h"
 #include "trainer/callbacks.h"
 #include "trainer/data.h"
+#include "trainer/grad_scaler.h"
 #include "trainer/logger.h"
 #include "trainer/training_module.h"
 
@@ -58,8 +65,14 @@ enum class CheckpointFormat {
 };
 
 struct TrainerOptions {
-  std::string accelerator = "auto";  // "cpu" or "auto" (CPU: the only accelerator this build trains on)
-  int devices = 1;                   // ranks per node
+  // "cpu", "cuda" (alias "gpu": one rank per CUDA device, cuda:<local rank>,
+  // model and batches moved there, NCCL between ranks; needs a build with
+  // --config=cuda and a visible device), or "auto" (cuda when both hold, else
+  // cpu). Checked at construction (trainer/accelerator.h).
+  std::string accelerator = "auto";
+  // Ranks per node; kAutoDevices (trainer/accelerator.h) is Lightning's
+  // devices="auto": every visible CUDA device with cuda, 1 on cpu.
+  int devices = 1;
   int num_nodes = 1;
   // Strategy by registered name ("auto": ddp when several ranks, else
   // single_device) with string options, or an object (wins when set).
@@ -67,13 +80,26 @@ struct TrainerOptions {
   strategies::StrategyOptions strategy_options;
   strategies::StrategyPtr strategy_object;
   std::string precision = "32-true";  // "32-true", "bf16-mixed", "16-mixed", "bf16-true"
+  // Dynamic loss scaling for "16-mixed" (trainer/grad_scaler.h): the loss is
+  // scaled before backward, gradients are unscaled before clipping, steps
+  // whose gradients overflow on any rank are skipped on every rank (the
+  // optimizer does not step; global_step and the LR schedule still advance,
+  // as in Lightning) and the scale backs off. Unused by other precisions.
+  GradScalerOptions grad_scaler;
   int64_t max_epochs = 1;             // -1: unlimited (needs max_steps)
   int64_t max_steps = -1;             // optimizer steps; -1: no limit
   int64_t accumulate_grad_batches = 1;
   double gradient_clip_val = 0;       // 0: no clipping
   std::string gradient_clip_algorithm = "norm";  // "norm" or "value"
-  // Validate every N training batches when > 1, or after this fraction of an
-  // epoch when <= 1 (1.0: at each epoch end).
+  // When to validate during Fit, counted in training batches (micro-batches,
+  // per rank; equal to optimizer steps when accumulate_grad_batches is 1),
+  // within each epoch (the count restarts every epoch), as Lightning:
+  //   in (0, 1]  a fraction of the epoch's batches: validate after every
+  //              floor(fraction * batches) of them (1.0, the default: once,
+  //              at the end of each epoch; 0.25: four times per epoch);
+  //   > 1        every N training batches (Lightning's int N; 1 training
+  //              batch has no spelling here: use 1.0 / batches per epoch).
+  // Validation metrics are logged at the global step at which it ran.
   double val_check_interval = 1.0;
   // <= 1.0: fraction of the batches; > 1: number of batches (per epoch, per rank).
   double limit_train_batches = 1.0;
@@ -104,8 +130,9 @@ struct TrainerOptions {
 
 class Trainer {
  public:
-  // Validates the options (InvalidArgumentError listing valid values).
-  // `world`: an already connected communicator to use instead of launching.
+  // Validates the options (InvalidArgumentError listing valid values; an
+  // unavailable accelerator says why). `world`: an already connected
+  // communicator to use instead of launching.
   explicit Trainer(TrainerOptions options, comm::CommunicatorPtr world = nullptr);
   ~Trainer();
 
@@ -113,9 +140,24 @@ class Trainer {
   // resume from this checkpoint.
   void Fit(TrainingModule& module, const Dataset& train, const Dataset* val = nullptr,
            const std::string& ckpt_path = "");
-  // Runs validation once; returns the mean val_loss (NaN if validation_step
+  // Lightning's trainer.validate: one validation pass (collective) with the
+  // validation hooks of the module and the callbacks (on_validation_start,
+  // on_validation_end; fitting() is false, so EarlyStopping does not act),
+  // its metrics (val_loss and what validation_step log()s, averaged over
+  // batches and ranks) in callback_metrics() and sent to the loggers at the
+  // current global step. Returns the mean val_loss (NaN if validation_step
   // returns nothing). Uses the model of the last Fit, or sets one up.
   double Validate(TrainingModule& module, const Dataset& val);
+
+  // Lightning's estimated_stepping_batches: the optimizer steps a Fit on
+  // `train` takes from its start — ceil(batches per rank per epoch, after
+  // limit_train_batches, / accumulate_grad_batches) * max(max_epochs, 1),
+  // capped by max_steps; max_steps when max_epochs is -1.
+  // Without an argument: for the training data of the current or last Fit
+  // (valid from configure_optimizers on, e.g. for a one-cycle schedule;
+  // InvalidArgumentError before).
+  int64_t estimated_stepping_batches(const Dataset& train) const;
+  int64_t estimated_stepping_batches() const;
 
   // Writes a checkpoint (collective: every rank must call): full, or sharded
   // when the strategy prefers it (kAuto). Atomic; on failure every rank throws
@@ -123,6 +165,16 @@ class Trainer {
   void SaveCheckpoint(const std::string& path, CheckpointFormat format = CheckpointFormat::kAuto);
 
   const TrainerOptions& options() const { return options_; }
+  // The resolved accelerator ("cpu" or "cuda") and ranks per node.
+  const std::string& accelerator() const { return accelerator_; }
+  int devices() const { return devices_; }
+  // This rank's device (cuda:<local rank> or cpu); set up by Fit/Validate.
+  const c10::Device& device() const { return device_; }
+  // True inside Fit, false inside a standalone Validate (Lightning's
+  // trainer.state.fn == "fit").
+  bool fitting() const { return fitting_; }
+  // The loss scaler of a "16-mixed" run (null otherwise, or before Fit).
+  const GradScaler* grad_scaler() const { return scaler_.get(); }
   strategies::Strategy& strategy();
   int rank() const;
   int world_size() const;
@@ -159,6 +211,10 @@ class Trainer {
  private:
   void SetupProcesses();
   void SetupModel(TrainingModule& module);
+  // Loggers (rank 0) and the checkpoint directory (every rank), once per Trainer.
+  void SetupLoggers(TrainingModule& module);
+  Batch ToDevice(Batch b) const;
+  int64_t NumTrainingBatches(const Dataset& train, int world_size) const;
   void LoadFrom(const std::string& path);
   double RunValidation(TrainingModule& module, const Dataset& val);
   int64_t LimitBatches(double limit, int64_t available) const;
@@ -171,12 +227,20 @@ class Trainer {
   std::map<std::string, std::map<std::string, std::string>> CallbackStates() const;
 
   TrainerOptions options_;
+  std::string accelerator_;  // resolved: "cpu" or "cuda"
+  int devices_ = 1;          // resolved ranks per node
+  c10::Device device_{c10::kCPU};
+  std::optional<ClusterInfo> cluster_;  // detected by SetupProcesses (none with an injected communicator)
   comm::CommunicatorPtr world_;
   strategies::StrategyPtr strategy_;
   TrainingModule* module_ = nullptr;
   OptimizerConfig opt_;
   std::vector<double> initial_lrs_;
   std::vector<std::shared_ptr<Logger>> loggers_;
+  bool loggers_set_up_ = false;
+  std::unique_ptr<GradScaler> scaler_;
+  int64_t fit_train_batches_ = -1;  // per rank per epoch, of the current or last Fit
+  bool fitting_ = false;
   std::map<std::string, double> callback_metrics_;
   bool should_stop_ = false;
   std::string ckpt_dir_;

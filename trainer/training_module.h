@@ -41,6 +41,8 @@ class Optimizer;
 
 namespace shardtrain::trainer {
 
+class Trainer;
+
 struct OptimizerConfig {
   std::shared_ptr<torch::optim::Optimizer> optimizer;
   // Optional learning-rate schedule (LambdaLR): before optimizer step s (0-based
@@ -70,13 +72,24 @@ class TrainingModule {
   virtual void on_train_epoch_end(int64_t epoch) {}
   // After every micro-batch; `loss` is this rank's unscaled loss.
   virtual void on_train_batch_end(const at::Tensor& loss, int64_t batch_idx) {}
+  // Around every validation pass (in Fit and in Trainer::Validate), before
+  // the callbacks' hooks of the same name.
+  virtual void on_validation_start() {}
+  virtual void on_validation_end() {}
 
   // Runs the model's forward through the strategy (sharded gather, autocast).
   at::Tensor forward(const std::function<at::Tensor()>& fn) { return strategy().Forward(fn); }
-  // Lightning's self.log: a scalar added to the next logged row (rank-averaged).
+  // Lightning's self.log: in training_step, a scalar added to the next
+  // logged row (rank-averaged); in validation_step, averaged over the
+  // validation batches and ranks and logged with val_loss. Every rank must
+  // log the same names.
   void log(const std::string& name, double value) { logged_[name] = value; }
 
   strategies::Strategy& strategy();
+  // The Trainer running this module (Lightning's self.trainer), e.g. for
+  // trainer().estimated_stepping_batches() in configure_optimizers or
+  // trainer().device(). Valid inside Fit/Validate.
+  Trainer& trainer();
   // Names and tensors of what the strategy optimizes.
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() { return strategy().named_parameters(); }
   int64_t current_epoch() const { return epoch_; }
@@ -85,6 +98,7 @@ class TrainingModule {
  private:
   friend class Trainer;
   strategies::Strategy* strategy_ = nullptr;
+  Trainer* trainer_ = nullptr;
   std::map<std::string, double> logged_;
   int64_t epoch_ = 0;
   int64_t global_step_ = 0;

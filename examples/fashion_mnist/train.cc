@@ -7,7 +7,8 @@
 // (/usr/share/datasets/fashion-mnist) or --data_dir. The last --val_size
 // training images validate after every epoch; the 10 000 test images give the
 // test accuracy at the end. Ranks: --devices=N on one machine (the Trainer
-// re-executes this binary for ranks 1..N-1); under torchrun --no-python, srun
+// re-executes this binary for ranks 1..N-1; --devices=auto with
+// --accelerator=cuda: one rank per GPU); under torchrun --no-python, srun
 // or mpirun the launcher's ranks are joined instead. Logs and checkpoints:
 // <default_root_dir>/lightning_logs/version_N/; --ckpt_path resumes.
 #include <ATen/ATen.h>
@@ -25,6 +26,7 @@
 #include "examples/fashion_mnist/cnn_model.h"
 #include "examples/fashion_mnist/fashion_mnist.h"
 #include "strategies/registry.h"
+#include "trainer/accelerator.h"
 #include "trainer/callbacks.h"
 #include "trainer/trainer.h"
 
@@ -32,7 +34,12 @@ DEFINE_string(data_dir, shardtrain::examples::kFashionMnistDebianDir,
               "directory with the Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz], ...)");
 DEFINE_string(strategy, "fsdp_native", "strategy by registered name (fsdp_native, fsdp, ddp, single_device, ...)");
 DEFINE_string(strategy_options, "", "the strategy's options as key=value,key=value (e.g. sharding_strategy=SHARD_GRAD_OP)");
-DEFINE_int32(devices, 2, "ranks on this machine (under torchrun/srun/mpirun: taken from the launcher)");
+DEFINE_string(devices, "2",
+              "ranks on this machine, or 'auto' (Lightning's devices=auto: every visible GPU with --accelerator=cuda, "
+              "1 on cpu); under torchrun/srun/mpirun: taken from the launcher");
+DEFINE_string(accelerator, "cpu",
+              "cpu, cuda (alias gpu: one rank per GPU, NCCL; needs a --config=cuda build) or auto (cuda when "
+              "available, else cpu)");
 DEFINE_string(precision, "32-true", "32-true, bf16-mixed, 16-mixed or bf16-true");
 DEFINE_int64(max_epochs, 3, "epochs to train");
 DEFINE_int64(max_steps, -1, "stop after this many optimizer steps (-1: no limit)");
@@ -158,8 +165,9 @@ EvalResult Evaluate(FashionMnistModule& module, const examples::FashionMnist& da
     const int64_t end = std::min<int64_t>(start + batch_size, static_cast<int64_t>(indices.size()));
     trainer::Batch b = data.get_batch({indices.begin() + start, indices.begin() + end});
     const auto dt = strategy.compute_dtype();
+    b.inputs = b.inputs.to(module.trainer().device());  // cuda:<local rank> with --accelerator=cuda
     if (dt != at::kFloat) b.inputs = b.inputs.to(dt);
-    at::Tensor logits = module.forward([&] { return module.net().forward(b.inputs); }).to(at::kFloat);
+    at::Tensor logits = module.forward([&] { return module.net().forward(b.inputs); }).to(at::kFloat).cpu();
     // Position k of this rank's list is sample r + k*W of the unpadded order.
     at::Tensor pos = at::arange(start, end, at::kLong) * W + r;
     at::Tensor real = pos.lt(data.size());
@@ -186,8 +194,10 @@ EvalResult Evaluate(FashionMnistModule& module, const examples::FashionMnist& da
 
 int Run() {
   const auto t_start = std::chrono::steady_clock::now();
-  const examples::ProcessPlan plan =
-      examples::PlanProcesses(FLAGS_devices, !gflags::GetCommandLineFlagInfoOrDie("devices").is_default);
+  const std::string accelerator = trainer::ResolveAccelerator(FLAGS_accelerator);  // a clear error when unavailable
+  const examples::ProcessPlan plan = examples::PlanProcesses(
+      trainer::ResolveDevices(trainer::ParseDevices(FLAGS_devices), accelerator),
+      !gflags::GetCommandLineFlagInfoOrDie("devices").is_default);
   examples::SetThreadsPerRank(plan.devices);
   const bool rank0 = plan.rank == 0;
 
@@ -203,6 +213,7 @@ int Run() {
   trainer::TrainerOptions o;
   o.strategy = FLAGS_strategy;
   o.strategy_options = examples::ParseKeyValueList(FLAGS_strategy_options, "--strategy_options");
+  o.accelerator = accelerator;
   o.devices = plan.devices;
   o.num_nodes = plan.num_nodes;
   o.precision = FLAGS_precision;
@@ -219,14 +230,10 @@ int Run() {
 
   examples::CnnConfig cfg;
   cfg.dropout = FLAGS_dropout;
-  // The schedule spans the whole run (the Trainer's step count: every rank
-  // gets ceil(N / W) samples per epoch, in batches of batch_size).
+  // The schedule spans the whole run (Lightning's estimated_stepping_batches).
   ST_CHECK_ARG(FLAGS_lr_schedule == "cosine" || FLAGS_lr_schedule == "constant", "--lr_schedule=", FLAGS_lr_schedule,
                " is not valid; valid: cosine, constant");
-  const int64_t world = plan.devices * plan.num_nodes;
-  const int64_t steps_per_epoch = ((train.size() + world - 1) / world + FLAGS_batch_size - 1) / FLAGS_batch_size;
-  int64_t total_steps = FLAGS_max_epochs >= 0 ? FLAGS_max_epochs * steps_per_epoch : -1;
-  if (FLAGS_max_steps >= 0) total_steps = total_steps >= 0 ? std::min(total_steps, FLAGS_max_steps) : FLAGS_max_steps;
+  const int64_t total_steps = trainer.estimated_stepping_batches(train);
   ST_CHECK_ARG(FLAGS_lr_schedule == "constant" || total_steps > 0,
                "--lr_schedule=cosine needs a finite run (--max_epochs or --max_steps); use --lr_schedule=constant");
   FashionMnistModule module(cfg, FLAGS_lr, FLAGS_lr_schedule == "cosine" ? total_steps : 0);

@@ -9,7 +9,8 @@
 //
 // Ranks: --devices=N on one machine (the Trainer re-executes this binary for
 // ranks 1..N-1); under torchrun --no-python, srun or mpirun it joins the
-// launcher's ranks. Data: any UTF-8/ASCII text file (--data); by default the
+// launcher's ranks; --devices=auto with --accelerator=cuda: one rank per GPU.
+// Data: any UTF-8/ASCII text file (--data); by default the
 // English quotations of Debian's `fortunes` package (/usr/share/games/fortunes).
 // 90% trains (non-overlapping windows of block_size characters, reshuffled
 // every epoch), 10% validates (--val_samples windows spread over it). Prints
@@ -38,13 +39,19 @@
 #include "examples/common/example_util.h"
 #include "examples/gpt/gpt_model.h"
 #include "strategies/registry.h"
+#include "trainer/accelerator.h"
 #include "trainer/callbacks.h"
 #include "trainer/trainer.h"
 
 DEFINE_string(strategy, "fsdp_native", "strategy by registered name (fsdp_native, fsdp, ddp, single_device, ...)");
 DEFINE_string(strategy_options, "",
               "the strategy's options as key=value,key=value (e.g. sharding_strategy=SHARD_GRAD_OP for fsdp_native)");
-DEFINE_int32(devices, 2, "ranks on this machine (under torchrun/srun/mpirun: taken from the launcher)");
+DEFINE_string(devices, "2",
+              "ranks on this machine, or 'auto' (Lightning's devices=auto: every visible GPU with --accelerator=cuda, "
+              "1 on cpu); under torchrun/srun/mpirun: taken from the launcher");
+DEFINE_string(accelerator, "cpu",
+              "cpu, cuda (alias gpu: one rank per GPU, NCCL; needs a --config=cuda build) or auto (cuda when "
+              "available, else cpu)");
 DEFINE_string(precision, "32-true", "32-true, bf16-mixed, 16-mixed or bf16-true");
 DEFINE_string(data, "", "text file to train on (default: Debian's fortunes corpus)");
 DEFINE_int64(max_steps, 300, "optimizer steps to train (counted from the start of training, also when resuming)");
@@ -57,7 +64,9 @@ DEFINE_double(dropout, 0.0, "dropout");
 DEFINE_double(lr, 3e-3, "AdamW learning rate");
 DEFINE_double(weight_decay, 0.01, "AdamW weight decay");
 DEFINE_double(grad_clip, 1.0, "clip the global gradient norm to this (0 = off)");
-DEFINE_int64(eval_every, 100, "validate every N training steps (>= 2)");
+DEFINE_int64(eval_every, 100,
+             "validate every N training batches, counted within each epoch (the Trainer's val_check_interval; "
+             "without gradient accumulation, as here, a batch is an optimizer step); >= 2");
 DEFINE_int64(val_samples, 512, "validation windows, spread evenly over the validation text");
 DEFINE_int64(log_every_n_steps, 10, "progress and CSV log interval in steps");
 DEFINE_string(default_root_dir, "", "logs and checkpoints go to DIR/lightning_logs/version_N (default: the current directory)");
@@ -198,7 +207,9 @@ class GptModule : public trainer::TrainingModule {
     const int64_t block = config_.block_size;
     for (int64_t i = 0; i < n; ++i) {
       at::Tensor cond = idx.size(1) <= block ? idx : idx.slice(1, idx.size(1) - block);
-      at::Tensor logits = forward([&] { return model_->forward(cond); }).select(1, cond.size(1) - 1).to(at::kFloat);
+      const at::Device device = trainer().device();  // the model's (cuda:<local rank> with --accelerator=cuda)
+      at::Tensor logits =
+          forward([&] { return model_->forward(cond.to(device)); }).select(1, cond.size(1) - 1).to(at::kFloat).cpu();
       logits = logits / temperature;
       if (top_k > 0 && top_k < logits.size(-1)) {
         at::Tensor kth = std::get<0>(logits.topk(top_k)).select(-1, top_k - 1).unsqueeze(-1);
@@ -227,6 +238,7 @@ class ValLossPrinter : public trainer::Callback {
  public:
   void on_fit_start(trainer::Trainer&, trainer::TrainingModule&) override { t0_ = std::chrono::steady_clock::now(); }
   void on_validation_end(trainer::Trainer& trainer, trainer::TrainingModule&) override {
+    if (!trainer.fitting()) return;  // Trainer::Validate before/after Fit: Run() prints those
     last_step_ = trainer.global_step();
     if (trainer.rank() != 0) return;
     const auto& m = trainer.callback_metrics();
@@ -243,8 +255,10 @@ class ValLossPrinter : public trainer::Callback {
 
 int Run() {
   const auto t_start = std::chrono::steady_clock::now();
-  const examples::ProcessPlan plan =
-      examples::PlanProcesses(FLAGS_devices, !gflags::GetCommandLineFlagInfoOrDie("devices").is_default);
+  const std::string accelerator = trainer::ResolveAccelerator(FLAGS_accelerator);  // a clear error when unavailable
+  const examples::ProcessPlan plan = examples::PlanProcesses(
+      trainer::ResolveDevices(trainer::ParseDevices(FLAGS_devices), accelerator),
+      !gflags::GetCommandLineFlagInfoOrDie("devices").is_default);
   examples::SetThreadsPerRank(plan.devices);
   const bool rank0 = plan.rank == 0;
   ST_CHECK_ARG(FLAGS_eval_every >= 2, "--eval_every must be >= 2, got ", FLAGS_eval_every);
@@ -266,6 +280,7 @@ int Run() {
   trainer::TrainerOptions o;
   o.strategy = FLAGS_strategy;
   o.strategy_options = examples::ParseKeyValueList(FLAGS_strategy_options, "--strategy_options");
+  o.accelerator = accelerator;
   o.devices = plan.devices;
   o.num_nodes = plan.num_nodes;
   o.precision = FLAGS_precision;

@@ -1,11 +1,12 @@
 // Fixture for consolidate_test.sh.
 //   ckpt_fixture make SHARDED_DIR FULL_FILE
 //     trains the fixtures' classifier for 6 steps with fsdp_native
-//     (state_dict_type=sharded) on 2 threads-as-ranks, then saves the same
+//     (state_dict_type=sharded, precision 16-mixed, so the checkpoints hold a
+//     GradScaler state) on 2 threads-as-ranks, then saves the same
 //     state twice: as a sharded checkpoint directory and as a full checkpoint.
 //   ckpt_fixture compare A B
 //     exits 0 when the two full checkpoints hold the same model, optimizer
-//     state by name, loop state, RNG state and hyperparameters.
+//     state by name, loop state, RNG state, hyperparameters and GradScaler state.
 #include <iostream>
 #include <string>
 
@@ -21,6 +22,7 @@ int Make(const std::string& sharded, const std::string& full) {
   o.strategy = "fsdp_native";
   o.strategy_options = {{"state_dict_type", "sharded"}};
   o.max_steps = 6;
+  o.precision = "16-mixed";
   o.enable_checkpointing = false;
   shardtrain::testing::RunRanks(2, [&](int, const auto& comm) {
     fixtures::Classifier module;
@@ -61,6 +63,10 @@ int Compare(const std::string& a_path, const std::string& b_path) {
   check(a.world_size == b.world_size && a.strategy == b.strategy, "world size / strategy");
   check(a.rng_state.equal(b.rng_state), "rng state");
   check(a.hparams == b.hparams, "hparams");
+  check(a.grad_scaler.has_value() && b.grad_scaler.has_value() && a.grad_scaler->scale == b.grad_scaler->scale &&
+            a.grad_scaler->growth_tracker == b.grad_scaler->growth_tracker &&
+            a.grad_scaler->growth_interval == b.grad_scaler->growth_interval,
+        "grad scaler state");
   check(!a.optimizer_full.empty() && a.global_step == 6, "expected Adam state after 6 steps");
   std::cout << (bad ? "DIFFERENT" : "SAME") << ": " << a_path << " vs " << b_path << " (" << a.state_dict.size()
             << " tensors, " << a.optimizer_full.state.size() << " optimizer entries)" << std::endl;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # //tools:consolidate end to end: a sharded checkpoint (W=2, fsdp_native
 # state_dict_type=sharded) consolidated into one file equals the full
-# checkpoint of the same state (compared in C++ and in Python with torch.load),
+# checkpoint of the same state (compared in C++ and in Python with torch.load
+# and its default weights_only=True, which also reads every sharded file),
 # and a broken checkpoint is a clear error that writes nothing.
 set -euo pipefail
 fixture="$1"; consolidate="$2"; checker="$3"; defs="$4"
@@ -17,7 +18,7 @@ rm -rf "$tmp"; mkdir -p "$tmp"
 
 "$consolidate" "$tmp/sharded.ckpt" "$tmp/consolidated.ckpt"
 "$fixture" compare "$tmp/consolidated.ckpt" "$tmp/full.ckpt" || fail "consolidated != full (C++)"
-"$python" "$checker" "$tmp/consolidated.ckpt" "$tmp/full.ckpt" || fail "consolidated != full (Python)"
+"$python" "$checker" "$tmp/consolidated.ckpt" "$tmp/full.ckpt" "$tmp/sharded.ckpt" || fail "consolidated != full (Python)"
 
 # A missing shard file: exit status 1, the file named, nothing written.
 cp -r "$tmp/sharded.ckpt" "$tmp/broken.ckpt"

@@ -267,7 +267,7 @@ TEST(Trainer, OptionErrors) {
   EXPECT_NE(msg(o).find("valid: norm, value"), std::string::npos);
   o = {};
   o.accelerator = "tpu";
-  EXPECT_NE(msg(o).find("valid: cpu, auto"), std::string::npos);
+  EXPECT_NE(msg(o).find("unknown accelerator 'tpu'; valid: cpu, cuda, gpu (= cuda), auto"), std::string::npos);
 }
 
 TEST(Data, DistributedSamplerSharesEvenly) {
