@@ -35,6 +35,9 @@ DEFINE_int32(devices, 2, "ranks on this machine");
 DEFINE_string(strategy, "fsdp_native", "strategy registry name");
 DEFINE_string(strategy_options, "", "comma-separated key=value strategy options");
 DEFINE_string(label, "", "name of this configuration in the output");
+DEFINE_bool(local_compute, false,
+            "every rank trains its own share of the batch with --strategy=single_device and no communication: "
+            "the 'local compute alone' baseline of the same per-rank work under the same core sharing");
 DEFINE_int32(n_layer, 8, "");
 DEFINE_int32(n_embd, 512, "");
 DEFINE_int32(n_head, 8, "");
@@ -126,7 +129,17 @@ int Bench() {
   }
   const strategies::StrategyOptions so = examples::ParseKeyValueList(FLAGS_strategy_options, "--strategy_options");
   auto strategy = strategies::StrategyRegistry::Create(FLAGS_strategy, so);
-  strategy->Setup(world_comm, info);
+  if (FLAGS_local_compute) {
+    ST_CHECK_ARG(FLAGS_strategy == "single_device", "--local_compute needs --strategy=single_device");
+    ClusterInfo alone = info;
+    alone.rank = 0;
+    alone.world_size = 1;
+    alone.local_rank = 0;
+    alone.local_world_size = 1;
+    strategy->Setup(comm::GlooCommunicator::Create(comm::CreateHashStore(), 0, 1), alone);
+  } else {
+    strategy->Setup(world_comm, info);
+  }
   strategy->WrapModel(model);
   torch::optim::AdamW opt(strategy->parameters(), torch::optim::AdamWOptions(FLAGS_lr).weight_decay(0.0));
 
