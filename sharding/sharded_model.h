@@ -158,6 +158,17 @@ class ShardedModel {
 
   std::vector<UnitInfo> units() const;
   int num_units() const;
+
+  // Wall time the calling thread spent inside the sharding core's collectives
+  // since the last ResetCommTimes(): issuing them (a call returns once the
+  // collective is queued) and blocked waiting for them. Time spent waiting is
+  // communication that did not overlap computation.
+  struct CommTimes {
+    double gather_issue_s = 0, gather_wait_s = 0;
+    double reduce_issue_s = 0, reduce_wait_s = 0;
+  };
+  const CommTimes& comm_times() const { return comm_times_; }
+  void ResetCommTimes() { comm_times_ = {}; }
   const comm::CommunicatorPtr& world() const { return world_; }
   const comm::CommunicatorPtr& shard_group() const { return shard_group_; }
   const comm::CommunicatorPtr& replicate_group() const { return replicate_group_; }
@@ -211,6 +222,7 @@ class ShardedModel {
   bool callback_queued_ = false;
   bool no_sync_ = false;
   size_t next_launch_ = 0;
+  CommTimes comm_times_;
   std::vector<std::pair<std::string, at::Tensor>> orig_param_views_;  // use_orig_params
   std::vector<std::pair<int, std::pair<int64_t, int64_t>>> orig_view_ranges_;  // unit, [begin,len) in shard
 };

@@ -148,6 +148,7 @@ int Bench() {
   double last_loss = 0;
   for (int s = 0; s < FLAGS_warmup + FLAGS_steps; ++s) {
     if (s == FLAGS_warmup && gloo) gloo->ResetStats();
+    if (s == FLAGS_warmup && strategy->sharded_model_or_null()) strategy->sharded_model_or_null()->ResetCommTimes();
     at::Tensor x = data.at("x." + std::to_string(s)).slice(0, rank * per, (rank + 1) * per);
     at::Tensor y = data.at("y." + std::to_string(s)).slice(0, rank * per, (rank + 1) * per);
     auto t0 = std::chrono::steady_clock::now();
@@ -179,6 +180,14 @@ int Bench() {
     for (const auto& u : sm->units()) largest = std::max(largest, u.padded_numel);
   }
   const double bound_mib = (Config().NumParameters() * 16.0 / world + largest * 4.0) / (1 << 20);
+  if (auto* sm = strategy->sharded_model_or_null()) {
+    const auto& t = sm->comm_times();
+    std::fprintf(stderr,
+                 "[gpt_bench rank %d] per step: gather issue %.3f s, gather wait %.3f s, reduce issue %.3f s, "
+                 "reduce wait %.3f s\n",
+                 rank, t.gather_issue_s / FLAGS_steps, t.gather_wait_s / FLAGS_steps, t.reduce_issue_s / FLAGS_steps,
+                 t.reduce_wait_s / FLAGS_steps);
+  }
   if (rank == 0) {
     std::printf(
         "{\"impl\": \"%s\", \"world\": %d, \"median_step_s\": %.4f, \"tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, "
