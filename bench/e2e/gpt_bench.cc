@@ -146,7 +146,15 @@ int Bench() {
   const int64_t per = FLAGS_global_batch / world;
   std::vector<double> times;
   double last_loss = 0;
+  // Process CPU time (all threads: compute, Gloo I/O, kernel TCP work) over the timed steps.
+  auto cpu_seconds = [] {
+    struct rusage r {};
+    getrusage(RUSAGE_SELF, &r);
+    return r.ru_utime.tv_sec + r.ru_stime.tv_sec + 1e-6 * (r.ru_utime.tv_usec + r.ru_stime.tv_usec);
+  };
+  double cpu_start = 0;
   for (int s = 0; s < FLAGS_warmup + FLAGS_steps; ++s) {
+    if (s == FLAGS_warmup) cpu_start = cpu_seconds();
     if (s == FLAGS_warmup && gloo) gloo->ResetStats();
     if (s == FLAGS_warmup && strategy->sharded_model_or_null()) strategy->sharded_model_or_null()->ResetCommTimes();
     at::Tensor x = data.at("x." + std::to_string(s)).slice(0, rank * per, (rank + 1) * per);
@@ -162,6 +170,8 @@ int Bench() {
     last_loss = l.item<double>();
     if (s >= FLAGS_warmup) times.push_back(dt);
   }
+  at::Tensor cpu = at::tensor({(cpu_seconds() - cpu_start) / FLAGS_steps}, at::kDouble);
+  if (gloo) gloo->AllReduce(cpu, {comm::ReduceOp::kAvg})->Wait();
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
   struct rusage ru {};
@@ -191,10 +201,11 @@ int Bench() {
   if (rank == 0) {
     std::printf(
         "{\"impl\": \"%s\", \"world\": %d, \"median_step_s\": %.4f, \"tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, "
-        "\"bytes_sent_per_step\": %.0f, \"final_loss\": %.6f, \"persistent_mib\": %.2f, \"fsdp_bound_mib\": %.2f}\n",
+        "\"bytes_sent_per_step\": %.0f, \"final_loss\": %.6f, \"persistent_mib\": %.2f, \"fsdp_bound_mib\": %.2f, "
+        "\"cpu_s_per_step\": %.3f}\n",
         (FLAGS_label.empty() ? FLAGS_strategy : FLAGS_label).c_str(), world, median,
         FLAGS_global_batch * FLAGS_block_size / median, rss.item<double>(), bytes, last_loss, persistent_mib,
-        largest > 0 ? bound_mib : 0.0);
+        largest > 0 ? bound_mib : 0.0, cpu.item<double>());
     std::fflush(stdout);
   }
   if (gloo) gloo->Barrier()->Wait();
