@@ -464,6 +464,12 @@ int ShardedModel::num_units() const { return static_cast<int>(units_.size()); }
 
 int ShardedModel::NumUnshardedUnits() const { return static_cast<int>(UnshardedUnitNames().size()); }
 
+int ShardedModel::NumFullGradients() const {
+  int n = 0;
+  for (auto& u : units_) n += u->flat_grad.defined() || u->reduce_in.defined();
+  return n;
+}
+
 std::vector<std::string> ShardedModel::UnshardedUnitNames() const {
   std::vector<std::string> out;
   for (auto& u : units_) {
@@ -703,9 +709,29 @@ void ShardedModel::LaunchReduce(ShardedUnit* u) {
   ro.op = comm::ReduceOp::kSum;
   ro.pre_divide = pre_divide_;
   ro.post_divide = post_divide_;
-  Stopwatch sw(&comm_times_.reduce_issue_s);
-  u->reduce_work = shard_group_->ReduceScatter(in, u->reduce_out, ro);
+  {
+    Stopwatch sw(&comm_times_.reduce_issue_s);
+    u->reduce_work = shard_group_->ReduceScatter(in, u->reduce_out, ro);
+  }
   u->reduce_in = in;
+  reducing_.push_back(u);
+  FinishReduces(kMaxReducesInFlight);
+}
+
+// Completes reduce-scatters in launch order: every finished one, and the
+// oldest ones until at most `keep` are in flight. Completing frees the unit's
+// full-size gradient (so at most `keep` of them outlive their reduce-scatter)
+// and, for communicators that finish a reduction on the waiting thread, spreads
+// that work over backward instead of leaving it all to its end.
+void ShardedModel::FinishReduces(size_t keep) {
+  while (!reducing_.empty() && (reducing_.size() > keep || reducing_.front()->reduce_work->IsCompleted())) {
+    ShardedUnit* u = reducing_.front();
+    reducing_.pop_front();
+    Stopwatch sw(&comm_times_.reduce_wait_s);
+    u->reduce_work->Wait();
+    u->reduce_work.reset();
+    u->reduce_in = at::Tensor();
+  }
 }
 
 void ShardedModel::FinishBackward() {
@@ -716,14 +742,10 @@ void ShardedModel::FinishBackward() {
     u->ready = true;
   }
   LaunchReadyInOrder();
+  FinishReduces(0);
   std::vector<comm::WorkPtr> replicate_works;
   for (auto* u : reduce_order_) {
-    if (!u->reduce_work) continue;
-    Stopwatch sw(&comm_times_.reduce_wait_s);
-    u->reduce_work->Wait();
-    u->reduce_work.reset();
-    u->reduce_in = at::Tensor();
-    if (replicate_group_) replicate_works.push_back(replicate_group_->AllReduce(u->reduce_out));
+    if (replicate_group_ && u->reduce_out.defined()) replicate_works.push_back(replicate_group_->AllReduce(u->reduce_out));
   }
   for (auto& w : replicate_works) w->Wait();
   // Accumulate into existing gradients (no zero_grad between backwards) or
@@ -777,6 +799,7 @@ void ShardedModel::ResetIteration() {
     u->grads_armed = u->pre_backward_done = u->ready = u->launched = false;
     Reshard(u.get());
   }
+  reducing_.clear();
   next_launch_ = 0;
   callback_queued_ = false;
 }

@@ -141,6 +141,11 @@ int Bench() {
     strategy->Setup(world_comm, info);
   }
   strategy->WrapModel(model);
+  if (std::getenv("GPT_BENCH_RSS")) {
+    struct rusage r {};
+    getrusage(RUSAGE_SELF, &r);
+    std::fprintf(stderr, "[gpt_bench rank %d] after WrapModel: peak RSS %.0f MiB\n", info.rank, r.ru_maxrss / 1024.0);
+  }
   torch::optim::AdamW opt(strategy->parameters(), torch::optim::AdamWOptions(FLAGS_lr).weight_decay(0.0));
 
   const int64_t per = FLAGS_global_batch / world;
