@@ -11,6 +11,7 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cxxabi.h>
 #include <limits>
@@ -132,6 +133,7 @@ class ShardedUnit {
   // Per backward.
   at::Tensor flat_grad;
   std::vector<at::Tensor> grad_views;
+  std::vector<bool> grad_written;  // grad_views[k] holds this accumulation's gradient
   bool grads_armed = false;
   bool pre_backward_done = false;
   int grads_pending = 0;
@@ -145,6 +147,17 @@ class ShardedUnit {
 };
 
 namespace {
+
+// Adds the wall time of its scope to *total.
+class Stopwatch {
+ public:
+  explicit Stopwatch(double* total) : total_(total), start_(std::chrono::steady_clock::now()) {}
+  ~Stopwatch() { *total_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count(); }
+
+ private:
+  double* total_;
+  std::chrono::steady_clock::time_point start_;
+};
 
 // Fires after AccumulateGrad wrote a parameter's gradient.
 // Holds only a weak reference: a model destroyed before its module leaves
@@ -451,6 +464,12 @@ int ShardedModel::num_units() const { return static_cast<int>(units_.size()); }
 
 int ShardedModel::NumUnshardedUnits() const { return static_cast<int>(UnshardedUnitNames().size()); }
 
+int ShardedModel::NumFullGradients() const {
+  int n = 0;
+  for (auto& u : units_) n += u->flat_grad.defined() || u->reduce_in.defined();
+  return n;
+}
+
 std::vector<std::string> ShardedModel::UnshardedUnitNames() const {
   std::vector<std::string> out;
   for (auto& u : units_) {
@@ -473,12 +492,16 @@ void ShardedModel::Unshard(ShardedUnit* u) {
   // From an offloaded (CPU) shard this is an asynchronous host-to-device copy
   // on the compute stream, which the communicator's stream waits for.
   u->gather_input = shard.to(u->full.device(), param_dtype_, /*non_blocking=*/true);
-  u->gather_work = shard_group_->AllGather(u->gather_input, u->full);
+  {
+    Stopwatch sw(&comm_times_.gather_issue_s);
+    u->gather_work = shard_group_->AllGather(u->gather_input, u->full);
+  }
   u->state = ShardedUnit::State::kGathering;
 }
 
 void ShardedModel::WaitUnshard(ShardedUnit* u) {
   if (u->state == ShardedUnit::State::kGathering) {
+    Stopwatch sw(&comm_times_.gather_wait_s);
     u->gather_work->Wait();
     u->gather_work.reset();
     u->gather_input = at::Tensor();
@@ -590,15 +613,29 @@ void ShardedModel::PreBackward(ShardedUnit* u) {
   ArmGrads(u);
 }
 
+// Prepares the unit's flat gradient buffer for a backward. A fresh buffer is
+// not zeroed as a whole: each parameter's first gradient of an accumulation
+// is copied into its view (AccumulateGrad hands over the gradient it
+// computed), so only what no gradient writes is zeroed: the padding and
+// frozen parameters here, parameters that got no gradient in LaunchReduce.
+// Later gradients (no_sync micro-batches) accumulate in place into the views.
 void ShardedModel::ArmGrads(ShardedUnit* u) {
   if (u->grads_armed) return;
-  if (!u->flat_grad.defined()) {
-    u->flat_grad = at::zeros({u->flat->padded_numel()}, u->full.options().dtype(param_dtype_));
-    u->grad_views = u->flat->Views(u->flat_grad);
-  }
   const auto& entries = u->flat->entries();
-  for (size_t k = 0; k < entries.size(); ++k) {
-    if (entries[k].requires_grad) entries[k].param.mutable_grad() = u->grad_views[k];
+  if (!u->flat_grad.defined()) {
+    u->flat_grad = at::empty({u->flat->padded_numel()}, u->full.options().dtype(param_dtype_));
+    u->grad_views = u->flat->Views(u->flat_grad);
+    u->grad_written.assign(entries.size(), false);
+    const int64_t numel = u->flat->numel();
+    u->flat_grad.narrow(0, numel, u->flat->padded_numel() - numel).zero_();
+    for (size_t k = 0; k < entries.size(); ++k) {
+      if (!entries[k].requires_grad) u->grad_views[k].zero_();
+      else entries[k].param.mutable_grad() = at::Tensor();  // AccumulateGrad produces a fresh one
+    }
+  } else {
+    for (size_t k = 0; k < entries.size(); ++k) {
+      if (entries[k].requires_grad && u->grad_written[k]) entries[k].param.mutable_grad() = u->grad_views[k];
+    }
   }
   u->grads_pending = u->trainable;
   u->grads_armed = true;
@@ -609,19 +646,22 @@ void ShardedModel::OnGradReady(ShardedUnit* u, size_t entry) {
   EnsureBackwardCallback();
   ST_CHECK_ARG(!at::GradMode::is_enabled(),
                "backward with create_graph=true is not supported by sharded units (gradients are reduced in place)");
+  at::Tensor& g = u->flat->entries()[entry].param.mutable_grad();
   if (!u->grads_armed) {
     // A gradient arrived before the unit's pre-backward (an output hook could
-    // not be registered): arm now and fold in what AccumulateGrad produced.
-    at::Tensor produced = u->flat->entries()[entry].param.grad();
+    // not be registered): arm now, keeping what AccumulateGrad produced.
+    at::Tensor produced = g;
     ArmGrads(u);
-    if (produced.defined() && !produced.is_same(u->grad_views[entry])) u->grad_views[entry].add_(produced);
+    if (produced.defined()) g = produced;
   }
-  at::Tensor& g = u->flat->entries()[entry].param.mutable_grad();
-  if (g.defined() && !g.is_same(u->grad_views[entry])) {
-    // AccumulateGrad replaced .grad (layout change): copy into the flat buffer.
-    u->grad_views[entry].add_(g);
-    g = u->grad_views[entry];
+  at::Tensor& view = u->grad_views[entry];
+  if (g.defined() && !g.is_same(view)) {
+    // AccumulateGrad's fresh gradient (or a replaced one): into the flat buffer.
+    if (u->grad_written[entry]) view.add_(g);
+    else view.copy_(g);
+    g = view;
   }
+  u->grad_written[entry] = true;
   if (--u->grads_pending == 0) {
     u->ready = true;
     LaunchReadyInOrder();
@@ -649,11 +689,19 @@ void ShardedModel::LaunchReduce(ShardedUnit* u) {
   if (options_.backward_prefetch == BackwardPrefetch::kBackwardPost) Prefetch(u, /*backward=*/true);
   u->launched = true;
   Reshard(u);
+  const auto& entries = u->flat->entries();
+  for (size_t k = 0; k < entries.size(); ++k) {
+    if (!entries[k].requires_grad || u->grad_written[k]) continue;
+    u->grad_views[k].zero_();  // no gradient this backward
+    entries[k].param.mutable_grad() = u->grad_views[k];
+    u->grad_written[k] = true;
+  }
   if (no_sync_) return;  // keep the full gradient for the next micro-batch
-  for (const auto& e : u->flat->entries()) {
+  for (const auto& e : entries) {
     if (e.requires_grad) e.param.mutable_grad() = at::Tensor();
   }
   u->grad_views.clear();
+  u->grad_written.clear();
   at::Tensor in = reduce_dtype_ == u->flat_grad.scalar_type() ? u->flat_grad : u->flat_grad.to(reduce_dtype_);
   u->flat_grad = at::Tensor();
   u->reduce_out = at::empty({u->flat->shard_numel()}, in.options());
@@ -661,8 +709,29 @@ void ShardedModel::LaunchReduce(ShardedUnit* u) {
   ro.op = comm::ReduceOp::kSum;
   ro.pre_divide = pre_divide_;
   ro.post_divide = post_divide_;
-  u->reduce_work = shard_group_->ReduceScatter(in, u->reduce_out, ro);
+  {
+    Stopwatch sw(&comm_times_.reduce_issue_s);
+    u->reduce_work = shard_group_->ReduceScatter(in, u->reduce_out, ro);
+  }
   u->reduce_in = in;
+  reducing_.push_back(u);
+  FinishReduces(kMaxReducesInFlight);
+}
+
+// Completes reduce-scatters in launch order: every finished one, and the
+// oldest ones until at most `keep` are in flight. Completing frees the unit's
+// full-size gradient (so at most `keep` of them outlive their reduce-scatter)
+// and, for communicators that finish a reduction on the waiting thread, spreads
+// that work over backward instead of leaving it all to its end.
+void ShardedModel::FinishReduces(size_t keep) {
+  while (!reducing_.empty() && (reducing_.size() > keep || reducing_.front()->reduce_work->IsCompleted())) {
+    ShardedUnit* u = reducing_.front();
+    reducing_.pop_front();
+    Stopwatch sw(&comm_times_.reduce_wait_s);
+    u->reduce_work->Wait();
+    u->reduce_work.reset();
+    u->reduce_in = at::Tensor();
+  }
 }
 
 void ShardedModel::FinishBackward() {
@@ -673,13 +742,10 @@ void ShardedModel::FinishBackward() {
     u->ready = true;
   }
   LaunchReadyInOrder();
+  FinishReduces(0);
   std::vector<comm::WorkPtr> replicate_works;
   for (auto* u : reduce_order_) {
-    if (!u->reduce_work) continue;
-    u->reduce_work->Wait();
-    u->reduce_work.reset();
-    u->reduce_in = at::Tensor();
-    if (replicate_group_) replicate_works.push_back(replicate_group_->AllReduce(u->reduce_out));
+    if (replicate_group_ && u->reduce_out.defined()) replicate_works.push_back(replicate_group_->AllReduce(u->reduce_out));
   }
   for (auto& w : replicate_works) w->Wait();
   // Accumulate into existing gradients (no zero_grad between backwards) or
@@ -702,7 +768,7 @@ void ShardedModel::FinishBackward() {
     } else if (shard.grad().defined()) {
       shard.mutable_grad().copy_(g);  // keep the storage: views may alias it
     } else {
-      shard.mutable_grad() = g.scalar_type() == u->reduce_out.scalar_type() ? g.clone() : g;
+      shard.mutable_grad() = g;  // this unit's reduce_out (or its float32 copy), owned by nobody else
     }
     u->reduce_out = at::Tensor();
   }
@@ -733,6 +799,7 @@ void ShardedModel::ResetIteration() {
     u->grads_armed = u->pre_backward_done = u->ready = u->launched = false;
     Reshard(u.get());
   }
+  reducing_.clear();
   next_launch_ = 0;
   callback_queued_ = false;
 }

@@ -19,6 +19,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -158,11 +159,25 @@ class ShardedModel {
 
   std::vector<UnitInfo> units() const;
   int num_units() const;
+
+  // Wall time the calling thread spent inside the sharding core's collectives
+  // since the last ResetCommTimes(): issuing them (a call returns once the
+  // collective is queued) and blocked waiting for them. Time spent waiting is
+  // communication that did not overlap computation.
+  struct CommTimes {
+    double gather_issue_s = 0, gather_wait_s = 0;
+    double reduce_issue_s = 0, reduce_wait_s = 0;
+  };
+  const CommTimes& comm_times() const { return comm_times_; }
+  void ResetCommTimes() { comm_times_ = {}; }
   const comm::CommunicatorPtr& world() const { return world_; }
   const comm::CommunicatorPtr& shard_group() const { return shard_group_; }
   const comm::CommunicatorPtr& replicate_group() const { return replicate_group_; }
   // Units currently holding full parameters (gathered or being gathered).
   int NumUnshardedUnits() const;
+  // Units currently holding a full-size (unsharded) gradient: being
+  // accumulated in backward, or waiting for its reduce-scatter to complete.
+  int NumFullGradients() const;
   std::vector<std::string> UnshardedUnitNames() const;
 
   // Called by wrap points and autograd hooks; not for users.
@@ -186,6 +201,7 @@ class ShardedModel {
   void OnGradReady(ShardedUnit* u, size_t entry);
   void LaunchReadyInOrder();
   void LaunchReduce(ShardedUnit* u);
+  void FinishReduces(size_t keep);
   void FinishBackward();
   void EnsureBackwardCallback();
   void ResetIteration();
@@ -211,6 +227,11 @@ class ShardedModel {
   bool callback_queued_ = false;
   bool no_sync_ = false;
   size_t next_launch_ = 0;
+  // Reduce-scatters launched and not yet completed, oldest first; at most
+  // kMaxReducesInFlight stay in flight while backward runs.
+  static constexpr size_t kMaxReducesInFlight = 2;
+  std::deque<ShardedUnit*> reducing_;
+  CommTimes comm_times_;
   std::vector<std::pair<std::string, at::Tensor>> orig_param_views_;  // use_orig_params
   std::vector<std::pair<int, std::pair<int64_t, int64_t>>> orig_view_ranges_;  // unit, [begin,len) in shard
 };

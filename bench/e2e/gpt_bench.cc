@@ -35,6 +35,9 @@ DEFINE_int32(devices, 2, "ranks on this machine");
 DEFINE_string(strategy, "fsdp_native", "strategy registry name");
 DEFINE_string(strategy_options, "", "comma-separated key=value strategy options");
 DEFINE_string(label, "", "name of this configuration in the output");
+DEFINE_bool(local_compute, false,
+            "every rank trains its own share of the batch with --strategy=single_device and no communication: "
+            "the 'local compute alone' baseline of the same per-rank work under the same core sharing");
 DEFINE_int32(n_layer, 8, "");
 DEFINE_int32(n_embd, 512, "");
 DEFINE_int32(n_head, 8, "");
@@ -126,15 +129,39 @@ int Bench() {
   }
   const strategies::StrategyOptions so = examples::ParseKeyValueList(FLAGS_strategy_options, "--strategy_options");
   auto strategy = strategies::StrategyRegistry::Create(FLAGS_strategy, so);
-  strategy->Setup(world_comm, info);
+  if (FLAGS_local_compute) {
+    ST_CHECK_ARG(FLAGS_strategy == "single_device", "--local_compute needs --strategy=single_device");
+    ClusterInfo alone = info;
+    alone.rank = 0;
+    alone.world_size = 1;
+    alone.local_rank = 0;
+    alone.local_world_size = 1;
+    strategy->Setup(comm::GlooCommunicator::Create(comm::CreateHashStore(), 0, 1), alone);
+  } else {
+    strategy->Setup(world_comm, info);
+  }
   strategy->WrapModel(model);
+  if (std::getenv("GPT_BENCH_RSS")) {
+    struct rusage r {};
+    getrusage(RUSAGE_SELF, &r);
+    std::fprintf(stderr, "[gpt_bench rank %d] after WrapModel: peak RSS %.0f MiB\n", info.rank, r.ru_maxrss / 1024.0);
+  }
   torch::optim::AdamW opt(strategy->parameters(), torch::optim::AdamWOptions(FLAGS_lr).weight_decay(0.0));
 
   const int64_t per = FLAGS_global_batch / world;
   std::vector<double> times;
   double last_loss = 0;
+  // Process CPU time (all threads: compute, Gloo I/O, kernel TCP work) over the timed steps.
+  auto cpu_seconds = [] {
+    struct rusage r {};
+    getrusage(RUSAGE_SELF, &r);
+    return r.ru_utime.tv_sec + r.ru_stime.tv_sec + 1e-6 * (r.ru_utime.tv_usec + r.ru_stime.tv_usec);
+  };
+  double cpu_start = 0;
   for (int s = 0; s < FLAGS_warmup + FLAGS_steps; ++s) {
+    if (s == FLAGS_warmup) cpu_start = cpu_seconds();
     if (s == FLAGS_warmup && gloo) gloo->ResetStats();
+    if (s == FLAGS_warmup && strategy->sharded_model_or_null()) strategy->sharded_model_or_null()->ResetCommTimes();
     at::Tensor x = data.at("x." + std::to_string(s)).slice(0, rank * per, (rank + 1) * per);
     at::Tensor y = data.at("y." + std::to_string(s)).slice(0, rank * per, (rank + 1) * per);
     auto t0 = std::chrono::steady_clock::now();
@@ -148,6 +175,8 @@ int Bench() {
     last_loss = l.item<double>();
     if (s >= FLAGS_warmup) times.push_back(dt);
   }
+  at::Tensor cpu = at::tensor({(cpu_seconds() - cpu_start) / FLAGS_steps}, at::kDouble);
+  if (gloo) gloo->AllReduce(cpu, {comm::ReduceOp::kAvg})->Wait();
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
   struct rusage ru {};
@@ -166,13 +195,22 @@ int Bench() {
     for (const auto& u : sm->units()) largest = std::max(largest, u.padded_numel);
   }
   const double bound_mib = (Config().NumParameters() * 16.0 / world + largest * 4.0) / (1 << 20);
+  if (auto* sm = strategy->sharded_model_or_null()) {
+    const auto& t = sm->comm_times();
+    std::fprintf(stderr,
+                 "[gpt_bench rank %d] per step: gather issue %.3f s, gather wait %.3f s, reduce issue %.3f s, "
+                 "reduce wait %.3f s\n",
+                 rank, t.gather_issue_s / FLAGS_steps, t.gather_wait_s / FLAGS_steps, t.reduce_issue_s / FLAGS_steps,
+                 t.reduce_wait_s / FLAGS_steps);
+  }
   if (rank == 0) {
     std::printf(
         "{\"impl\": \"%s\", \"world\": %d, \"median_step_s\": %.4f, \"tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, "
-        "\"bytes_sent_per_step\": %.0f, \"final_loss\": %.6f, \"persistent_mib\": %.2f, \"fsdp_bound_mib\": %.2f}\n",
+        "\"bytes_sent_per_step\": %.0f, \"final_loss\": %.6f, \"persistent_mib\": %.2f, \"fsdp_bound_mib\": %.2f, "
+        "\"cpu_s_per_step\": %.3f}\n",
         (FLAGS_label.empty() ? FLAGS_strategy : FLAGS_label).c_str(), world, median,
         FLAGS_global_batch * FLAGS_block_size / median, rss.item<double>(), bytes, last_loss, persistent_mib,
-        largest > 0 ? bound_mib : 0.0);
+        largest > 0 ? bound_mib : 0.0, cpu.item<double>());
     std::fflush(stdout);
   }
   if (gloo) gloo->Barrier()->Wait();

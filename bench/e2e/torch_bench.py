@@ -1,7 +1,9 @@
 """Python PyTorch side of bench/e2e: the same GPT, weights and batches as
 gpt_bench, trained with FSDP2 (fully_shard on each block and the root), DDP,
 or plain single-process training, on CPU with Gloo. Prints one JSON line like
-gpt_bench. Usage: torch_bench.py --impl fsdp2|ddp|plain --world W --data_dir D ...
+gpt_bench. Usage: torch_bench.py --impl fsdp2|ddp|plain|local --world W --data_dir D ...
+("local": each of the W processes trains its own share of the batch without
+any communication, the local-compute baseline under the same core sharing.)
 """
 import argparse
 import json
@@ -27,6 +29,7 @@ def run(rank, args, port, result_q):
     if world > 1 or args.impl != "plain":
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
+    talk = dist.is_initialized() and args.impl != "local"  # "local" uses the group only to report
     init = torch.load(os.path.join(args.data_dir, "init.pt"), weights_only=False)
     data = torch.load(os.path.join(args.data_dir, "data.pt"), weights_only=False)
     model = GPT(args.vocab, args.block_size, args.n_layer, args.n_head, args.n_embd)
@@ -41,6 +44,7 @@ def run(rank, args, port, result_q):
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     per = args.global_batch // world
     times, last = [], 0.0
+    cpu0 = time.process_time()
     for s in range(args.warmup + args.steps):
         x = data[f"x.{s}"][rank * per:(rank + 1) * per]
         y = data[f"y.{s}"][rank * per:(rank + 1) * per]
@@ -52,12 +56,18 @@ def run(rank, args, port, result_q):
         opt.step()
         dt = time.perf_counter() - t0
         l = loss.detach().double().reshape(1)
-        if dist.is_initialized():
+        if talk:
             dist.all_reduce(l)
             l /= world
         last = l.item()
+        if s == args.warmup - 1:
+            cpu0 = time.process_time()  # all threads of this process
         if s >= args.warmup:
             times.append(dt)
+    cpu = torch.tensor([(time.process_time() - cpu0) / args.steps], dtype=torch.double)
+    if dist.is_initialized():
+        dist.all_reduce(cpu)
+        cpu /= world
     rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], dtype=torch.double)
     if dist.is_initialized():
         dist.all_reduce(rss, op=dist.ReduceOp.MAX)
@@ -68,12 +78,12 @@ def run(rank, args, port, result_q):
         result_q.put({"impl": f"pytorch_{args.impl}", "world": world, "median_step_s": round(med, 4),
                       "tokens_per_s": round(args.global_batch * args.block_size / med, 1),
                       "peak_rss_mib": round(rss.item(), 1), "bytes_sent_per_step": None,
-                      "final_loss": round(last, 6)})
+                      "final_loss": round(last, 6), "cpu_s_per_step": round(cpu.item(), 3)})
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--impl", choices=["fsdp2", "ddp", "plain"], required=True)
+    p.add_argument("--impl", choices=["fsdp2", "ddp", "plain", "local"], required=True)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--data_dir", required=True)
     for name, default in [("n_layer", 8), ("n_embd", 512), ("n_head", 8), ("block_size", 128), ("vocab", 96),

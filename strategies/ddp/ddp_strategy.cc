@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 
 #include "comm/errors.h"
@@ -44,6 +47,7 @@ void DdpStrategy::WrapModel(std::shared_ptr<torch::nn::Module> module) {
     for (auto& w : works) w->Wait();
   }
   module_ = std::move(module);
+  BuildBuckets();
 }
 
 c10::ScalarType DdpStrategy::compute_dtype() const {
@@ -73,60 +77,158 @@ std::vector<std::pair<std::string, at::Tensor>> DdpStrategy::named_parameters() 
   return out;
 }
 
-void DdpStrategy::Backward(const at::Tensor& loss, bool sync_gradients) {
-  CheckWrapped("Backward");
-  torch::autograd::backward({loss});
-  if (sync_gradients) SyncGradients();
-}
+// One all-reduce's worth of gradients: a flat buffer and the parameters whose
+// .grad are views into it.
+struct DdpStrategy::Bucket {
+  std::vector<at::Tensor> params;
+  std::vector<at::Tensor> views;  // views[i] is params[i]'s gradient inside `flat`
+  at::Tensor flat;
+  // The parameters' AccumulateGrad nodes, kept alive: a parameter holds its
+  // accumulator weakly, and a new one would not carry the hook.
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
+  size_t pending = 0;  // gradients not yet accumulated in this backward
+  comm::WorkPtr work;
+};
 
-void DdpStrategy::SyncGradients() {
-  if (world_size() == 1) return;
-  at::NoGradGuard no_grad;
+namespace {
+
+// Fires after AccumulateGrad wrote a parameter's gradient. Holds a weak
+// reference to the strategy's liveness flag: hooks outliving it do nothing.
+class DdpGradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  DdpGradReadyHook(std::weak_ptr<bool> alive, DdpStrategy* strategy, size_t bucket, size_t index)
+      : alive_(std::move(alive)), strategy_(strategy), bucket_(bucket), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    if (alive_.lock()) strategy_->OnGradReady(bucket_, index_);
+    return outputs;
+  }
+
+ private:
+  std::weak_ptr<bool> alive_;
+  DdpStrategy* strategy_;
+  size_t bucket_, index_;
+};
+
+}  // namespace
+
+DdpStrategy::~DdpStrategy() { alive_.reset(); }
+
+void DdpStrategy::BuildBuckets() {
   std::vector<at::Tensor> params;
   for (auto& p : module_->parameters()) {
     if (p.requires_grad()) params.push_back(p);
   }
-  // Buckets in reverse registration order (the order gradients become ready).
+  // Reverse registration order: roughly the order gradients become ready.
   const int64_t cap = static_cast<int64_t>(options_.bucket_cap_mb * 1024 * 1024);
-  struct Bucket {
-    std::vector<at::Tensor> params;
-    at::Tensor flat;
-    comm::WorkPtr work;
-  };
-  std::vector<Bucket> buckets;
   int64_t bytes = 0;
   for (auto it = params.rbegin(); it != params.rend(); ++it) {
     const int64_t b = it->numel() * it->element_size();
-    if (buckets.empty() || (bytes + b > cap && !buckets.back().params.empty()) ||
-        buckets.back().params.front().scalar_type() != it->scalar_type()) {
-      buckets.emplace_back();
+    if (buckets_.empty() || (bytes + b > cap && !buckets_.back()->params.empty()) ||
+        buckets_.back()->params.front().scalar_type() != it->scalar_type() ||
+        buckets_.back()->params.front().device() != it->device()) {
+      buckets_.push_back(std::make_unique<Bucket>());
       bytes = 0;
     }
-    buckets.back().params.push_back(*it);
+    buckets_.back()->params.push_back(*it);
     bytes += b;
   }
-  for (auto& bucket : buckets) {
-    std::vector<at::Tensor> pieces;
-    for (auto& p : bucket.params) {
-      pieces.push_back(p.grad().defined() ? p.grad().reshape({-1}) : at::zeros({p.numel()}, p.options()));
-    }
-    bucket.flat = at::cat(pieces);
-    bucket.work = world_->AllReduce(bucket.flat, {comm::ReduceOp::kAvg});
-  }
-  for (auto& bucket : buckets) {
-    bucket.work->Wait();
+  for (size_t bi = 0; bi < buckets_.size(); ++bi) {
+    Bucket& b = *buckets_[bi];
+    int64_t numel = 0;
+    for (const auto& p : b.params) numel += p.numel();
+    b.flat = at::zeros({numel}, b.params.front().options().requires_grad(false));
     int64_t off = 0;
-    for (auto& p : bucket.params) {
-      at::Tensor avg = bucket.flat.narrow(0, off, p.numel()).view(p.sizes());
-      if (p.grad().defined()) {
-        p.mutable_grad().copy_(avg);
-      } else {
-        p.mutable_grad() = avg.clone();
-      }
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      const at::Tensor& p = b.params[i];
+      // Aliases the buffer without being an autograd view, so optimizers may
+      // detach_() and reset .grad (zero_grad) as with any gradient.
+      at::Tensor view = at::empty({0}, b.flat.options());
+      view.set_(b.flat.storage(), b.flat.storage_offset() + off, p.sizes(), {});  // contiguous
+      b.views.push_back(view);
       off += p.numel();
+      auto acc = torch::autograd::impl::grad_accumulator(p);
+      ST_CHECK_ARG(acc != nullptr, "ddp: parameter without a gradient accumulator (is it a leaf?)");
+      acc->add_post_hook(std::make_unique<DdpGradReadyHook>(alive_, this, bi, i));
+      b.accumulators.push_back(std::move(acc));
     }
   }
-  last_num_buckets_ = static_cast<int>(buckets.size());
+}
+
+// Makes every trainable parameter's .grad its view in the bucket buffer,
+// keeping what was accumulated so far (gradient accumulation) and zeroing
+// what the optimizer set to none.
+void DdpStrategy::ArmGradViews() {
+  at::NoGradGuard no_grad;
+  for (auto& bp : buckets_) {
+    Bucket& b = *bp;
+    bool all_none = true;
+    for (const auto& p : b.params) all_none = all_none && !p.grad().defined();
+    if (all_none) b.flat.zero_();
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      at::Tensor& g = b.params[i].mutable_grad();
+      if (g.defined() && g.is_same(b.views[i])) continue;
+      if (!all_none) {
+        if (g.defined()) b.views[i].copy_(g);
+        else b.views[i].zero_();
+      }
+      g = b.views[i];
+    }
+  }
+}
+
+void DdpStrategy::OnGradReady(size_t bucket, size_t index) {
+  Bucket& b = *buckets_[bucket];
+  at::Tensor& g = b.params[index].mutable_grad();
+  if (g.defined() && !g.is_same(b.views[index])) {
+    // AccumulateGrad replaced .grad (e.g. a layout change): fold it back in.
+    at::NoGradGuard no_grad;
+    b.views[index].copy_(g);
+    g = b.views[index];
+  }
+  if (!syncing_ || b.pending == 0) return;
+  if (--b.pending == 0) LaunchInOrder(/*flush=*/false);
+}
+
+// Launches complete buckets in index order; with `flush`, every bucket not
+// yet launched (parameters without a gradient this backward keep their values).
+void DdpStrategy::LaunchInOrder(bool flush) {
+  while (next_launch_ < buckets_.size() && (flush || buckets_[next_launch_]->pending == 0)) {
+    Bucket& b = *buckets_[next_launch_++];
+    b.pending = 0;
+    b.work = world_->AllReduce(b.flat, {comm::ReduceOp::kAvg});
+    if (in_backward_) ++launched_during_backward_;
+  }
+}
+
+void DdpStrategy::Backward(const at::Tensor& loss, bool sync_gradients) {
+  CheckWrapped("Backward");
+  ArmGradViews();
+  syncing_ = sync_gradients && world_size() > 1;
+  if (syncing_) {
+    for (auto& b : buckets_) {
+      b->pending = b->params.size();
+      b->work.reset();
+    }
+    next_launch_ = 0;
+    launched_during_backward_ = 0;
+  }
+  in_backward_ = true;
+  try {
+    torch::autograd::backward({loss});
+  } catch (...) {
+    in_backward_ = false;
+    syncing_ = false;
+    throw;
+  }
+  in_backward_ = false;
+  if (!syncing_) return;
+  syncing_ = false;
+  LaunchInOrder(/*flush=*/true);
+  for (auto& b : buckets_) {
+    b->work->Wait();
+    b->work.reset();
+  }
 }
 
 double DdpStrategy::ClipGradNorm(double max_norm, double norm_type) {

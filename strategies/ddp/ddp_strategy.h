@@ -1,11 +1,15 @@
 // DdpStrategy ("ddp"): replicated data parallelism. Every rank holds the whole
-// model; WrapModel broadcasts rank 0's parameters and buffers; a syncing
-// Backward runs loss.backward() and then averages gradients across ranks:
-// gradients are flattened into buckets of at most bucket_cap_mb (in reverse
-// parameter order, like PyTorch DDP), all buckets' all-reduces are launched
-// asynchronously and then waited on, and the averages are copied back.
-// (Bucketing after backward rather than from AccumulateGrad hooks: simpler,
-// without overlap of communication and backward compute.)
+// model; WrapModel broadcasts rank 0's parameters and buffers and groups the
+// trainable parameters into buckets of at most bucket_cap_mb, in reverse
+// registration order (the order gradients become ready, as PyTorch DDP).
+// Each bucket is one flat buffer and the parameters' .grad are views into it,
+// so gradients accumulate straight into the buffer and need no copies. In a
+// syncing Backward an AccumulateGrad post-hook counts each bucket's ready
+// gradients; a complete bucket's all-reduce (average) is launched right away,
+// overlapping the rest of backward. Buckets launch strictly in index order, so
+// every rank issues the same collectives in the same order; buckets whose
+// parameters got no gradient (unused in this forward) launch when backward
+// ends. Backward returns once every bucket's average is in place.
 //
 // String options: bucket_cap_mb (default 25), broadcast_buffers (true: rank
 // 0's buffers are broadcast before every forward, as PyTorch DDP),
@@ -14,6 +18,7 @@
 #ifndef SHARDTRAIN_STRATEGIES_DDP_DDP_STRATEGY_H_
 #define SHARDTRAIN_STRATEGIES_DDP_DDP_STRATEGY_H_
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,13 +50,29 @@ class DdpStrategy : public Strategy {
   std::map<std::string, at::Tensor> FullStateDict() override;
   void LoadFullStateDict(const std::map<std::string, at::Tensor>& state) override;
 
-  // Number of buckets of the last gradient synchronization.
-  int last_num_buckets() const { return last_num_buckets_; }
+  ~DdpStrategy() override;
+
+  // Number of gradient buckets (each one all-reduce per syncing Backward).
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // How many buckets the last syncing Backward launched while backward was
+  // still running (the rest launched when it ended).
+  int last_launched_during_backward() const { return launched_during_backward_; }
+
+  // Called by the gradient hooks; not for users.
+  void OnGradReady(size_t bucket, size_t index);
 
  private:
-  void SyncGradients();
+  struct Bucket;
+  void BuildBuckets();
+  void ArmGradViews();
+  void LaunchInOrder(bool flush);
   DdpOptions options_;
-  int last_num_buckets_ = 0;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // hooks outliving this strategy do nothing
+  bool syncing_ = false;     // inside a syncing Backward
+  bool in_backward_ = false;
+  size_t next_launch_ = 0;
+  int launched_during_backward_ = 0;
 };
 
 }  // namespace shardtrain::strategies

@@ -103,6 +103,31 @@ TEST(ShardedMemory, OnlyTheComputingUnitAndPrefetchedOnesHoldFullParameters) {
   }
 }
 
+// Reduce-scatters complete while backward runs: when the first block's
+// backward starts, the later blocks' full-size gradients are gone except for
+// the (at most two) reduce-scatters still in flight.
+TEST(ShardedMemory, FullGradientsAreFreedDuringBackward) {
+  RunRanks(2, [&](int rank, const auto& comm) {
+    auto net = std::make_shared<ProbeNetImpl>(6);
+    ShardedModel sm(net, comm, {});
+    at::Tensor x = at::randn({4, 64});
+    for (int step = 0; step < 2; ++step) {
+      int at_first_block = -1;
+      at::Tensor out = sm.Forward([&] {
+        at::Tensor h = net->b[0]->forward(x);
+        h.register_hook([&](const at::Tensor&) { at_first_block = sm.NumFullGradients(); });
+        for (size_t i = 1; i < net->b.size(); ++i) h = net->b[i]->forward(h);
+        return net->head->forward(h);
+      });
+      out.sum().backward();
+      // Root (head) + at most 2 in flight; without completing during backward all 6 would be alive.
+      EXPECT_GE(at_first_block, 1) << "step " << step;
+      EXPECT_LE(at_first_block, 3) << "step " << step;
+      EXPECT_EQ(sm.NumFullGradients(), 0) << "step " << step;
+    }
+  });
+}
+
 TEST(ShardedCommVolume, MatchesTheoryPerStrategy) {
   for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard}) {
     RunRanks(2, [&](int rank, const auto& comm) {

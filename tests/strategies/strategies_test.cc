@@ -213,6 +213,70 @@ TEST(Parity, SingleDeviceLearns) {
   EXPECT_LT(r.losses.back(), r.losses.front());
 }
 
+// DDP: gradients are averaged by bucket all-reduces launched from the
+// gradient hooks while backward still runs, and equal the mean of what each
+// rank computes alone.
+TEST(Ddp, OverlapsAllReducesWithBackwardAndAverages) {
+  auto tm = shardtrain::testing::MlpWithBatchNorm();
+  std::vector<std::shared_ptr<torch::nn::Module>> models, alone;
+  for (int r = 0; r < 2; ++r) {
+    models.push_back(tm.make());
+    alone.push_back(tm.make());
+  }
+  // Each rank's own gradients, computed without any strategy.
+  auto [x, y] = tm.data(0, 8);
+  std::vector<std::map<std::string, at::Tensor>> local(2);
+  for (int r = 0; r < 2; ++r) {
+    alone[r]->train();
+    tm.loss(tm.forward(*alone[r], x.slice(0, r * 4, r * 4 + 4)), y.slice(0, r * 4, r * 4 + 4)).backward();
+    for (const auto& p : alone[r]->named_parameters()) local[r][p.key()] = p.value().grad().clone();
+  }
+  RunRanks(2, [&](int rank, const auto& comm) {
+    DdpOptions o;
+    o.bucket_cap_mb = 0.001;  // about one parameter per bucket
+    DdpStrategy s(o);
+    s.Setup(comm, {});
+    s.WrapModel(models[rank]);
+    s.module().train();
+    EXPECT_GT(s.num_buckets(), 2);
+    const at::Tensor xr = x.slice(0, rank * 4, rank * 4 + 4), yr = y.slice(0, rank * 4, rank * 4 + 4);
+    const int64_t before = comm->stats().Calls(comm::CommOp::kAllReduce);
+    // Accumulate one micro-batch without sync, then the same again with sync:
+    // the result is twice the average.
+    s.Backward(tm.loss(s.Forward([&] { return tm.forward(s.module(), xr); }), yr), /*sync_gradients=*/false);
+    EXPECT_EQ(comm->stats().Calls(comm::CommOp::kAllReduce), before);
+    s.Backward(tm.loss(s.Forward([&] { return tm.forward(s.module(), xr); }), yr));
+    EXPECT_EQ(comm->stats().Calls(comm::CommOp::kAllReduce) - before, s.num_buckets());
+    EXPECT_EQ(s.last_launched_during_backward(), s.num_buckets());  // every parameter got a gradient in backward
+    for (const auto& [name, p] : s.named_parameters()) {
+      const at::Tensor want = local[0].at(name) + local[1].at(name);  // 2 micro-batches x mean of 2 ranks
+      EXPECT_TRUE(at::allclose(p.grad(), want, 1e-5, 1e-6)) << name;
+    }
+  });
+}
+
+TEST(Ddp, ParameterWithoutGradientStillSynchronizes) {
+  RunRanks(2, [](int rank, const auto& comm) {
+    at::manual_seed(3);
+    auto net = std::make_shared<torch::nn::Module>();
+    at::Tensor used = net->register_parameter("used", at::ones({4}));
+    at::Tensor unused = net->register_parameter("unused", at::ones({4}));
+    DdpOptions o;
+    o.bucket_cap_mb = 1e-5;  // one parameter per bucket
+    DdpStrategy s(o);
+    s.Setup(comm, {});
+    s.WrapModel(net);
+    ASSERT_EQ(s.num_buckets(), 2);
+    // Bucket 0 holds "unused" (reverse order): it launches when backward
+    // ends, and "used"'s bucket (complete earlier) waits for it to keep the
+    // collective order.
+    s.Backward((used * static_cast<double>(rank + 1)).sum());
+    EXPECT_EQ(s.last_launched_during_backward(), 0);
+    EXPECT_TRUE(at::equal(used.grad(), at::full({4}, 1.5)));
+    EXPECT_TRUE(at::equal(unused.grad(), at::zeros({4})));
+  });
+}
+
 TEST(Clip, ValueClipsElementwise) {
   RunRanks(2, [](int rank, const auto& comm) {
     auto tm = shardtrain::testing::MlpWithBatchNorm();
