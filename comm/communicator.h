@@ -4,7 +4,7 @@
 // `rank()`. Collectives are asynchronous: each returns a Work handle that is
 // waited on (with the communicator's timeout unless another is given); errors
 // surface from Wait() as CommError / CommTimeoutError naming the operation and
-// group. Backends: GlooCommunicator (CPU tensors, comm/gloo_communicator.h) and
+// group (Gloo: also the peer at fault, from heartbeats). Backends: GlooCommunicator (CPU tensors, comm/gloo_communicator.h) and
 // NcclCommunicator (CUDA tensors, comm/nccl_communicator.h, --config=cuda).
 //
 // Thread-safety contract: one thread issues collectives on a communicator at a

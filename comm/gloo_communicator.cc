@@ -2,62 +2,477 @@
 
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
+#include <signal.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
+#include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <sstream>
+#include <thread>
 
 #include "comm/errors.h"
 
 namespace shardtrain::comm {
 namespace {
 
-// Wraps a c10d Work: turns engine errors into CommError naming the operation
-// and group, and runs a local completion step (unpacking, local sums, scaling)
-// exactly once after the collective finished.
+using SteadyClock = std::chrono::steady_clock;
+
+// Operation names as they appear in errors (the public API's method names).
+const char* OpTitle(CommOp op) {
+  static constexpr const char* kTitles[] = {"AllGather", "ReduceScatter", "AllReduce", "Broadcast", "Barrier"};
+  const int i = static_cast<int>(op);
+  return i >= 0 && i < static_cast<int>(CommOp::kCount) ? kTitles[i] : "?";
+}
+
+// An exception's message without c10's C++ backtrace, first line only.
+std::string ErrorText(const std::exception& e) {
+  const c10::Error* ce = dynamic_cast<const c10::Error*>(&e);
+  std::string text = ce ? ce->what_without_backtrace() : e.what();
+  const size_t nl = text.find('\n');
+  return nl == std::string::npos ? text : text.substr(0, nl);
+}
+
+int64_t WallMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Identifies this machine and pid namespace: two processes with the same
+// host id can check each other's pid.
+std::string HostId() {
+  char host[256] = {0};
+  if (gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown");
+  char ns[128] = {0};
+  const ssize_t len = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
+  std::string id = std::string(host) + "/" + (len > 0 ? std::string(ns, len) : std::string("?"));
+  for (char& c : id)
+    if (c == ' ') c = '_';
+  return id;
+}
+
+// True when process `pid` of this host no longer runs (gone, or a zombie
+// waiting for its parent to reap it).
+bool ProcessGone(int64_t pid) {
+  if (pid <= 0) return false;
+  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!stat || !std::getline(stat, line)) return false;
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
+}
+
+std::string Seconds(int64_t ms) {
+  std::ostringstream os;
+  os.setf(std::ios::fixed);
+  os.precision(1);
+  os << ms / 1000.0 << " s";
+  return os.str();
+}
+
+// One rank's heartbeat as published in the store, one line of text:
+//   "<wall ms> <collectives issued> <latest op or -> <pid> <host id> <up|closed>"
+struct Heartbeat {
+  int64_t wall_ms = 0;
+  int64_t issued = 0;
+  std::string op = "-";
+  int64_t pid = 0;
+  std::string host;
+  bool closed = false;
+
+  std::string Format() const {
+    return internal::StrCat(wall_ms, " ", issued, " ", op, " ", pid, " ", host, " ", closed ? "closed" : "up");
+  }
+  static std::optional<Heartbeat> Parse(const std::vector<uint8_t>& bytes) {
+    std::istringstream is(std::string(bytes.begin(), bytes.end()));
+    Heartbeat h;
+    std::string state;
+    if (!(is >> h.wall_ms >> h.issued >> h.op >> h.pid >> h.host >> state)) return std::nullopt;
+    h.closed = state == "closed";
+    return h;
+  }
+  // "41 collectives issued, the latest AllGather"
+  std::string Progress() const {
+    return internal::StrCat(issued, issued == 1 ? " collective" : " collectives", " issued",
+                            op == "-" ? "" : ", the latest " + op);
+  }
+};
+
+}  // namespace
+
+// What a pending Work needs to know about its group, shared with the
+// communicator so that Works outlive it safely.
+struct GlooGroupRef {
+  std::string name;
+  int rank;
+  int size;
+  std::shared_ptr<GlooPeerMonitor> monitor;  // null: no heartbeats
+};
+
+// Publishes this rank's heartbeat to the store every `period` from a
+// background thread, and explains failures from the peers' heartbeats.
+//
+// Failure diagnosis reads the peers' records through the same thread (so a
+// dead or unresponsive store never blocks the failing collective for more than
+// kReadWait) and names, per peer: a closed communicator, a dead process (pid
+// check, same host only), a heartbeat older than 3 periods (dead or hung), or a
+// live rank that has not issued the failed collective yet. The thread and its
+// state are shared-owned, so a thread stuck in an unresponsive store can be
+// left behind (detached) by Stop() without dangling references.
+class GlooPeerMonitor : public std::enable_shared_from_this<GlooPeerMonitor> {
+ public:
+  GlooPeerMonitor(c10::intrusive_ptr<c10d::Store> store, std::string group, int rank, int size,
+                  std::chrono::milliseconds period)
+      : store_(std::move(store)),
+        group_(std::move(group)),
+        rank_(rank),
+        size_(size),
+        period_(period),
+        pid_(getpid()),
+        host_(HostId()),
+        known_(size) {}
+
+  ~GlooPeerMonitor() {
+    if (thread_.joinable()) thread_.detach();  // only if Stop() was never called
+  }
+
+  void Start() {
+    thread_ = std::thread([self = shared_from_this()] { self->Run(); });
+  }
+
+  // Records that this rank issued collective #seq.
+  void Note(int64_t seq, CommOp op) {
+    last_op_.store(static_cast<int>(op), std::memory_order_relaxed);
+    issued_.store(seq, std::memory_order_release);
+  }
+
+  // Publishes a last "closed" heartbeat and ends the thread. Waits at most
+  // kStopWait (a thread stuck in an unresponsive store is detached).
+  void Stop() {
+    bool exited;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      stop_ = true;
+      cv_.notify_all();
+      exited = cv_.wait_for(lock, kStopWait, [&] { return exited_; });
+    }
+    if (!thread_.joinable()) return;
+    if (exited) {
+      thread_.join();
+    } else {
+      thread_.detach();
+    }
+  }
+
+  // Explains why collective #seq (`op`, issued at wall time `issued_ms`)
+  // failed, naming the peers at fault. Never blocks for much longer than
+  // kReadWait (plus 1.5 periods when the first look finds no culprit after a
+  // connection failure).
+  std::string Diagnose(int64_t seq, int64_t issued_ms, const char* op, bool timed_out) {
+    std::unique_lock<std::mutex> lock(mu_);
+    Snapshot snap;
+    const bool fresh = FreshRead(lock, &snap);
+    std::vector<std::string> findings;
+    std::vector<int> reached, alive;
+    Judge(snap, fresh, seq, issued_ms, op, &findings, &reached, &alive);
+    if (findings.empty() && !timed_out && fresh && snap.ok) {
+      // A connection failed, yet every peer looks alive: a peer that died a
+      // moment ago still has a fresh heartbeat. Look again once it would have
+      // published its next one.
+      cv_.wait_for(lock, period_ * 3 / 2, [&] { return exited_; });
+      Snapshot again;
+      if (FreshRead(lock, &again) && again.ok) {
+        for (int r = 0; r < size_; ++r) {
+          const auto& a = snap.peers[r];
+          const auto& b = again.peers[r];
+          if (r == rank_ || !a || !b) continue;
+          if (!b->closed && b->wall_ms == a->wall_ms) {
+            findings.push_back(internal::StrCat(Rank(r), ": its heartbeat stopped (not renewed for ",
+                                                Seconds(again.wall_ms - a->wall_ms), ": dead or hung; ",
+                                                a->Progress(), ")"));
+          } else if (b->closed) {
+            findings.push_back(internal::StrCat(Rank(r), " has closed its communicator (", b->Progress(), ")"));
+          } else {
+            continue;
+          }
+          reached.erase(std::remove(reached.begin(), reached.end(), r), reached.end());
+          alive.erase(std::remove(alive.begin(), alive.end(), r), alive.end());
+        }
+      }
+    }
+    std::string text;
+    for (const auto& f : findings) text += (text.empty() ? "" : "; ") + f;
+    auto summary = [&](const std::vector<int>& ranks, const char* one, const char* many) {
+      if (ranks.empty()) return;
+      std::string list;
+      for (size_t i = 0; i < ranks.size() && i < 16; ++i) list += (i ? ", " : "") + std::to_string(ranks[i]);
+      if (ranks.size() > 16) list += ", ...";
+      const bool every = static_cast<int>(ranks.size()) == size_ - 1 && size_ > 2;
+      text += internal::StrCat(text.empty() ? "" : "; ", every ? "every peer (" : ranks.size() == 1 ? "rank " : "ranks ",
+                               list, every ? ")" : "", " of group '", group_, "' ", ranks.size() == 1 ? one : many);
+    };
+    summary(reached, "is alive and has issued this collective", "are alive and have issued this collective");
+    summary(alive, "is alive", "are alive");
+    return text;
+  }
+
+ private:
+  static constexpr std::chrono::milliseconds kReadWait{2000};
+  static constexpr std::chrono::milliseconds kStopWait{3000};
+  static constexpr int kStalePeriods = 3;
+
+  struct Snapshot {
+    bool ok = false;
+    std::string error;
+    int64_t wall_ms = 0;  // when it was read
+    std::vector<std::optional<Heartbeat>> peers;
+  };
+
+  std::string Key(int r) const { return "shardtrain/heartbeat/" + group_ + "/" + std::to_string(r); }
+  std::string Rank(int r) const { return internal::StrCat("rank ", r, " of group '", group_, "'"); }
+
+  void Run() {
+    auto next_publish = SteadyClock::now();
+    int identity_reads = 10;  // reads until every peer's pid and host are known
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      const bool read_wanted = reads_requested_ > reads_done_;
+      const auto now = SteadyClock::now();
+      if (!read_wanted && now < next_publish) {
+        cv_.wait_until(lock, next_publish);
+        continue;
+      }
+      const int64_t request = reads_requested_;
+      lock.unlock();
+      if (now >= next_publish) {
+        Publish(false);
+        next_publish = now + period_;
+      }
+      std::optional<Snapshot> snap;
+      if (read_wanted || identity_reads > 0) snap = Read();
+      lock.lock();
+      if (!snap) continue;
+      bool all_known = true;
+      for (int r = 0; r < size_; ++r) {
+        if (snap->peers[r]) known_[r] = snap->peers[r];
+        all_known = all_known && (r == rank_ || known_[r]);
+      }
+      identity_reads = all_known ? 0 : identity_reads - 1;
+      if (read_wanted) {
+        latest_ = std::move(*snap);
+        reads_done_ = request;
+        cv_.notify_all();
+      }
+    }
+    lock.unlock();
+    Publish(true);
+    lock.lock();
+    exited_ = true;
+    cv_.notify_all();
+  }
+
+  void Publish(bool closed) {
+    Heartbeat h;
+    h.wall_ms = WallMs();
+    h.issued = issued_.load(std::memory_order_acquire);
+    const int op = last_op_.load(std::memory_order_relaxed);
+    if (op >= 0) h.op = OpTitle(static_cast<CommOp>(op));
+    h.pid = pid_;
+    h.host = host_;
+    h.closed = closed;
+    const std::string text = h.Format();
+    try {
+      store_->set(Key(rank_), std::vector<uint8_t>(text.begin(), text.end()));
+    } catch (const std::exception&) {
+      // The store is gone or unreachable; a failing collective says so when it reads.
+    }
+  }
+
+  Snapshot Read() {
+    Snapshot s;
+    s.peers.resize(size_);
+    try {
+      std::vector<std::string> keys;
+      std::vector<int> ranks;
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        keys.push_back(Key(r));
+        ranks.push_back(r);
+      }
+      if (store_->check(keys)) {  // the usual case: one round trip for all
+        const auto values = store_->multiGet(keys);
+        for (size_t i = 0; i < ranks.size() && i < values.size(); ++i) s.peers[ranks[i]] = Heartbeat::Parse(values[i]);
+      } else {  // get() blocks on a missing key: check each first
+        for (size_t i = 0; i < ranks.size(); ++i)
+          if (store_->check({keys[i]})) s.peers[ranks[i]] = Heartbeat::Parse(store_->get(keys[i]));
+      }
+      s.ok = true;
+    } catch (const std::exception& e) {
+      s.error = ErrorText(e);
+    }
+    s.wall_ms = WallMs();
+    return s;
+  }
+
+  // Asks the thread for a read that starts after this call and waits for it at
+  // most kReadWait. False (and `out` untouched) if none came.
+  bool FreshRead(std::unique_lock<std::mutex>& lock, Snapshot* out) {
+    if (exited_) return false;
+    const int64_t request = ++reads_requested_;
+    cv_.notify_all();
+    if (!cv_.wait_for(lock, kReadWait, [&] { return reads_done_ >= request || exited_; }) || reads_done_ < request) {
+      return false;
+    }
+    *out = latest_;
+    return true;
+  }
+
+  // Sorts the peers: `findings` explain the failure (closed, dead, silent,
+  // behind); the others are listed in `reached` (issued #seq) or `alive`
+  // (their latest heartbeat predates #seq, so their progress is unknown).
+  void Judge(const Snapshot& snap, bool fresh, int64_t seq, int64_t issued_ms, const char* op,
+             std::vector<std::string>* findings, std::vector<int>* reached, std::vector<int>* alive) const {
+    const bool have = fresh && snap.ok;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const std::optional<Heartbeat>& h = have ? snap.peers[r] : known_[r];
+      if (!h) {
+        if (have)
+          findings->push_back(Rank(r) + " has published no heartbeat (it died early, or runs without heartbeats)");
+        continue;
+      }
+      const bool local = h->host == host_ && h->pid != pid_;
+      if (h->closed) {
+        findings->push_back(internal::StrCat(Rank(r), " has closed its communicator (", h->Progress(), ")"));
+      } else if (local && ProcessGone(h->pid)) {
+        findings->push_back(internal::StrCat(Rank(r), " (pid ", h->pid, " on this host) has died",
+                                             have ? " (" + h->Progress() + ")" : ""));
+      } else if (!have) {
+        continue;  // nothing more can be said without the store
+      } else if (const int64_t age = snap.wall_ms - h->wall_ms; age > kStalePeriods * period_.count()) {
+        findings->push_back(internal::StrCat(Rank(r), ": no heartbeat for ", Seconds(age), " (dead or hung; ",
+                                             h->Progress(), ")"));
+      } else if (h->issued >= seq) {
+        reached->push_back(r);
+      } else if (h->wall_ms < issued_ms) {  // (wall clocks of different hosts: NTP's skew is far below a period)
+        alive->push_back(r);
+      } else {
+        findings->push_back(internal::StrCat(Rank(r), " is alive (heartbeat ", Seconds(std::max<int64_t>(age, 0)),
+                                             " ago) but has issued ", h->issued, " collectives while this rank is at #",
+                                             seq, " (", op, "): it has not reached this collective",
+                                             h->op == "-" ? "" : " (its latest: " + h->op + ")"));
+      }
+    }
+    if (!fresh) {
+      findings->push_back(exited_ ? "no heartbeats read: the communicator was destroyed"
+                                  : "the rendezvous store did not answer within " + Seconds(kReadWait.count()) +
+                                        StoreNote());
+    } else if (!snap.ok) {
+      findings->push_back(internal::StrCat("the rendezvous store could not be read (", snap.error, ")", StoreNote()));
+    }
+  }
+
+  // Which process serves the store, for when it cannot be read.
+  std::string StoreNote() const {
+    c10::intrusive_ptr<c10d::Store> base = store_;
+    if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(base.get())) base = prefixed->getUnderlyingNonPrefixStore();
+    if (auto* tcp = dynamic_cast<c10d::TCPStore*>(base.get())) {
+      return internal::StrCat(": the TCPStore at ", tcp->getHost(), ":", tcp->getPort(),
+                              " is served by a single process (rank 0, or torchrun's agent), which has probably died");
+    }
+    return "";
+  }
+
+  const c10::intrusive_ptr<c10d::Store> store_;
+  const std::string group_;
+  const int rank_;
+  const int size_;
+  const std::chrono::milliseconds period_;
+  const int64_t pid_;
+  const std::string host_;
+  std::atomic<int64_t> issued_{0};
+  std::atomic<int> last_op_{-1};
+
+  std::mutex mu_;  // guards everything below
+  std::condition_variable cv_;
+  bool stop_ = false;
+  bool exited_ = false;
+  int64_t reads_requested_ = 0;
+  int64_t reads_done_ = 0;
+  Snapshot latest_;                               // the latest requested read
+  std::vector<std::optional<Heartbeat>> known_;  // each rank's latest record seen (pids when the store is gone)
+  std::thread thread_;
+};
+
+namespace {
+
+std::string Describe(const char* op, const GlooGroupRef& g) {
+  return internal::StrCat(op, " on gloo group '", g.name, "' (rank ", g.rank, "/", g.size, ")");
+}
+
+// Wraps a c10d Work: turns engine errors into CommError naming the operation,
+// the group and (from heartbeats) the peer at fault, and runs a local
+// completion step (unpacking, local sums, scaling) exactly once after the
+// collective finished.
 class GlooWork : public Work {
  public:
-  GlooWork(c10::intrusive_ptr<c10d::Work> work, std::string what, std::chrono::milliseconds timeout,
-           std::function<void()> finish)
-      : work_(std::move(work)), what_(std::move(what)), timeout_(timeout), finish_(std::move(finish)) {}
+  GlooWork(c10::intrusive_ptr<c10d::Work> work, std::shared_ptr<const GlooGroupRef> group, CommOp op, IssuedCall call,
+           std::chrono::milliseconds timeout, std::function<void()> finish)
+      : work_(std::move(work)),
+        group_(std::move(group)),
+        op_(op),
+        call_(call),
+        timeout_(timeout),
+        finish_(std::move(finish)) {}
 
   void Wait(std::chrono::milliseconds timeout) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_) return;
-    if (!error_.empty()) ST_THROW(CommError, error_);
+    if (!error_.empty()) {
+      if (timed_out_) ST_THROW(CommTimeoutError, error_);
+      ST_THROW(CommError, error_);
+    }
     const auto t = timeout.count() > 0 ? timeout : timeout_;
     try {
-      try {
-        work_->wait(t);
-      } catch (const c10::Error& e) {
-        throw std::runtime_error(e.what_without_backtrace());
-      }
+      work_->wait(t);
     } catch (const std::exception& e) {
-      std::string msg = e.what();
-      const bool timed_out = msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;
-      error_ = what_ + (timed_out ? " timed out after " + std::to_string(t.count()) + " ms" : " failed") +
-               " (a peer rank may have died or not reached this collective): " + msg.substr(0, 600);
-      if (timed_out) ST_THROW(CommTimeoutError, error_);
+      const std::string msg = ErrorText(e);
+      timed_out_ = msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;
+      std::string why =
+          group_->monitor ? group_->monitor->Diagnose(call_.seq, call_.wall_ms, OpTitle(op_), timed_out_) : "";
+      if (why.empty()) why = "a peer rank may have died or not reached this collective";
+      error_ = internal::StrCat(Describe(OpTitle(op_), *group_),
+                                timed_out_ ? " timed out after " + std::to_string(t.count()) + " ms" : " failed",
+                                " (collective #", call_.seq, " of this rank): ", why, ". Gloo: ", msg.substr(0, 600));
+      if (timed_out_) ST_THROW(CommTimeoutError, error_);
       ST_THROW(CommError, error_);
     }
     if (finish_) finish_();
     done_ = true;
   }
 
-  bool IsCompleted() override { return work_->isCompleted(); }
+  bool IsCompleted() override { return done_ || work_->isCompleted(); }
 
  private:
   std::mutex mu_;
   c10::intrusive_ptr<c10d::Work> work_;
-  std::string what_;
+  std::shared_ptr<const GlooGroupRef> group_;
+  CommOp op_;
+  IssuedCall call_;
   std::chrono::milliseconds timeout_;
   std::function<void()> finish_;
-  bool done_ = false;
+  std::atomic<bool> done_{false};
+  bool timed_out_ = false;
   std::string error_;
 };
 
@@ -82,6 +497,8 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
   static const bool fr_configured = [] { return setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0) == 0; }();
   (void)fr_configured;
   ST_CHECK_ARG(options_.threads >= 1, "GlooOptions.threads must be >= 1, got ", options_.threads);
+  ST_CHECK_ARG(options_.heartbeat_period.count() >= 0, "GlooOptions.heartbeat_period must be >= 0 ms (0: off), got ",
+               options_.heartbeat_period.count(), " ms");
   auto opts = c10d::ProcessGroupGloo::Options::create(options_.timeout);
   try {
     if (!options_.hostname.empty()) {
@@ -97,9 +514,18 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
     ST_THROW(CommError, "connecting gloo group '", name_, "' (rank ", rank, "/", size, ") failed within ",
              options_.timeout.count(), " ms: ", e.what());
   }
+  if (size_ > 1 && options_.heartbeat_period.count() > 0) {
+    monitor_ = std::make_shared<GlooPeerMonitor>(store_, name_, rank_, size_, options_.heartbeat_period);
+    monitor_->Start();
+  }
+  group_ = std::make_shared<const GlooGroupRef>(GlooGroupRef{name_, rank_, size_, monitor_});
 }
 
-GlooCommunicator::~GlooCommunicator() = default;
+GlooCommunicator::~GlooCommunicator() {
+  // The "closed" heartbeat goes out before pg_ (destroyed after this body)
+  // closes the connections, so peers that fail on them can tell why.
+  if (monitor_) monitor_->Stop();
+}
 
 std::shared_ptr<GlooCommunicator> GlooCommunicator::Create(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                                                            GlooOptions options) {
@@ -116,25 +542,47 @@ void GlooCommunicator::CheckCpu(const char* op, const at::Tensor& t) const {
   ST_CHECK_ARG(t.is_contiguous(), op, " on group '", name_, "': tensor must be contiguous");
 }
 
-static std::string Describe(const char* op, const Communicator& c) {
-  return internal::StrCat(op, " on gloo group '", c.name(), "' (rank ", c.rank(), "/", c.size(), ")");
+IssuedCall GlooCommunicator::Issue(CommOp op) {
+  IssuedCall call{++issued_, monitor_ ? WallMs() : 0};
+  if (monitor_) monitor_->Note(call.seq, op);
+  return call;
 }
 
-void GlooCommunicator::VerifySameCall(CommOp op, const at::Tensor& t, int64_t root) {
+WorkPtr GlooCommunicator::Wrap(c10::intrusive_ptr<c10d::Work> work, CommOp op, IssuedCall call,
+                               std::function<void()> finish) {
+  return std::make_shared<GlooWork>(std::move(work), group_, op, call, timeout_, std::move(finish));
+}
+
+void GlooCommunicator::VerifySameCall(CommOp op, const at::Tensor& t, int64_t root, IssuedCall call) {
   if (!options_.verify_calls || size_ == 1) return;
-  at::Tensor mine = at::empty({4}, at::kLong);
-  mine[0] = static_cast<int64_t>(op);
-  mine[1] = t.defined() ? t.numel() : 0;
-  mine[2] = t.defined() ? static_cast<int64_t>(t.scalar_type()) : -1;
-  mine[3] = root;
-  at::Tensor all = at::empty({4 * size_}, at::kLong);
-  static constexpr const char* kTitles[] = {"AllGather", "ReduceScatter", "AllReduce", "Broadcast", "Barrier"};
-  GlooWork(pg_->_allgather_base(all, mine), Describe(kTitles[static_cast<int>(op)], *this), timeout_, nullptr)
-      .Wait(std::chrono::milliseconds(0));
-  auto a = all.accessor<int64_t, 1>();
+  // Cheap on purpose (it precedes every collective): the signature is written
+  // through a raw pointer into buffers allocated once per communicator, and
+  // exchanged with an equal-split all-to-all (every rank sends its signature
+  // to every rank), which measured about half the latency of c10d's
+  // _allgather_base (that one gathers into a fresh flat buffer and copies out).
+  std::lock_guard<std::mutex> lock(verify_mu_);
+  if (!signature_.defined()) {
+    signature_ = at::empty({4 * size_}, at::kLong);   // this rank's signature, once per destination rank
+    signatures_ = at::empty({4 * size_}, at::kLong);  // rank r's signature at [4r, 4r + 4)
+  }
+  const int64_t mine[4] = {static_cast<int64_t>(op), t.defined() ? t.numel() : 0,
+                           t.defined() ? static_cast<int64_t>(t.scalar_type()) : -1, root};
+  int64_t* out = signature_.data_ptr<int64_t>();
+  for (int r = 0; r < size_; ++r) std::memcpy(out + 4 * r, mine, sizeof(mine));
+  try {
+    std::vector<int64_t> equal_splits;
+    GlooWork(pg_->alltoall_base(signatures_, signature_, equal_splits, equal_splits), group_, op, call, timeout_,
+             nullptr)
+        .Wait(std::chrono::milliseconds(0));
+  } catch (...) {
+    // Gloo may still write into the buffers of a failed exchange: never reuse them.
+    signature_.reset();
+    signatures_.reset();
+    throw;
+  }
+  const int64_t* a = signatures_.data_ptr<int64_t>();
   bool same = true;
-  for (int r = 0; r < size_ && same; ++r)
-    for (int k = 0; k < 4; ++k) same = same && a[4 * r + k] == a[k];
+  for (int r = 1; r < size_ && same; ++r) same = std::memcmp(a + 4 * r, a, 4 * sizeof(int64_t)) == 0;
   if (same) return;
   std::ostringstream os;
   for (int r = 0; r < size_; ++r) {
@@ -149,28 +597,42 @@ void GlooCommunicator::VerifySameCall(CommOp op, const at::Tensor& t, int64_t ro
 
 
 // ---------------------------------------------------------------------------
-// W=2 fast paths for AllGather and ReduceScatter (measured in bench/comm, see
-// docs/comm_benchmark.md). At W=2 both ops are one exchange of n elements each
-// way. The general paths below pay for c10d internals that dominate on large
-// buffers: _allgather_base gathers into a freshly allocated full-size tensor
-// and copies it into `output`; the all-to-all reduce-scatter receives into a
-// fresh full-size tensor and reduces with blocks.sum(0) (very slow for 16-bit
-// types); fresh buffers above glibc's mmap threshold are page-faulted in on
-// every call. The fast paths instead exchange with c10d alltoall_base and
-// split sizes {0, n} / {n, 0}: each rank sends n elements straight from the
-// user's tensor and receives n straight into the user's output (so (W-1)/W of
-// the full buffer, as counted), on Gloo's worker threads like every other op.
-// All-gather is one such exchange; reduce-scatter is one per 4 MiB piece, and
-// its Wait() adds (and scales) piece k while later pieces are still moving.
-// The local steps (own shard copy; add of own block and scale) run on the
-// calling thread in pieces of at most GRAIN_SIZE elements, so they never wake
-// the OpenMP pool, whose spinning threads otherwise steal the cores Gloo's
-// I/O needs on small machines.
+// W=2 fast paths for AllGather, ReduceScatter and AllReduce (measured in
+// bench/comm, see docs/comm_benchmark.md). At W=2 all-gather and reduce-scatter
+// are one exchange of n elements each way, and a small all-reduce (up to
+// kDirectAllReduceMaxBytes) one exchange of the whole tensor each way. The
+// general paths below pay for c10d internals that
+// dominate on large buffers: _allgather_base gathers into a freshly allocated
+// full-size tensor and copies it into `output`; the all-to-all reduce-scatter
+// receives into a fresh full-size tensor and reduces with blocks.sum(0) (very
+// slow for 16-bit types); fresh buffers above glibc's mmap threshold are
+// page-faulted in on every call. The fast paths instead exchange with c10d
+// alltoall_base and split sizes {0, n} / {n, 0}: each rank sends n elements
+// straight from the user's tensor and receives n straight into the user's
+// output (all-reduce: into a receive buffer), on Gloo's worker threads like
+// every other op. All-gather is one such exchange; reduce-scatter and
+// all-reduce are one per 4 MiB piece (PipelinedExchange), and their Wait()
+// combines (adds and scales) piece k while later pieces are still moving. The
+// local steps (own shard copy; add and scale) run on the calling thread in
+// pieces of at most GRAIN_SIZE elements, so they never wake the OpenMP pool,
+// whose spinning threads otherwise steal the cores Gloo's I/O needs on small
+// machines.
 namespace {
 
 bool IsFloating(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
 }
+
+bool Is16Bit(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+// Largest all-reduce (bytes) that takes the W=2 exchange. Every rank then adds
+// all n elements, where Gloo's ring (c10d allreduce: reduce-scatter, then
+// all-gather of the sums) adds n/2 per rank and moves as many bytes, in two
+// dependent steps. Measured on 2 cores over loopback (bench/comm, A/B in one
+// binary): the exchange is ~1.5x faster at 1 MiB (one round trip fewer), even
+// at ~2 MiB, and 6-25% slower from 4 MiB on, where the extra additions compete
+// with the copies for the cores; the ring is then already at loopback speed.
+constexpr int64_t kDirectAllReduceMaxBytes = int64_t{2} << 20;
 
 // Sends `send` (n elements) to the other rank of a 2-rank group and receives
 // its n elements into `recv`.
@@ -186,8 +648,8 @@ c10::intrusive_ptr<c10d::Work> ExchangeWithPeer(c10d::Backend& pg, int rank, con
   return pg.alltoall_base(out, in, recv_splits, send_splits, o);
 }
 
-// A W=2 reduce-scatter exchanged in pieces: wait() reduces piece k on the
-// calling thread while Gloo's worker threads still move pieces k+1, ...
+// An exchange in pieces: wait() runs the local step of piece k on the calling
+// thread while Gloo's worker threads still move pieces k+1, ...
 class PipelinedWork : public c10d::Work {
  public:
   PipelinedWork(std::vector<c10::intrusive_ptr<c10d::Work>> pieces, std::function<void(size_t)> on_piece)
@@ -216,6 +678,28 @@ class PipelinedWork : public c10d::Work {
   size_t next_ = 0;
 };
 
+// W=2: sends `send` to the peer and receives the peer's send.numel() elements
+// into `recv` (which must not overlap `send`), in pieces of 4 MiB, each its own
+// alltoall_base. The returned work's wait() calls on_piece(begin, count) on the
+// waiting thread for each piece, in order, once it has arrived (and left),
+// while later pieces are still moving.
+c10::intrusive_ptr<c10d::Work> PipelinedExchange(c10d::Backend& pg, int rank, const at::Tensor& send,
+                                                 const at::Tensor& recv, std::chrono::milliseconds timeout,
+                                                 std::function<void(int64_t, int64_t)> on_piece) {
+  constexpr int64_t kPieceBytes = int64_t{4} << 20;
+  const int64_t n = send.numel();
+  const int64_t piece = std::max<int64_t>(1, kPieceBytes / send.element_size());
+  std::vector<c10::intrusive_ptr<c10d::Work>> pieces;
+  for (int64_t i = 0; i < n; i += piece) {
+    const int64_t len = std::min(piece, n - i);
+    pieces.push_back(ExchangeWithPeer(pg, rank, send.narrow(0, i, len), recv.narrow(0, i, len), timeout));
+  }
+  return c10::make_intrusive<PipelinedWork>(std::move(pieces), [on_piece = std::move(on_piece), piece, n](size_t k) {
+    const int64_t begin = static_cast<int64_t>(k) * piece;
+    on_piece(begin, std::min(piece, n - begin));
+  });
+}
+
 // Runs f(offset, length) over [0, n) in pieces small enough for ATen to run
 // each on the calling thread.
 template <typename F>
@@ -230,7 +714,8 @@ WorkPtr GlooCommunicator::AllGather(const at::Tensor& input, const at::Tensor& o
   CheckCpu("AllGather", input);
   CheckCpu("AllGather", output);
   CheckGatherScatter("AllGather", input, output);
-  VerifySameCall(CommOp::kAllGather, input, 0);
+  const IssuedCall call = Issue(CommOp::kAllGather);
+  VerifySameCall(CommOp::kAllGather, input, 0, call);
   Count(CommOp::kAllGather, (size_ - 1) * input.numel() * input.element_size());
   if (size_ == 1) {
     output.copy_(input);
@@ -247,11 +732,10 @@ WorkPtr GlooCommunicator::AllGather(const at::Tensor& input, const at::Tensor& o
     if (!in_place && at::get_overlap_status(in, out) != at::MemOverlapStatus::No) in = in.clone();
     auto work = ExchangeWithPeer(*pg_, rank_, in, theirs, timeout_);
     if (!in_place) std::memcpy(mine.data_ptr(), in.data_ptr(), n * in.element_size());  // overlaps the exchange
-    return std::make_shared<GlooWork>(work, Describe("AllGather", *this), timeout_, nullptr);
+    return Wrap(std::move(work), CommOp::kAllGather, call);
   }
   at::Tensor in = input, out = output;
-  auto work = pg_->_allgather_base(out, in);
-  return std::make_shared<GlooWork>(work, Describe("AllGather", *this), timeout_, nullptr);
+  return Wrap(pg_->_allgather_base(out, in), CommOp::kAllGather, call);
 }
 
 WorkPtr GlooCommunicator::ReduceScatter(const at::Tensor& input, const at::Tensor& output,
@@ -262,7 +746,8 @@ WorkPtr GlooCommunicator::ReduceScatter(const at::Tensor& input, const at::Tenso
   ST_CHECK_ARG(options.op == ReduceOp::kSum || options.op == ReduceOp::kAvg, "ReduceScatter on group '", name_,
                "': unsupported op ", ReduceOpName(options.op), "; valid: SUM, AVG");
   ST_CHECK_ARG(options.pre_divide > 0 && options.post_divide > 0, "ReduceScatter: divide factors must be > 0");
-  VerifySameCall(CommOp::kReduceScatter, output, static_cast<int64_t>(options.op));
+  const IssuedCall call = Issue(CommOp::kReduceScatter);
+  VerifySameCall(CommOp::kReduceScatter, output, static_cast<int64_t>(options.op), call);
   Count(CommOp::kReduceScatter, (size_ - 1) * output.numel() * output.element_size());
   const double scale =
       1.0 / (options.pre_divide * options.post_divide * (options.op == ReduceOp::kAvg ? size_ : 1));
@@ -287,7 +772,7 @@ WorkPtr GlooCommunicator::ReduceScatter(const at::Tensor& input, const at::Tenso
       }
     }
     const at::Tensor mine = in.narrow(0, rank_ * n, n), to_peer = in.narrow(0, (1 - rank_) * n, n);
-    const bool low = out.scalar_type() == at::kHalf || out.scalar_type() == at::kBFloat16;
+    const bool low = Is16Bit(out.scalar_type());
     // +0 as a 0-dim tensor: adding it is markedly faster than adding the Scalar 0.0.
     const at::Tensor zero = at::zeros({}, out.options().dtype(low && scale != 1.0 ? at::kFloat : out.scalar_type()));
     auto reduce = [out, recv, mine, scale, low, zero](int64_t begin, int64_t count) {
@@ -305,28 +790,14 @@ WorkPtr GlooCommunicator::ReduceScatter(const at::Tensor& input, const at::Tenso
         }
       });
     };
-    // Exchanged in pieces of 4 MiB (of the output), so reducing one piece
-    // overlaps moving the next ones; each piece is one alltoall_base.
-    constexpr int64_t kPieceBytes = int64_t{4} << 20;
-    const int64_t piece = std::max<int64_t>(1, kPieceBytes / output.element_size());
-    std::vector<c10::intrusive_ptr<c10d::Work>> pieces;
-    for (int64_t i = 0; i < n; i += piece) {
-      const int64_t len = std::min(piece, n - i);
-      pieces.push_back(ExchangeWithPeer(*pg_, rank_, to_peer.narrow(0, i, len), recv.narrow(0, i, len), timeout_));
-    }
-    auto on_piece = [reduce, piece, n](size_t k) {
-      const int64_t begin = static_cast<int64_t>(k) * piece;
-      reduce(begin, std::min(piece, n - begin));
-    };
-    return std::make_shared<GlooWork>(c10::make_intrusive<PipelinedWork>(std::move(pieces), std::move(on_piece)),
-                                      Describe("ReduceScatter", *this), timeout_, nullptr);
+    return Wrap(PipelinedExchange(*pg_, rank_, to_peer, recv, timeout_, std::move(reduce)), CommOp::kReduceScatter,
+                call);
   }
   // Every rank sends block j of its input to rank j, then sums what it got.
   at::Tensor recv = size_ == 1 ? input : at::empty_like(input);
   auto finish = [recv, output, n, world, scale]() mutable {
     at::Tensor blocks = recv.view({world, n});
-    const bool low = output.scalar_type() == at::kHalf || output.scalar_type() == at::kBFloat16;
-    at::Tensor sum = low ? blocks.sum(0, false, at::kFloat) : blocks.sum(0);
+    at::Tensor sum = Is16Bit(output.scalar_type()) ? blocks.sum(0, false, at::kFloat) : blocks.sum(0);
     if (scale != 1.0) sum.mul_(scale);
     output.copy_(sum);
   };
@@ -336,14 +807,14 @@ WorkPtr GlooCommunicator::ReduceScatter(const at::Tensor& input, const at::Tenso
   }
   at::Tensor in = input;
   std::vector<int64_t> counts;  // empty: equal splits
-  auto work = pg_->alltoall_base(recv, in, counts, counts);
-  return std::make_shared<GlooWork>(work, Describe("ReduceScatter", *this), timeout_, std::move(finish));
+  return Wrap(pg_->alltoall_base(recv, in, counts, counts), CommOp::kReduceScatter, call, std::move(finish));
 }
 
 WorkPtr GlooCommunicator::AllReduce(const at::Tensor& tensor, const ReduceOptions& options) {
   CheckCpu("AllReduce", tensor);
   ST_CHECK_ARG(options.pre_divide > 0 && options.post_divide > 0, "AllReduce: divide factors must be > 0");
-  VerifySameCall(CommOp::kAllReduce, tensor, static_cast<int64_t>(options.op));
+  const IssuedCall call = Issue(CommOp::kAllReduce);
+  VerifySameCall(CommOp::kAllReduce, tensor, static_cast<int64_t>(options.op), call);
   Count(CommOp::kAllReduce, size_ == 1 ? 0 : 2 * (size_ - 1) * tensor.numel() * tensor.element_size() / size_);
   const bool is_sum = options.op == ReduceOp::kSum || options.op == ReduceOp::kAvg;
   if (is_sum && options.pre_divide != 1.0) tensor.div_(options.pre_divide);
@@ -355,39 +826,61 @@ WorkPtr GlooCommunicator::AllReduce(const at::Tensor& tensor, const ReduceOption
     finish();
     return CompletedWork();
   }
+  const int64_t bytes = tensor.numel() * tensor.element_size();
+  if (size_ == 2 && is_sum && bytes > 0 && bytes <= kDirectAllReduceMaxBytes && IsFloating(tensor.scalar_type())) {
+    // W=2 fast path for small tensors (see above and kDirectAllReduceMaxBytes);
+    // both ranks alike. Each rank sends its whole tensor (= 2(W-1)/W of it, as
+    // counted) and receives the peer's into a separate buffer (the tensor is
+    // still being sent from), then Wait() adds piece by piece into the tensor
+    // and divides by `post`. Same arithmetic as
+    // Gloo's sum, bit for bit (comm_bench's self-check): one add per element,
+    // in the dtype (for 16-bit types in float32, rounded once), then the same
+    // div_(post); both ranks add rank 0's value to rank 1's, so even NaN
+    // payloads agree across ranks.
+    const at::Tensor t = tensor.reshape(-1);
+    const at::Tensor recv = at::empty_like(t);
+    const at::Tensor first = rank_ == 0 ? t : recv, second = rank_ == 0 ? recv : t;
+    auto combine = [t, first, second, post](int64_t begin, int64_t count) {
+      Serially(count, [&](int64_t i, int64_t len) {
+        at::Tensor o = t.narrow(0, begin + i, len);
+        at::add_out(o, first.narrow(0, begin + i, len), second.narrow(0, begin + i, len));
+        if (post != 1.0) o.div_(post);
+      });
+    };
+    return Wrap(PipelinedExchange(*pg_, rank_, t, recv, timeout_, std::move(combine)), CommOp::kAllReduce, call);
+  }
   c10d::AllreduceOptions o;
   o.reduceOp = options.op == ReduceOp::kMax   ? c10d::ReduceOp(c10d::ReduceOp::MAX)
                : options.op == ReduceOp::kMin ? c10d::ReduceOp(c10d::ReduceOp::MIN)
                                               : c10d::ReduceOp(c10d::ReduceOp::SUM);
   o.timeout = timeout_;
   std::vector<at::Tensor> tensors{tensor};
-  auto work = pg_->allreduce(tensors, o);
-  return std::make_shared<GlooWork>(work, Describe("AllReduce", *this), timeout_, std::move(finish));
+  return Wrap(pg_->allreduce(tensors, o), CommOp::kAllReduce, call, std::move(finish));
 }
 
 WorkPtr GlooCommunicator::Broadcast(const at::Tensor& tensor, int root) {
   CheckCpu("Broadcast", tensor);
   ST_CHECK_ARG(root >= 0 && root < size_, "Broadcast on group '", name_, "': root must be in [0, ", size_, "), got ",
                root);
-  VerifySameCall(CommOp::kBroadcast, tensor, root);
+  const IssuedCall call = Issue(CommOp::kBroadcast);
+  VerifySameCall(CommOp::kBroadcast, tensor, root, call);
   Count(CommOp::kBroadcast, rank_ == root ? (size_ - 1) * tensor.numel() * tensor.element_size() : 0);
   if (size_ == 1) return CompletedWork();
   c10d::BroadcastOptions o;
   o.rootRank = root;
   o.timeout = timeout_;
   std::vector<at::Tensor> tensors{tensor};
-  auto work = pg_->broadcast(tensors, o);
-  return std::make_shared<GlooWork>(work, Describe("Broadcast", *this), timeout_, nullptr);
+  return Wrap(pg_->broadcast(tensors, o), CommOp::kBroadcast, call);
 }
 
 WorkPtr GlooCommunicator::Barrier() {
-  VerifySameCall(CommOp::kBarrier, at::Tensor(), 0);
+  const IssuedCall call = Issue(CommOp::kBarrier);
+  VerifySameCall(CommOp::kBarrier, at::Tensor(), 0, call);
   Count(CommOp::kBarrier, 0);
   if (size_ == 1) return CompletedWork();
   c10d::BarrierOptions o;
   o.timeout = timeout_;
-  auto work = pg_->barrier(o);
-  return std::make_shared<GlooWork>(work, Describe("Barrier", *this), timeout_, nullptr);
+  return Wrap(pg_->barrier(o), CommOp::kBarrier, call);
 }
 
 CommunicatorPtr GlooCommunicator::NewGroup(const std::vector<int>& ranks, const std::string& name) {

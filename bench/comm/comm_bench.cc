@@ -15,7 +15,10 @@
 // communicator's stats() counted per call, and writes them as CSV to --out.
 // Sizes below --unverified_below_mib are timed a second time on a communicator
 // with GlooOptions.verify_calls off (CSV impl "shardtrain_unverified"), to show
-// what the per-call signature exchange costs. With --self_check (default) it
+// what the per-call signature exchange costs. With --latency_iters=N it also
+// times N back-to-back all-reduces of one float32 element on both communicators
+// (CSV op "tiny_all_reduce": the per-call latency, and with verify_calls on
+// minus off, what the signature check costs). With --self_check (default) it
 // first checks edge cases of the collectives bit for bit.
 #include <arpa/inet.h>
 #include <gflags/gflags.h>
@@ -67,9 +70,12 @@ DEFINE_int32(unverified_below_mib, 16,
              "also time sizes below this many MiB on a second communicator with verify_calls=false (0: never)");
 DEFINE_string(out, "", "CSV file rank 0 writes (one row per case)");
 DEFINE_int32(timeout_s, 300, "collective timeout in seconds");
+DEFINE_int32(latency_iters, 0,
+             "if > 0: also time this many back-to-back all-reduces of one float32 element (per-call latency)");
 DEFINE_bool(self_check, true,
             "before timing, check edge cases bit for bit: in-place all-gather, reduce-scatter into a view of its "
-            "input, SUM/AVG with divide factors on random data against the reference arithmetic, odd sizes");
+            "input, reduce-scatter and all-reduce SUM/AVG with divide factors on random data against the reference "
+            "arithmetic, odd sizes");
 
 namespace {
 
@@ -174,6 +180,23 @@ at::Tensor ReferenceReduceScatter(const std::vector<at::Tensor>& inputs, int ran
   return sum.to(dt);
 }
 
+// The reference all-reduce arithmetic (Gloo's, the general path's): each
+// input divided by pre_divide in its dtype, the sum over ranks in rank order
+// (one rounding per add; for 16-bit types each add in float32, rounded), the
+// sum divided by post (post_divide, times W for AVG) in its dtype.
+at::Tensor ReferenceAllReduce(const std::vector<at::Tensor>& inputs, double pre, double post) {
+  const at::ScalarType dt = inputs[0].scalar_type();
+  const bool low = dt == at::kHalf || dt == at::kBFloat16;
+  at::Tensor sum;
+  for (const at::Tensor& in : inputs) {
+    at::Tensor x = in.clone();
+    if (pre != 1.0) x.div_(pre);
+    sum = !sum.defined() ? x : low ? (sum.to(at::kFloat) + x.to(at::kFloat)).to(dt) : sum + x;
+  }
+  if (post != 1.0) sum.div_(post);
+  return sum;
+}
+
 bool BitEqual(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() != b.scalar_type() || a.numel() != b.numel()) return false;
   const at::ScalarType bits = a.element_size() == 2 ? at::kShort : a.element_size() == 4 ? at::kInt : at::kLong;
@@ -256,6 +279,30 @@ bool SelfCheck(GlooCommunicator& c) {
                  "reduce_scatter into a view straddling input blocks " + dn);
         }
       }
+      // All-reduce: SUM, AVG with divide factors, SUM with a post-divide. At
+      // W=2 only (the reference's summation order is Gloo's there; a ring
+      // over more ranks adds in another order).
+      if (w == 2) {
+        std::vector<at::Tensor> ar_inputs;
+        for (int q = 0; q < w; ++q) ar_inputs.push_back(RandomInput(n, dt, 3000 + q));
+        for (int variant = 0; variant < 3; ++variant) {
+          ReduceOptions o;
+          if (variant == 1) o = ReduceOptions{ReduceOp::kAvg, 2.0, 3.0};
+          if (variant == 2) o = ReduceOptions{ReduceOp::kSum, 1.0, 3.0};
+          at::Tensor t = ar_inputs[r].clone();
+          c.AllReduce(t, o)->Wait();
+          const double post = o.post_divide * (o.op == ReduceOp::kAvg ? w : 1);
+          const at::Tensor ref = ReferenceAllReduce(ar_inputs, o.pre_divide, post);
+          const std::string what = "all_reduce#" + std::to_string(variant) + " " + dn + " n=" + std::to_string(n);
+          if (!BitEqual(t, ref)) {
+            const at::Tensor bad = t.to(at::kDouble).ne(ref.to(at::kDouble)).logical_or(t.signbit().ne(ref.signbit()));
+            const int64_t first = bad.nonzero().flatten()[0].item<int64_t>();
+            std::cerr << what << ": " << bad.sum().item<int64_t>() << " elements differ, first at " << first
+                      << ": got " << t[first].item<double>() << ", reference " << ref[first].item<double>() << "\n";
+          }
+          expect(BitEqual(t, ref), what);
+        }
+      }
     }
   }
   return ok;
@@ -308,6 +355,33 @@ bool TimeCase(GlooCommunicator& comm, const Case& cs, const std::string& impl, s
   return ok;
 }
 
+// Back-to-back all-reduces of one float32 element (zeros, so the sums stay
+// put): rank 0 prints and writes the median per-call latency.
+void TimeLatency(GlooCommunicator& comm, const std::string& impl, std::ofstream* csv) {
+  at::Tensor t = at::zeros({1}, at::kFloat);
+  for (int i = 0; i < 20; ++i) comm.AllReduce(t)->Wait();
+  comm.Barrier()->Wait();
+  std::vector<double> ms;
+  comm.ResetStats();
+  for (int i = 0; i < FLAGS_latency_iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    comm.AllReduce(t)->Wait();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  if (comm.rank() != 0) return;
+  const int w = comm.size();
+  const double med = Median(ms), mn = *std::min_element(ms.begin(), ms.end());
+  const int64_t sent = comm.stats().BytesSent(CommOp::kAllReduce) / FLAGS_latency_iters;
+  std::printf("%-15s %-9s %9s %5d %10.3f %10.3f   (per-call latency)%s\n", "tiny_all_reduce", "float32", "4B",
+              FLAGS_latency_iters, med, mn, impl == "shardtrain" ? "" : ("  [" + impl + "]").c_str());
+  std::fflush(stdout);
+  if (csv) {
+    *csv << impl << ",tiny_all_reduce,float32,4," << w << "," << FLAGS_latency_iters << "," << med << "," << mn
+         << ",0,0," << sent << "," << static_cast<int64_t>(2.0 * (w - 1) / w * 4) << "\n";
+    csv->flush();
+  }
+}
+
 int RunRank() {
   using namespace shardtrain::comm;
   if (FLAGS_intra_op_threads > 0) at::set_num_threads(FLAGS_intra_op_threads);
@@ -326,9 +400,9 @@ int RunRank() {
   go.verify_calls = FLAGS_verify_calls;
   auto comm = GlooCommunicator::Create(store, FLAGS_rank, FLAGS_world_size, go);
   // The same group without the per-call signature exchange, for small sizes
-  // where that extra round trip is a visible part of the time.
+  // (and the latency) where that extra round trip is a visible part of the time.
   std::shared_ptr<GlooCommunicator> unverified;
-  if (FLAGS_verify_calls && FLAGS_unverified_below_mib > 0) {
+  if (FLAGS_verify_calls && (FLAGS_unverified_below_mib > 0 || FLAGS_latency_iters > 0)) {
     GlooOptions uo = go;
     uo.verify_calls = false;
     uo.name = "unverified";
@@ -369,6 +443,10 @@ int RunRank() {
     if (leader) {
       std::printf("# self-check (edge cases, bit-exact reduce-scatter arithmetic): %s\n", ok ? "ok" : "FAILED");
     }
+  }
+  if (FLAGS_latency_iters > 0) {
+    TimeLatency(*comm, "shardtrain", csv.get());
+    if (unverified) TimeLatency(*unverified, "shardtrain_unverified", csv.get());
   }
   for (const auto& cs : cases) {
     all_ok = TimeCase(*comm, cs, "shardtrain", csv.get()) && all_ok;

@@ -9,6 +9,7 @@ import csv
 import sys
 
 OPS = ["all_gather", "reduce_scatter", "all_reduce"]
+LATENCY = ("tiny_all_reduce", "float32", 4)  # per-call latency case (--latency_iters)
 DTYPES = ["float32", "bfloat16", "float16", "float64"]
 
 
@@ -38,7 +39,9 @@ def main():
     a = ap.parse_args()
     st, py, base = load(a.shardtrain, "shardtrain"), load(a.pytorch, "pytorch"), load(a.baseline, "shardtrain")
     unv = load(a.shardtrain, "shardtrain_unverified")
-    keys = sorted(set(st) & set(py), key=lambda k: (OPS.index(k[0]), DTYPES.index(k[1]), k[2]))
+    base_unv = load(a.baseline, "shardtrain_unverified")
+    keys = sorted((k for k in set(st) & set(py) if k[0] in OPS),
+                  key=lambda k: (OPS.index(k[0]), DTYPES.index(k[1]), k[2]))
     if not keys:
         sys.exit("make_table: no case was measured by both implementations")
 
@@ -82,7 +85,7 @@ def main():
     if unv:
         w("- \"verify_calls off\": sizes below 16 MiB are timed a second time, in the same process, on a")
         w("  GlooCommunicator with `GlooOptions::verify_calls = false` (no per-call exchange of the call's")
-        w("  signature, which costs one extra small all-gather round trip per collective).")
+        w("  signature, which costs one extra small all-to-all round trip per collective).")
     w("- sent/call: bytes this rank sent per call according to `Communicator::stats()`; the theory is")
     w("  (W-1)/W x full for all-gather and reduce-scatter and 2(W-1)/W x full for all-reduce.")
     w("")
@@ -116,6 +119,32 @@ def main():
         cells += [f"{float(s['busbw_gbps']):.3f}", f"{float(p['busbw_gbps']):.3f}", sent_s]
         w("| " + " | ".join(cells) + " |")
     w("")
+    if LATENCY in st and LATENCY in py:
+        w("## Per-call latency")
+        w("")
+        w(f"Back-to-back all-reduces of one float32 element ({st[LATENCY]['iters']} calls each, no barrier in between;")
+        w("rank 0's median and minimum). ShardTrain with `verify_calls` on minus off is what the per-call")
+        w("signature check costs.")
+        w("")
+        w("| implementation | median ms | min ms |")
+        w("|---|---:|---:|")
+        rows = [("ShardTrain (verify_calls on, the default)", st), ("ShardTrain, verify_calls off", unv)]
+        if base:
+            rev = a.baseline_rev or "baseline"
+            rows += [(f"before ({rev}), verify_calls on", base), (f"before ({rev}), verify_calls off", base_unv)]
+        rows.append(("PyTorch", py))
+        for name, src in rows:
+            if LATENCY in src:
+                w(f"| {name} | {float(src[LATENCY]['median_ms']):.3f} | {float(src[LATENCY]['min_ms']):.3f} |")
+        w("")
+        costs = []
+        if LATENCY in unv:
+            costs.append(f"{float(st[LATENCY]['median_ms']) - float(unv[LATENCY]['median_ms']):.3f} ms now")
+        if LATENCY in base and LATENCY in base_unv:
+            costs.append(f"{float(base[LATENCY]['median_ms']) - float(base_unv[LATENCY]['median_ms']):.3f} ms before")
+        if costs:
+            w(f"Signature check per call (median on minus median off): {', '.join(costs)}.")
+            w("")
     w("## Goals (issue 3)")
     w("")
     if slower:
@@ -159,25 +188,36 @@ def main():
     w("")
     w("## Notes")
     w("")
-    w("- At W = 2 `GlooCommunicator` exchanges the two blocks with c10d `alltoall_base` and split sizes")
-    w("  {0, n} / {n, 0}: n elements go straight from the caller's tensor into the peer's output, with no")
-    w("  temporary buffers. All-gather is one such exchange; reduce-scatter is one per 4 MiB piece, and its")
-    w("  `Wait()` adds (and scales) each piece while later pieces are still moving. The local steps (copying")
-    w("  the own shard; adding the own block) run on the calling thread in pieces small enough not to wake")
-    w("  the OpenMP pool. Other world sizes (and integer reduce-scatters) keep the general path (c10d")
-    w("  `_allgather_base`; all-to-all into a full-size buffer and a sum over ranks). Reduce-scatter results")
-    w("  are bit-identical to the general path's (comm_bench's self-check compares them, signed zeros")
-    w("  included). See the comment above `GlooCommunicator::AllGather` in `comm/gloo_communicator.cc`.")
+    w("- At W = 2 `GlooCommunicator` exchanges data with c10d `alltoall_base` and split sizes")
+    w("  {0, n} / {n, 0}: n elements go straight from the caller's tensor to the peer. All-gather is one such")
+    w("  exchange into the caller's output; reduce-scatter is one per 4 MiB piece, and its `Wait()` adds (and")
+    w("  scales) each piece while later pieces are still moving. A floating SUM/AVG all-reduce of up to 2 MiB")
+    w("  is the same exchange of the whole tensor (each rank sends all of it, = 2(W-1)/W of it at W=2) into a")
+    w("  receive buffer, and `Wait()` adds the two ranks' values (rank 0's + rank 1's on both ranks, so results")
+    w("  agree bit for bit) and divides: one round trip fewer than Gloo's ring, but every rank adds all n")
+    w("  elements where the ring adds n/2 per rank. Measured here, that wins below ~2 MiB (latency-bound) and")
+    w("  loses from 4 MiB on (the extra additions compete with the loopback copies for 2 cores), so larger")
+    w("  all-reduces (above `kDirectAllReduceMaxBytes`) use Gloo's ring through c10d `allreduce`, the")
+    w("  algorithm PyTorch uses: there parity is the expectation, less the per-call signature check.")
+    w("  The local steps run on the calling thread in pieces small enough not to wake the OpenMP pool. Other")
+    w("  world sizes, integer types and MAX/MIN keep the general path (c10d `_allgather_base`; all-to-all into")
+    w("  a full-size buffer and a sum over ranks; c10d `allreduce`). Reduce-scatter and all-reduce results are")
+    w("  bit-identical to the general path's (comm_bench's self-check compares them with the reference")
+    w("  arithmetic, signed zeros included). See the comment above `GlooCommunicator::AllGather` in")
+    w("  `comm/gloo_communicator.cc`.")
     w("- PyTorch's Gloo `all_gather_into_tensor` gathers into a freshly allocated full-size buffer and copies")
     w("  it out; its `reduce_scatter_tensor` clones the input, all-reduces the whole clone (sending 2(W-1)/W of")
     w("  the buffer instead of (W-1)/W) and copies the own block out. Fresh buffers above glibc's mmap")
-    w("  threshold (32 MiB) are page-faulted in on every call, which is expensive on this VM.")
+    w("  threshold (32 MiB) are page-faulted in on every call, which is expensive on this VM. Its `all_reduce`")
+    w("  is Gloo's ring all-reduce, in place.")
+    w("- The per-call signature check (`verify_calls`) is one equal-split all-to-all of 32 bytes per rank")
+    w("  (earlier revisions such as eec0c67: a c10d `_allgather_base`, about twice the latency, with the signature")
+    w("  built by per-element ATen ops); see the per-call latency section.")
     w("- On a 2-core machine with two ranks, OpenMP worker threads that spin after an ATen op on the calling")
     w("  thread compete with Gloo's I/O threads; small cases are sensitive to it (and to any other load).")
     if base:
-        w(f"- \"before\" is `comm_bench` built against `comm/gloo_communicator.cc` at {a.baseline_rev or 'an earlier revision'}")
-        w("  (`bench/comm/build_baseline.sh`), i.e. the general path at every W, timed in the same run, interleaved")
-        w("  per size with the other two.")
+        w(f"- \"before\" is `comm_bench` built against `comm/` at {a.baseline_rev or 'an earlier revision'}")
+        w("  (`bench/comm/build_baseline.sh`), timed in the same run, interleaved per size with the other two.")
     print("\n".join(out))
 
 

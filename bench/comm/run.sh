@@ -12,7 +12,10 @@
 #   bench/comm/run.sh --keep /tmp/csv          # also keep the raw CSVs there
 #
 # The two implementations run alternately, one size at a time, so that load
-# from other processes on the machine affects both alike.
+# from other processes on the machine affects both alike. With the first size
+# each side also times LATENCY_ITERS (default 500) back-to-back all-reduces of
+# one float32 element: the per-call latency, and (ShardTrain with verify_calls
+# on minus off) what the per-call signature check costs.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -45,18 +48,22 @@ trap 'rm -rf "$TMP"' EXIT
 start=$(date +%s)
 load_before="$(cut -d' ' -f1-3 /proc/loadavg)"
 self_check=true
+latency_iters="${LATENCY_ITERS:-500}"
 IFS=',' read -ra size_list <<<"$SIZES"
 for s in "${size_list[@]}"; do
   echo "=== ${s} MiB: ShardTrain ==="
-  "${RUN[@]+"${RUN[@]}"}" "$BIN" --sizes_mib="$s" --self_check="$self_check" --out="$TMP/st_$s.csv" "${COMMON[@]}"
+  "${RUN[@]+"${RUN[@]}"}" "$BIN" --sizes_mib="$s" --self_check="$self_check" --latency_iters="$latency_iters" \
+    --out="$TMP/st_$s.csv" "${COMMON[@]}"
   self_check=false  # the edge-case check runs once, before the first size
   if [[ -n "$BASELINE_REV" ]]; then
     echo "=== ${s} MiB: ShardTrain at $BASELINE_REV (before) ==="
     "${RUN[@]+"${RUN[@]}"}" "$TMP/comm_bench_baseline" --sizes_mib="$s" --self_check=false --unverified_below_mib=0 \
-      --out="$TMP/base_$s.csv" "${COMMON[@]}"
+      --latency_iters="$latency_iters" --out="$TMP/base_$s.csv" "${COMMON[@]}"
   fi
   echo "=== ${s} MiB: PyTorch ==="
-  "${RUN[@]+"${RUN[@]}"}" "$PY" bench/comm/torch_reference.py --sizes_mib="$s" --out="$TMP/py_$s.csv" "${COMMON[@]}"
+  "${RUN[@]+"${RUN[@]}"}" "$PY" bench/comm/torch_reference.py --sizes_mib="$s" --latency_iters="$latency_iters" \
+    --out="$TMP/py_$s.csv" "${COMMON[@]}"
+  latency_iters=0  # the per-call latency is timed once, with the first size
 done
 load_after="$(cut -d' ' -f1-3 /proc/loadavg)"
 elapsed=$(( $(date +%s) - start ))

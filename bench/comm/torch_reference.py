@@ -53,6 +53,8 @@ def parse_args(argv=None):
     p.add_argument("--intra_op_threads", type=int, default=0)
     p.add_argument("--out", default="")
     p.add_argument("--timeout_s", type=int, default=300)
+    p.add_argument("--latency_iters", type=int, default=0,
+                   help="if > 0: also time this many back-to-back all-reduces of one float32 element")
     return p.parse_args(argv)
 
 
@@ -121,6 +123,25 @@ def run_rank(a):
         print(f"{'op':15} {'dtype':9} {'size':>9} {'iters':>5} {'median_ms':>10} {'min_ms':>10} "
               f"{'algbw_GB/s':>10} {'busbw_GB/s':>10}")
     all_ok = True
+    if a.latency_iters > 0:  # per-call latency, as comm_bench's TimeLatency
+        t = torch.zeros(1)
+        for _ in range(20):
+            dist.all_reduce(t)
+        dist.barrier()
+        ms = []
+        for _ in range(a.latency_iters):
+            t0 = time.perf_counter()
+            dist.all_reduce(t)
+            ms.append((time.perf_counter() - t0) * 1e3)
+        if leader:
+            med, mn = statistics.median(ms), min(ms)
+            print(f"{'tiny_all_reduce':15} {'float32':9} {'4B':>9} {a.latency_iters:5d} {med:10.3f} {mn:10.3f}"
+                  "   (per-call latency)", flush=True)
+            if writer:
+                sent = int(2 * (w - 1) / w * 4)
+                writer.writerow(["pytorch", "tiny_all_reduce", "float32", 4, w, a.latency_iters, med, mn, 0, 0, sent,
+                                 sent])
+                fh.flush()
     for op, dt, full_bytes in cases:
         dtype = DTYPES[dt]
         elem = torch.empty(0, dtype=dtype).element_size()

@@ -2,11 +2,14 @@
 #include "comm/gloo_communicator.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
 #include <thread>
+#include <vector>
 
 #include "comm/errors.h"
+#include "comm/rendezvous.h"
 #include "tests/testing/multi_rank.h"
 
 namespace shardtrain::comm {
@@ -115,6 +118,58 @@ INSTANTIATE_TEST_SUITE_P(WorldsAndDtypes, GlooCollectives,
                                   std::string(c10::toString(info.param.dtype));
                          });
 
+// Random values with signed zeros and mixed magnitudes (the same for a given seed).
+at::Tensor RandomValues(int64_t n, at::ScalarType dtype, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::Tensor t = at::randn({n}, gen, at::TensorOptions().dtype(at::kDouble));
+  t.mul_(at::pow(10.0, at::randint(-3, 4, {n}, gen, at::TensorOptions().dtype(at::kDouble))));
+  t[0] = -0.0;
+  t[1] = 0.0;
+  return t.to(dtype);
+}
+
+bool BitEqual(const at::Tensor& a, const at::Tensor& b) {
+  const at::ScalarType bits = a.element_size() == 2 ? at::kShort : a.element_size() == 4 ? at::kInt : at::kLong;
+  return a.scalar_type() == b.scalar_type() && at::equal(a.view(bits), b.view(bits));
+}
+
+// W=2 all-reduce on both sides of the direct-exchange limit (2 MiB: up to it
+// the exchange, above it Gloo's ring): bit for bit what Gloo's sum gives (each
+// input divided by pre_divide in its dtype, one add per element rounded once,
+// the sum divided by post_divide x W for AVG), and the same on both ranks.
+TEST(GlooAllReduce, TwoRanksMatchGloosArithmeticBitForBit) {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble}) {
+    const int64_t limit = (int64_t{2} << 20) / static_cast<int64_t>(c10::elementSize(dtype));  // 2 MiB
+    for (int64_t n : {limit, limit + 1, int64_t{3}}) {
+      const std::vector<at::Tensor> inputs = {RandomValues(n, dtype, 11), RandomValues(n, dtype, 12)};
+      for (const ReduceOptions& o :
+           {ReduceOptions{}, ReduceOptions{ReduceOp::kAvg, 2.0, 3.0}, ReduceOptions{ReduceOp::kSum, 1.0, 7.0}}) {
+        std::vector<at::Tensor> results(2);
+        RunRanks(2, [&](int rank, const auto& comm) {
+          at::Tensor t = inputs[rank].clone();
+          comm->AllReduce(t, o)->Wait();
+          results[rank] = t;
+          EXPECT_EQ(comm->stats().BytesSent(CommOp::kAllReduce), n * t.element_size());
+        });
+        at::Tensor a = inputs[0].clone(), b = inputs[1].clone();
+        if (o.pre_divide != 1.0) {
+          a.div_(o.pre_divide);
+          b.div_(o.pre_divide);
+        }
+        // Gloo's sum of 16-bit types: in float32, rounded once.
+        const bool low = dtype == at::kBFloat16 || dtype == at::kHalf;
+        at::Tensor expected = low ? (a.to(at::kFloat) + b.to(at::kFloat)).to(dtype) : a + b;
+        const double post = o.post_divide * (o.op == ReduceOp::kAvg ? 2 : 1);
+        if (post != 1.0) expected.div_(post);
+        const std::string what = internal::StrCat(c10::toString(dtype), " n=", n, " ", ReduceOpName(o.op), " pre ",
+                                                  o.pre_divide, " post ", o.post_divide);
+        EXPECT_TRUE(BitEqual(results[0], results[1])) << what << ": ranks disagree";
+        EXPECT_TRUE(BitEqual(results[0], expected)) << what;
+      }
+    }
+  }
+}
+
 TEST(GlooSubgroups, HybridTwoByTwo) {
   RunRanks(4, [](int rank, const auto& comm) {
     HybridGroups g = comm->SplitHybrid(2);
@@ -163,14 +218,54 @@ TEST(GlooErrors, MissingPeerTimesOutWithClearError) {
         try {
           comm->AllGather(at::ones({4}), at::empty({8}))->Wait();
           ADD_FAILURE() << "expected a timeout";
-        } catch (const CommError& e) {
+        } catch (const CommTimeoutError& e) {
           std::string msg = e.what();
-          EXPECT_NE(msg.find("AllGather on gloo group 'world' (rank 0/2)"), std::string::npos) << msg;
+          EXPECT_NE(msg.find("AllGather on gloo group 'world' (rank 0/2) timed out after 1500 ms"), std::string::npos)
+              << msg;
+          // The heartbeat names the peer and says why: alive, but behind.
+          EXPECT_NE(msg.find("rank 1 of group 'world' is alive (heartbeat "), std::string::npos) << msg;
+          EXPECT_NE(msg.find("has issued 0 collectives while this rank is at #1 (AllGather): it has not reached "
+                             "this collective"),
+                    std::string::npos)
+              << msg;
         }
         rank0_done = true;
       },
       std::chrono::milliseconds(1500));
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+}
+
+// A rank that stops after some collectives: the survivor's error says how far it got.
+TEST(GlooErrors, StalledPeerIsNamedWithItsProgress) {
+  std::atomic<bool> rank0_done{false};
+  RunRanks(
+      2,
+      [&](int rank, const auto& comm) {
+        for (int i = 0; i < 3; ++i) comm->Barrier()->Wait();
+        if (rank == 1) {
+          comm->AllGather(at::ones({4}), at::empty({8}))->Wait();
+          while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          return;
+        }
+        comm->AllGather(at::ones({4}), at::empty({8}))->Wait();
+        try {
+          at::Tensor t = at::ones({1 << 18});  // 1 MiB: the W=2 direct exchange
+          comm->AllReduce(t)->Wait();
+          ADD_FAILURE() << "expected a timeout";
+        } catch (const CommTimeoutError& e) {
+          std::string msg = e.what();
+          EXPECT_NE(msg.find("AllReduce on gloo group 'world' (rank 0/2) timed out after 1500 ms (collective #5 of "
+                             "this rank): rank 1 of group 'world' is alive"),
+                    std::string::npos)
+              << msg;
+          EXPECT_NE(msg.find("has issued 4 collectives while this rank is at #5 (AllReduce): it has not reached this "
+                             "collective (its latest: AllGather)"),
+                    std::string::npos)
+              << msg;
+        }
+        rank0_done = true;
+      },
+      std::chrono::milliseconds(1500));
 }
 
 TEST(GlooErrors, DeadPeerFailsSurvivor) {
@@ -179,14 +274,85 @@ TEST(GlooErrors, DeadPeerFailsSurvivor) {
       2,
       [&](int rank, const auto& comm) {
         if (rank == 1) {
+          comm->Barrier()->Wait();
           rank1_gone = true;
           return;  // destroying the communicator closes its connections
         }
+        comm->Barrier()->Wait();
         while (!rank1_gone) std::this_thread::sleep_for(std::chrono::milliseconds(5));
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        EXPECT_THROW(comm->AllReduce(at::ones({1024}))->Wait(), CommError);
+        try {
+          comm->AllReduce(at::ones({1024}))->Wait();
+          ADD_FAILURE() << "expected CommError";
+        } catch (const CommError& e) {
+          std::string msg = e.what();
+          EXPECT_NE(msg.find("AllReduce on gloo group 'world' (rank 0/2)"), std::string::npos) << msg;
+          EXPECT_NE(msg.find("rank 1 of group 'world' has closed its communicator (1 collective issued, the latest "
+                             "Barrier)"),
+                    std::string::npos)
+              << msg;
+        }
       },
       std::chrono::milliseconds(3000));
+}
+
+// Sub-groups publish heartbeats under their own names; with heartbeats off,
+// errors still name operation and group.
+TEST(GlooErrors, SubgroupPeerIsNamedAndHeartbeatsCanBeOff) {
+  std::atomic<int> done{0};
+  RunRanks(
+      4,
+      [&](int rank, const auto& comm) {
+        HybridGroups g = comm->SplitHybrid(2);
+        if (rank == 1) {  // rank 0 of "world/shard0" waits for it in vain
+          while (done < 1) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+          return;
+        }
+        if (rank == 0) {
+          try {
+            g.shard->Barrier()->Wait();
+            ADD_FAILURE() << "expected a timeout";
+          } catch (const CommTimeoutError& e) {
+            std::string msg = e.what();
+            EXPECT_NE(msg.find("Barrier on gloo group 'world/shard0' (rank 0/2) timed out"), std::string::npos) << msg;
+            EXPECT_NE(msg.find("rank 1 of group 'world/shard0' is alive"), std::string::npos) << msg;
+          }
+          ++done;
+        }
+      },
+      std::chrono::milliseconds(1500));
+
+  auto store = CreateHashStore();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      GlooOptions o;
+      o.hostname = "127.0.0.1";
+      o.timeout = std::chrono::milliseconds(1000);
+      o.heartbeat_period = std::chrono::milliseconds(0);
+      auto c = GlooCommunicator::Create(store, r, 2, o);
+      if (r == 1) return;
+      try {
+        c->Barrier()->Wait();
+        ADD_FAILURE() << "expected CommError";
+      } catch (const CommError& e) {
+        std::string msg = e.what();
+        EXPECT_NE(msg.find("Barrier on gloo group 'world' (rank 0/2)"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("a peer rank may have died or not reached this collective"), std::string::npos) << msg;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  GlooOptions bad;
+  bad.heartbeat_period = std::chrono::milliseconds(-1);
+  try {
+    GlooCommunicator::Create(CreateHashStore(), 0, 1, bad);
+    ADD_FAILURE() << "expected InvalidArgumentError";
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("GlooOptions.heartbeat_period must be >= 0 ms (0: off), got -1 ms"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(GlooErrors, MismatchedCallsAcrossRanksAreAClearError) {

@@ -5,8 +5,9 @@
 #   - torchrun --no-python from the pinned torch (<repo>/.deps/venv/bin/torchrun),
 #     whose agent store makes every rank a TCPStore client under
 #     /worker/attempt_<restart count>; also across a restart (attempt 1);
-# and the faults: a rank killed mid-collective, a rank that stops issuing
-# collectives (timeout), bad input.
+# and the faults: a rank killed mid-collective (rank 1, and rank 0, which also
+# serves the TCPStore), a rank that stops issuing collectives (timeout), bad
+# input. Survivors must name the faulty rank (from the peers' heartbeats).
 #
 #   process_test.sh WORKER LAUNCHER     (runfiles paths; Bazel passes them)
 #
@@ -105,10 +106,11 @@ run_torchrun() {
   done
 }
 
-# The survivors of a fault: each printed the CommError naming operation and
-# group, within `max_ms` of the fault, and exited 3 after tearing down.
-check_survivors() {  # check_survivors WORLD FAULTY_RANK MAX_MS
-  local world="$1" faulty="$2" max_ms="$3" r line ms
+# The survivors of a fault: each printed the CommError naming operation, group
+# and the faulty rank with what happened to it (extended regex WHY), within
+# `max_ms` of the fault, and exited 3 after tearing down.
+check_survivors() {  # check_survivors WORLD FAULTY_RANK MAX_MS WHY
+  local world="$1" faulty="$2" max_ms="$3" why="$4" r line ms
   for ((r = 0; r < world; ++r)); do
     [[ $r -eq $faulty ]] && continue
     line="$(grep -E "^rank $r/$world: CommError in iteration" "$CASE_DIR/stderr" | head -n1)"
@@ -118,6 +120,8 @@ check_survivors() {  # check_survivors WORLD FAULTY_RANK MAX_MS
     fi
     echo "$line" | grep -qE "(AllGather|ReduceScatter|AllReduce|Broadcast|Barrier) on gloo group 'world' \(rank $r/$world\) (failed|timed out)" ||
       fail "rank $r's error does not name the operation and group: $line"
+    echo "$line" | grep -qE "rank $faulty of group 'world'$why" ||
+      fail "rank $r's error does not name rank $faulty as the cause (expected \"rank $faulty of group 'world'$why\"): $line"
     ms="$(echo "$line" | sed -nE 's/.*failed_after_fault_ms=(-?[0-9]+).*/\1/p')"
     [[ -n "$ms" && $ms -lt $max_ms ]] || fail "rank $r failed ${ms:-?} ms after the fault, expected < $max_ms ms"
     if [[ "$(cat "$CASE_DIR/rank_$r.exit" 2>/dev/null)" != "3" ]]; then
@@ -175,7 +179,20 @@ expect_rc_nonzero
 expect_in stderr "rank 1/3: killing myself with SIGKILL now"
 grep -qE "ShardTrain launcher: rank 1 \(pid [0-9]+\) was killed by signal 9" "$CASE_DIR/stderr" ||
   fail "the launcher did not name rank 1 as the failed rank"
-check_survivors 3 1 5000
+check_survivors 3 1 5000 " \(pid [0-9]+ on this host\) has died \([0-9]+ collectives issued"
+expect_elapsed_below 30000
+end_case
+
+begin_case launcher_store_host_killed
+# Rank 0 also serves the TCPStore: survivors cannot read heartbeats any more,
+# yet name rank 0 (pid check on this host) and say that the store is gone.
+run 120 "$LAUNCHER" --nproc 3 --kill_grace_ms 20000 -- "$WORKER" --timeout_ms=5000 --die_rank=0 \
+  --die_after_ms=1000 --defer_sigterm --status_dir="$CASE_DIR"
+expect_rc_nonzero
+expect_in stderr "rank 0/3: killing myself with SIGKILL now"
+check_survivors 3 0 5000 " \(pid [0-9]+ on this host\) has died"
+grep -E "^rank [12]/3: CommError in iteration" "$CASE_DIR/stderr" | grep -qF "the rendezvous store could not be read" ||
+  fail "no survivor said that the rendezvous store could not be read"
 expect_elapsed_below 30000
 end_case
 
@@ -190,7 +207,7 @@ expect_in stderr "timed out after 3000 ms"
 expect_in stderr "rank 1/3: stalled rank terminated"
 grep -qE "ShardTrain launcher: rank [02] \(pid [0-9]+\) exited with code 3" "$CASE_DIR/stderr" ||
   fail "the launcher did not name a survivor (rank 0 or 2, exit code 3) as the failed rank"
-check_survivors 3 1 6000
+check_survivors 3 1 6000 " is alive \(heartbeat [0-9.]+ s ago\) but has issued [0-9]+ collectives while this rank is at #[0-9]+ \((AllGather|ReduceScatter|AllReduce|Broadcast)\): it has not reached this collective"
 expect_elapsed_below 30000
 end_case
 
