@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <mutex>
@@ -510,6 +511,16 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
     }
     opts->threads = options_.threads;
     pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank, size, opts);
+    if (options_.verify_calls && size > 1) {
+      // The signature exchange gets its own connections and worker thread:
+      // on pg_ it would queue behind the collectives still in flight, and the
+      // caller would block until they finished (no overlap with compute).
+      auto verify_opts = c10d::ProcessGroupGloo::Options::create(options_.timeout);
+      verify_opts->devices = opts->devices;
+      verify_opts->threads = 1;
+      verify_pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          c10::make_intrusive<c10d::PrefixStore>("verify", store_), rank, size, verify_opts);
+    }
   } catch (const std::exception& e) {
     ST_THROW(CommError, "connecting gloo group '", name_, "' (rank ", rank, "/", size, ") failed within ",
              options_.timeout.count(), " ms: ", e.what());
@@ -519,9 +530,11 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
     monitor_->Start();
   }
   group_ = std::make_shared<const GlooGroupRef>(GlooGroupRef{name_, rank_, size_, monitor_});
+  if (verify_pg_) issuer_ = std::make_unique<GlooCallIssuer>();
 }
 
 GlooCommunicator::~GlooCommunicator() {
+  issuer_.reset();  // calls not started yet fail; one being started finishes first
   // The "closed" heartbeat goes out before pg_ (destroyed after this body)
   // closes the connections, so peers that fail on them can tell why.
   if (monitor_) monitor_->Stop();
@@ -548,6 +561,156 @@ IssuedCall GlooCommunicator::Issue(CommOp op) {
   return call;
 }
 
+// ---------------------------------------------------------------------------
+// Issuing collectives off the caller's thread (GlooOptions::verify_calls).
+//
+// The signature check is a round trip with every peer, which ends only when
+// the slowest rank reaches the same call. Done on the caller's thread it would
+// stall compute at every collective by the ranks' momentary skew (a prefetch
+// could not run ahead of the peer). So with verify_calls each collective's
+// check and start run, in call order, on one issuing thread per communicator;
+// the caller gets a DeferredWork at once, whose Wait() first waits for the
+// start (and rethrows a mismatch or a failed exchange), then for the
+// collective itself.
+
+namespace {
+
+// A collective handed to the issuing thread: done_ once started (inner_) or failed (error_).
+class DeferredWork : public Work {
+ public:
+  DeferredWork(std::string what, std::chrono::milliseconds timeout) : what_(std::move(what)), timeout_(timeout) {}
+
+  void Started(WorkPtr inner) { Finish(std::move(inner), nullptr); }
+  void Failed(std::exception_ptr error) { Finish(nullptr, std::move(error)); }
+
+  void Wait(std::chrono::milliseconds timeout) override {
+    WorkPtr inner;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (timeout.count() > 0) {
+        if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
+          ST_THROW(CommTimeoutError, what_, " timed out after ", timeout.count(),
+                   " ms before it could start: the ranks' signature exchange did not complete (a peer rank may have "
+                   "died or not reached this collective)");
+        }
+      } else {
+        // The signature exchange is bounded by the communicator's timeout and
+        // then fails with a diagnosis of the peers; wait for that.
+        cv_.wait(lock, [&] { return done_; });
+      }
+      if (error_) std::rethrow_exception(error_);
+      inner = inner_;
+    }
+    inner->Wait(timeout);
+  }
+
+  bool IsCompleted() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_ && (error_ != nullptr || inner_->IsCompleted());
+  }
+
+ private:
+  void Finish(WorkPtr inner, std::exception_ptr error) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      inner_ = std::move(inner);
+      error_ = std::move(error);
+      done_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  std::string what_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  WorkPtr inner_;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+// One thread that starts a communicator's collectives in call order.
+class GlooCallIssuer {
+ public:
+  struct Call {
+    std::function<WorkPtr()> start;  // signature check, then the collective
+    std::shared_ptr<DeferredWork> work;
+  };
+
+  GlooCallIssuer() : thread_([this] { Loop(); }) {}
+  ~GlooCallIssuer() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  void Push(Call call) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(call));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void Loop() {
+    at::NoGradGuard no_grad;
+    std::exception_ptr broken;  // a failed exchange: the group's connections are unusable
+    for (;;) {
+      Call call;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        call = std::move(queue_.front());
+        queue_.pop_front();
+        if (stop_ && !broken) {
+          broken = std::make_exception_ptr(
+              CommError("the communicator was destroyed before this collective could start"));
+        }
+      }
+      if (broken) {
+        call.work->Failed(broken);
+        continue;
+      }
+      try {
+        call.work->Started(call.start());
+      } catch (const InvalidArgumentError&) {
+        call.work->Failed(std::current_exception());  // a mismatched call; the group stays usable
+      } catch (...) {
+        broken = std::current_exception();
+        call.work->Failed(broken);
+      }
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Call> queue_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the members above exist
+};
+
+WorkPtr GlooCommunicator::Submit(CommOp op, const at::Tensor& t, int64_t root, IssuedCall call,
+                                 std::function<WorkPtr()> start) {
+  if (!issuer_) {
+    VerifySameCall(op, t, root, call);  // no-op unless verify_calls
+    return start();
+  }
+  auto work = std::make_shared<DeferredWork>(Describe(OpTitle(op), *group_), timeout_);
+  issuer_->Push({[this, op, t, root, call, start = std::move(start)] {
+                   VerifySameCall(op, t, root, call);
+                   return start();
+                 },
+                 work});
+  return work;
+}
+
 WorkPtr GlooCommunicator::Wrap(c10::intrusive_ptr<c10d::Work> work, CommOp op, IssuedCall call,
                                std::function<void()> finish) {
   return std::make_shared<GlooWork>(std::move(work), group_, op, call, timeout_, std::move(finish));
@@ -571,7 +734,7 @@ void GlooCommunicator::VerifySameCall(CommOp op, const at::Tensor& t, int64_t ro
   for (int r = 0; r < size_; ++r) std::memcpy(out + 4 * r, mine, sizeof(mine));
   try {
     std::vector<int64_t> equal_splits;
-    GlooWork(pg_->alltoall_base(signatures_, signature_, equal_splits, equal_splits), group_, op, call, timeout_,
+    GlooWork(verify_pg_->alltoall_base(signatures_, signature_, equal_splits, equal_splits), group_, op, call, timeout_,
              nullptr)
         .Wait(std::chrono::milliseconds(0));
   } catch (...) {
@@ -715,12 +878,15 @@ WorkPtr GlooCommunicator::AllGather(const at::Tensor& input, const at::Tensor& o
   CheckCpu("AllGather", output);
   CheckGatherScatter("AllGather", input, output);
   const IssuedCall call = Issue(CommOp::kAllGather);
-  VerifySameCall(CommOp::kAllGather, input, 0, call);
   Count(CommOp::kAllGather, (size_ - 1) * input.numel() * input.element_size());
   if (size_ == 1) {
     output.copy_(input);
     return CompletedWork();
   }
+  return Submit(CommOp::kAllGather, input, 0, call, [this, input, output, call] { return StartAllGather(input, output, call); });
+}
+
+WorkPtr GlooCommunicator::StartAllGather(const at::Tensor& input, const at::Tensor& output, IssuedCall call) {
   if (size_ == 2 && input.numel() > 0) {  // W=2 fast path (see above); taken on both ranks alike
     at::Tensor in = input.reshape(-1);
     const at::Tensor out = output.reshape(-1);
@@ -747,10 +913,22 @@ WorkPtr GlooCommunicator::ReduceScatter(const at::Tensor& input, const at::Tenso
                "': unsupported op ", ReduceOpName(options.op), "; valid: SUM, AVG");
   ST_CHECK_ARG(options.pre_divide > 0 && options.post_divide > 0, "ReduceScatter: divide factors must be > 0");
   const IssuedCall call = Issue(CommOp::kReduceScatter);
-  VerifySameCall(CommOp::kReduceScatter, output, static_cast<int64_t>(options.op), call);
   Count(CommOp::kReduceScatter, (size_ - 1) * output.numel() * output.element_size());
   const double scale =
       1.0 / (options.pre_divide * options.post_divide * (options.op == ReduceOp::kAvg ? size_ : 1));
+  if (size_ == 1) {  // the general path's arithmetic (a sum over one block, from +0)
+    const at::Tensor blocks = input.reshape({1, -1});
+    at::Tensor sum = Is16Bit(output.scalar_type()) ? blocks.sum(0, false, at::kFloat) : blocks.sum(0);
+    if (scale != 1.0) sum.mul_(scale);
+    output.copy_(sum.view_as(output));
+    return CompletedWork();
+  }
+  return Submit(CommOp::kReduceScatter, output, static_cast<int64_t>(options.op), call,
+                [this, input, output, scale, call] { return StartReduceScatter(input, output, scale, call); });
+}
+
+WorkPtr GlooCommunicator::StartReduceScatter(const at::Tensor& input, const at::Tensor& output, double scale,
+                                             IssuedCall call) {
   const int64_t n = output.numel();
   const int world = size_;
   if (size_ == 2 && n > 0 && IsFloating(output.scalar_type())) {  // W=2 fast path (see above); both ranks alike
@@ -794,17 +972,13 @@ WorkPtr GlooCommunicator::ReduceScatter(const at::Tensor& input, const at::Tenso
                 call);
   }
   // Every rank sends block j of its input to rank j, then sums what it got.
-  at::Tensor recv = size_ == 1 ? input : at::empty_like(input);
+  at::Tensor recv = at::empty_like(input);
   auto finish = [recv, output, n, world, scale]() mutable {
     at::Tensor blocks = recv.view({world, n});
     at::Tensor sum = Is16Bit(output.scalar_type()) ? blocks.sum(0, false, at::kFloat) : blocks.sum(0);
     if (scale != 1.0) sum.mul_(scale);
     output.copy_(sum);
   };
-  if (size_ == 1) {
-    finish();
-    return CompletedWork();
-  }
   at::Tensor in = input;
   std::vector<int64_t> counts;  // empty: equal splits
   return Wrap(pg_->alltoall_base(recv, in, counts, counts), CommOp::kReduceScatter, call, std::move(finish));
@@ -814,7 +988,6 @@ WorkPtr GlooCommunicator::AllReduce(const at::Tensor& tensor, const ReduceOption
   CheckCpu("AllReduce", tensor);
   ST_CHECK_ARG(options.pre_divide > 0 && options.post_divide > 0, "AllReduce: divide factors must be > 0");
   const IssuedCall call = Issue(CommOp::kAllReduce);
-  VerifySameCall(CommOp::kAllReduce, tensor, static_cast<int64_t>(options.op), call);
   Count(CommOp::kAllReduce, size_ == 1 ? 0 : 2 * (size_ - 1) * tensor.numel() * tensor.element_size() / size_);
   const bool is_sum = options.op == ReduceOp::kSum || options.op == ReduceOp::kAvg;
   if (is_sum && options.pre_divide != 1.0) tensor.div_(options.pre_divide);
@@ -826,6 +999,15 @@ WorkPtr GlooCommunicator::AllReduce(const at::Tensor& tensor, const ReduceOption
     finish();
     return CompletedWork();
   }
+  return Submit(CommOp::kAllReduce, tensor, static_cast<int64_t>(options.op), call,
+                [this, tensor, op = options.op, post, call] { return StartAllReduce(tensor, op, post, call); });
+}
+
+WorkPtr GlooCommunicator::StartAllReduce(const at::Tensor& tensor, ReduceOp op, double post, IssuedCall call) {
+  const bool is_sum = op == ReduceOp::kSum || op == ReduceOp::kAvg;
+  auto finish = [tensor, post]() {
+    if (post != 1.0) tensor.div_(post);
+  };
   const int64_t bytes = tensor.numel() * tensor.element_size();
   if (size_ == 2 && is_sum && bytes > 0 && bytes <= kDirectAllReduceMaxBytes && IsFloating(tensor.scalar_type())) {
     // W=2 fast path for small tensors (see above and kDirectAllReduceMaxBytes);
@@ -850,8 +1032,8 @@ WorkPtr GlooCommunicator::AllReduce(const at::Tensor& tensor, const ReduceOption
     return Wrap(PipelinedExchange(*pg_, rank_, t, recv, timeout_, std::move(combine)), CommOp::kAllReduce, call);
   }
   c10d::AllreduceOptions o;
-  o.reduceOp = options.op == ReduceOp::kMax   ? c10d::ReduceOp(c10d::ReduceOp::MAX)
-               : options.op == ReduceOp::kMin ? c10d::ReduceOp(c10d::ReduceOp::MIN)
+  o.reduceOp = op == ReduceOp::kMax   ? c10d::ReduceOp(c10d::ReduceOp::MAX)
+               : op == ReduceOp::kMin ? c10d::ReduceOp(c10d::ReduceOp::MIN)
                                               : c10d::ReduceOp(c10d::ReduceOp::SUM);
   o.timeout = timeout_;
   std::vector<at::Tensor> tensors{tensor};
@@ -863,24 +1045,26 @@ WorkPtr GlooCommunicator::Broadcast(const at::Tensor& tensor, int root) {
   ST_CHECK_ARG(root >= 0 && root < size_, "Broadcast on group '", name_, "': root must be in [0, ", size_, "), got ",
                root);
   const IssuedCall call = Issue(CommOp::kBroadcast);
-  VerifySameCall(CommOp::kBroadcast, tensor, root, call);
   Count(CommOp::kBroadcast, rank_ == root ? (size_ - 1) * tensor.numel() * tensor.element_size() : 0);
   if (size_ == 1) return CompletedWork();
-  c10d::BroadcastOptions o;
-  o.rootRank = root;
-  o.timeout = timeout_;
-  std::vector<at::Tensor> tensors{tensor};
-  return Wrap(pg_->broadcast(tensors, o), CommOp::kBroadcast, call);
+  return Submit(CommOp::kBroadcast, tensor, root, call, [this, tensor, root, call] {
+    c10d::BroadcastOptions o;
+    o.rootRank = root;
+    o.timeout = timeout_;
+    std::vector<at::Tensor> tensors{tensor};
+    return Wrap(pg_->broadcast(tensors, o), CommOp::kBroadcast, call);
+  });
 }
 
 WorkPtr GlooCommunicator::Barrier() {
   const IssuedCall call = Issue(CommOp::kBarrier);
-  VerifySameCall(CommOp::kBarrier, at::Tensor(), 0, call);
   Count(CommOp::kBarrier, 0);
   if (size_ == 1) return CompletedWork();
-  c10d::BarrierOptions o;
-  o.timeout = timeout_;
-  return Wrap(pg_->barrier(o), CommOp::kBarrier, call);
+  return Submit(CommOp::kBarrier, at::Tensor(), 0, call, [this, call] {
+    c10d::BarrierOptions o;
+    o.timeout = timeout_;
+    return Wrap(pg_->barrier(o), CommOp::kBarrier, call);
+  });
 }
 
 CommunicatorPtr GlooCommunicator::NewGroup(const std::vector<int>& ranks, const std::string& name) {

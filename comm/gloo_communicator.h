@@ -55,6 +55,7 @@ struct GlooOptions {
 };
 
 class GlooPeerMonitor;  // heartbeats and failure diagnosis (gloo_communicator.cc)
+class GlooCallIssuer;   // starts collectives off the caller's thread (gloo_communicator.cc)
 struct GlooGroupRef;    // what a pending Work needs to know about its group
 
 // A collective as this rank issued it: its number (1, 2, ...) and the wall
@@ -90,6 +91,15 @@ class GlooCommunicator : public Communicator {
   IssuedCall Issue(CommOp op);
   // Exchanges the call's signature with all ranks (see GlooOptions::verify_calls).
   void VerifySameCall(CommOp op, const at::Tensor& t, int64_t root, IssuedCall call);
+  // Starts a collective: checks its signature (VerifySameCall), then runs
+  // `start`, which launches it and returns its Work. With verify_calls both
+  // happen on the issuing thread, in call order, and the caller gets a Work
+  // at once; otherwise they run here.
+  WorkPtr Submit(CommOp op, const at::Tensor& t, int64_t root, IssuedCall call, std::function<WorkPtr()> start);
+  // The collectives' starts (after the signature check), for Submit.
+  WorkPtr StartAllGather(const at::Tensor& input, const at::Tensor& output, IssuedCall call);
+  WorkPtr StartReduceScatter(const at::Tensor& input, const at::Tensor& output, double scale, IssuedCall call);
+  WorkPtr StartAllReduce(const at::Tensor& tensor, ReduceOp op, double post, IssuedCall call);
   // Wraps a c10d work of collective `call` into the Work returned to the caller.
   WorkPtr Wrap(c10::intrusive_ptr<c10d::Work> work, CommOp op, IssuedCall call,
                std::function<void()> finish = nullptr);
@@ -97,6 +107,7 @@ class GlooCommunicator : public Communicator {
   c10::intrusive_ptr<c10d::Store> store_;
   GlooOptions options_;
   c10::intrusive_ptr<c10d::Backend> pg_;
+  c10::intrusive_ptr<c10d::Backend> verify_pg_;  // signature exchanges only (verify_calls)
   std::shared_ptr<GlooPeerMonitor> monitor_;  // null at W=1 or with heartbeat_period 0
   std::shared_ptr<const GlooGroupRef> group_;
   std::atomic<int64_t> issued_{0};  // collectives issued so far
@@ -104,6 +115,7 @@ class GlooCommunicator : public Communicator {
   // serialized by the mutex; see the thread-safety contract in communicator.h).
   std::mutex verify_mu_;
   at::Tensor signature_, signatures_;
+  std::unique_ptr<GlooCallIssuer> issuer_;  // with verify_calls at W>1; destroyed first
 };
 
 }  // namespace shardtrain::comm
