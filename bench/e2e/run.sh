@@ -45,7 +45,7 @@ for round in $(seq "${ROUNDS:-3}"); do
   cpp shardtrain_local_compute 2 single_device "" --local_compute
   cpp shardtrain_fsdp_native_FULL_SHARD 2 fsdp_native "sharding_strategy=FULL_SHARD"
   cpp shardtrain_fsdp_native_FULL_SHARD_fwd_prefetch 2 fsdp_native "sharding_strategy=FULL_SHARD,forward_prefetch=true"
-  cpp shardtrain_fsdp_native_SHARD_GRAD_OP 2 fsdp_native "sharding_strategy=SHARD_GRAD_OP,forward_prefetch=true"
+  cpp shardtrain_fsdp_native_SHARD_GRAD_OP 2 fsdp_native "sharding_strategy=SHARD_GRAD_OP"
   cpp shardtrain_fsdp 2 fsdp "min_num_params=1000"
   cpp shardtrain_ddp 2 ddp ""
   py local 2
