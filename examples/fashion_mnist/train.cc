@@ -23,24 +23,15 @@
 #include "comm/errors.h"
 #include "comm/launcher.h"
 #include "examples/common/example_util.h"
+#include "examples/common/trainer_flags.h"
 #include "examples/fashion_mnist/cnn_model.h"
 #include "examples/fashion_mnist/fashion_mnist.h"
 #include "strategies/registry.h"
-#include "trainer/accelerator.h"
 #include "trainer/callbacks.h"
 #include "trainer/trainer.h"
 
 DEFINE_string(data_dir, shardtrain::examples::kFashionMnistDebianDir,
               "directory with the Fashion-MNIST IDX files (train-images-idx3-ubyte[.gz], ...)");
-DEFINE_string(strategy, "fsdp_native", "strategy by registered name (fsdp_native, fsdp, ddp, single_device, ...)");
-DEFINE_string(strategy_options, "", "the strategy's options as key=value,key=value (e.g. sharding_strategy=SHARD_GRAD_OP)");
-DEFINE_string(devices, "2",
-              "ranks on this machine, or 'auto' (Lightning's devices=auto: every visible GPU with --accelerator=cuda, "
-              "1 on cpu); under torchrun/srun/mpirun: taken from the launcher");
-DEFINE_string(accelerator, "cpu",
-              "cpu, cuda (alias gpu: one rank per GPU, NCCL; needs a --config=cuda build) or auto (cuda when "
-              "available, else cpu)");
-DEFINE_string(precision, "32-true", "32-true, bf16-mixed, 16-mixed or bf16-true");
 DEFINE_int64(max_epochs, 3, "epochs to train");
 DEFINE_int64(max_steps, -1, "stop after this many optimizer steps (-1: no limit)");
 DEFINE_int64(batch_size, 64, "images per rank per step");
@@ -194,11 +185,8 @@ EvalResult Evaluate(FashionMnistModule& module, const examples::FashionMnist& da
 
 int Run() {
   const auto t_start = std::chrono::steady_clock::now();
-  const std::string accelerator = trainer::ResolveAccelerator(FLAGS_accelerator);  // a clear error when unavailable
-  const examples::ProcessPlan plan = examples::PlanProcesses(
-      trainer::ResolveDevices(trainer::ParseDevices(FLAGS_devices), accelerator),
-      !gflags::GetCommandLineFlagInfoOrDie("devices").is_default);
-  examples::SetThreadsPerRank(plan.devices);
+  trainer::TrainerOptions o;
+  const examples::ProcessPlan plan = examples::ApplyTrainerFlags(o);  // strategy, devices, accelerator, precision
   const bool rank0 = plan.rank == 0;
 
   const std::string data_dir = examples::UserPath(FLAGS_data_dir);
@@ -210,13 +198,6 @@ int Run() {
   examples::FashionMnist train(full_train.images().slice(0, 0, n_train), full_train.labels().slice(0, 0, n_train));
   examples::FashionMnist val(full_train.images().slice(0, n_train), full_train.labels().slice(0, n_train));
 
-  trainer::TrainerOptions o;
-  o.strategy = FLAGS_strategy;
-  o.strategy_options = examples::ParseKeyValueList(FLAGS_strategy_options, "--strategy_options");
-  o.accelerator = accelerator;
-  o.devices = plan.devices;
-  o.num_nodes = plan.num_nodes;
-  o.precision = FLAGS_precision;
   o.max_epochs = FLAGS_max_epochs;
   o.max_steps = FLAGS_max_steps;
   o.batch_size = FLAGS_batch_size;

@@ -37,22 +37,12 @@
 #include "comm/errors.h"
 #include "comm/launcher.h"
 #include "examples/common/example_util.h"
+#include "examples/common/trainer_flags.h"
 #include "examples/gpt/gpt_model.h"
 #include "strategies/registry.h"
-#include "trainer/accelerator.h"
 #include "trainer/callbacks.h"
 #include "trainer/trainer.h"
 
-DEFINE_string(strategy, "fsdp_native", "strategy by registered name (fsdp_native, fsdp, ddp, single_device, ...)");
-DEFINE_string(strategy_options, "",
-              "the strategy's options as key=value,key=value (e.g. sharding_strategy=SHARD_GRAD_OP for fsdp_native)");
-DEFINE_string(devices, "2",
-              "ranks on this machine, or 'auto' (Lightning's devices=auto: every visible GPU with --accelerator=cuda, "
-              "1 on cpu); under torchrun/srun/mpirun: taken from the launcher");
-DEFINE_string(accelerator, "cpu",
-              "cpu, cuda (alias gpu: one rank per GPU, NCCL; needs a --config=cuda build) or auto (cuda when "
-              "available, else cpu)");
-DEFINE_string(precision, "32-true", "32-true, bf16-mixed, 16-mixed or bf16-true");
 DEFINE_string(data, "", "text file to train on (default: Debian's fortunes corpus)");
 DEFINE_int64(max_steps, 300, "optimizer steps to train (counted from the start of training, also when resuming)");
 DEFINE_int64(batch_size, 16, "sequences per rank per step");
@@ -255,11 +245,8 @@ class ValLossPrinter : public trainer::Callback {
 
 int Run() {
   const auto t_start = std::chrono::steady_clock::now();
-  const std::string accelerator = trainer::ResolveAccelerator(FLAGS_accelerator);  // a clear error when unavailable
-  const examples::ProcessPlan plan = examples::PlanProcesses(
-      trainer::ResolveDevices(trainer::ParseDevices(FLAGS_devices), accelerator),
-      !gflags::GetCommandLineFlagInfoOrDie("devices").is_default);
-  examples::SetThreadsPerRank(plan.devices);
+  trainer::TrainerOptions o;
+  const examples::ProcessPlan plan = examples::ApplyTrainerFlags(o);  // strategy, devices, accelerator, precision
   const bool rank0 = plan.rank == 0;
   ST_CHECK_ARG(FLAGS_eval_every >= 2, "--eval_every must be >= 2, got ", FLAGS_eval_every);
   ST_CHECK_ARG(FLAGS_max_steps >= 1, "--max_steps must be >= 1, got ", FLAGS_max_steps);
@@ -277,13 +264,6 @@ int Run() {
   cfg.n_embd = FLAGS_n_embd;
   cfg.dropout = FLAGS_dropout;
 
-  trainer::TrainerOptions o;
-  o.strategy = FLAGS_strategy;
-  o.strategy_options = examples::ParseKeyValueList(FLAGS_strategy_options, "--strategy_options");
-  o.accelerator = accelerator;
-  o.devices = plan.devices;
-  o.num_nodes = plan.num_nodes;
-  o.precision = FLAGS_precision;
   o.max_epochs = -1;
   o.max_steps = FLAGS_max_steps;
   o.batch_size = FLAGS_batch_size;
