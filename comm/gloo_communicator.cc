@@ -883,7 +883,8 @@ WorkPtr GlooCommunicator::AllGather(const at::Tensor& input, const at::Tensor& o
     output.copy_(input);
     return CompletedWork();
   }
-  return Submit(CommOp::kAllGather, input, 0, call, [this, input, output, call] { return StartAllGather(input, output, call); });
+  return Submit(CommOp::kAllGather, input, 0, call,
+                [this, input, output, call] { return StartAllGather(input, output, call); });
 }
 
 WorkPtr GlooCommunicator::StartAllGather(const at::Tensor& input, const at::Tensor& output, IssuedCall call) {

@@ -745,7 +745,9 @@ void ShardedModel::FinishBackward() {
   FinishReduces(0);
   std::vector<comm::WorkPtr> replicate_works;
   for (auto* u : reduce_order_) {
-    if (replicate_group_ && u->reduce_out.defined()) replicate_works.push_back(replicate_group_->AllReduce(u->reduce_out));
+    if (replicate_group_ && u->reduce_out.defined()) {
+      replicate_works.push_back(replicate_group_->AllReduce(u->reduce_out));
+    }
   }
   for (auto& w : replicate_works) w->Wait();
   // Accumulate into existing gradients (no zero_grad between backwards) or
