@@ -103,6 +103,8 @@ class Classifier : public TrainingModule {
     return c;
   }
   std::map<std::string, std::string> hparams() const override { return {{"model", "mlp"}, {"lr", "0.02"}}; }
+  void on_fit_start() override { ++fit_starts; }
+  int fit_starts = 0;
   ClassifierConfig c_;
   std::shared_ptr<NetImpl> net_;
 };

@@ -17,6 +17,7 @@
 #include "comm/errors.h"
 #include "sharding/wrap_point.h"
 #include "tests/testing/multi_rank.h"
+#include "tests/trainer/fixtures.h"
 #include "trainer/checkpoint.h"
 #include "trainer/csv_logger.h"
 #include "trainer/data.h"
@@ -27,94 +28,16 @@ namespace {
 namespace fs = std::filesystem;
 using shardtrain::testing::RunRanks;
 
-std::string TmpDir(const std::string& name) {
-  const char* t = std::getenv("TEST_TMPDIR");
-  fs::path p = fs::path(t ? t : "/tmp") / name;
-  fs::remove_all(p);
-  fs::create_directories(p);
-  return p.string();
-}
+using fixtures::Classifier;
+using fixtures::FitResult;
+using fixtures::MakeData;
+using fixtures::TmpDir;
 
-class BlockImpl : public torch::nn::Module {
- public:
-  BlockImpl(int64_t in, int64_t out) { fc = register_module("fc", torch::nn::Linear(in, out)); }
-  at::Tensor forward(const at::Tensor& x) { return at::relu(fc->forward(x)); }
-  torch::nn::Linear fc{nullptr};
-};
-
-class NetImpl : public torch::nn::Module {
- public:
-  NetImpl() {
-    b1 = register_module("b1", std::make_shared<sharding::Sharded<BlockImpl>>(8, 16));
-    b2 = register_module("b2", std::make_shared<sharding::Sharded<BlockImpl>>(16, 16));
-    head = register_module("head", torch::nn::Linear(16, 3));
-  }
-  at::Tensor forward(const at::Tensor& x) { return head->forward(b2->forward(b1->forward(x))); }
-  std::shared_ptr<sharding::Sharded<BlockImpl>> b1, b2;
-  torch::nn::Linear head{nullptr};
-};
-
-// Learnable: the class is the argmax of the first three features.
-std::shared_ptr<TensorDataset> MakeData(int64_t n, uint64_t seed) {
-  auto g = at::detail::createCPUGenerator(seed);
-  at::Tensor x = at::randn({n, 8}, g);
-  return std::make_shared<TensorDataset>(x, x.slice(1, 0, 3).argmax(1));
-}
-
-class Classifier : public TrainingModule {
- public:
-  std::shared_ptr<torch::nn::Module> configure_model() override {
-    // Threads-as-ranks share the global generator (the Trainer seeds it on
-    // every rank concurrently), so initialize from a generator of our own.
-    net_ = std::make_shared<NetImpl>();
-    auto g = at::detail::createCPUGenerator(7);
-    at::NoGradGuard no_grad;
-    for (auto& p : net_->parameters()) p.copy_(at::randn(p.sizes(), g) * 0.3);
-    return net_;
-  }
-  at::Tensor training_step(const Batch& b, int64_t) override {
-    at::Tensor out = forward([&] { return net_->forward(b.inputs); });
-    return at::cross_entropy_loss(out.to(at::kFloat), b.targets);
-  }
-  std::optional<at::Tensor> validation_step(const Batch& b, int64_t i) override { return training_step(b, i); }
-  OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
-    OptimizerConfig c;
-    c.optimizer = std::make_shared<torch::optim::Adam>(params, torch::optim::AdamOptions(2e-2));
-    c.lr_lambda = [](int64_t step) { return 1.0 / (1.0 + 0.05 * step); };
-    return c;
-  }
-  std::map<std::string, std::string> hparams() const override { return {{"model", "mlp"}, {"lr", "0.02"}}; }
-  void on_fit_start() override { ++fit_starts; }
-  int fit_starts = 0;
-  std::shared_ptr<NetImpl> net_;
-};
-
-struct FitResult {
-  std::vector<double> losses;
-  std::vector<double> val_losses;
-  std::string last_ckpt;
-  std::string log_dir;
-};
-
-FitResult Fit(int world, TrainerOptions o, const std::string& ckpt_path = "") {
-  auto train = MakeData(64, 1);
-  auto val = MakeData(16, 2);
-  FitResult result;
-  std::mutex mu;
-  RunRanks(world, [&](int rank, const auto& comm) {
-    Classifier module;
-    Trainer trainer(o, comm);
-    trainer.Fit(module, *train, val.get(), ckpt_path);
-    EXPECT_EQ(module.fit_starts, 1);
-    if (rank == 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      result.losses = trainer.step_losses();
-      result.val_losses = trainer.val_losses();
-      result.last_ckpt = trainer.last_checkpoint_path();
-      result.log_dir = trainer.log_dir();
-    }
-  });
-  return result;
+// fixtures::Fit with the default classifier, checking that every rank's
+// module saw on_fit_start exactly once.
+FitResult Fit(int world, const TrainerOptions& o, const std::string& ckpt_path = "") {
+  return fixtures::Fit(world, o, ckpt_path, {},
+                       [](int, Trainer&, Classifier& module) { EXPECT_EQ(module.fit_starts, 1); });
 }
 
 TrainerOptions BaseOptions(const std::string& root) {
