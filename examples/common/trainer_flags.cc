@@ -1,5 +1,9 @@
 #include "examples/common/trainer_flags.h"
 
+#include <cstdio>
+#include <exception>
+
+#include "comm/launcher.h"
 #include "trainer/accelerator.h"
 
 DEFINE_string(strategy, "fsdp_native", "strategy by registered name (fsdp_native, fsdp, ddp, single_device, ...)");
@@ -28,6 +32,19 @@ ProcessPlan ApplyTrainerFlags(trainer::TrainerOptions& options) {
   options.num_nodes = plan.num_nodes;
   options.precision = FLAGS_precision;
   return plan;
+}
+
+int RunExampleMain(int argc, char** argv, const char* usage, int (*run)()) {
+  gflags::SetUsageMessage(usage);
+  gflags::ParseCommandLineFlags(&argc, &argv, true);
+  int code = 1;
+  try {
+    code = run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    code = 1;
+  }
+  return JoinLocalRanks(code);
 }
 
 }  // namespace shardtrain::examples

@@ -1,6 +1,6 @@
 // The flags every example program takes to choose how it trains (--strategy,
 // --strategy_options, --devices, --accelerator, --precision), defined once
-// here, and how they become TrainerOptions.
+// here, how they become TrainerOptions, and the examples' common main().
 #ifndef SHARDTRAIN_EXAMPLES_COMMON_TRAINER_FLAGS_H_
 #define SHARDTRAIN_EXAMPLES_COMMON_TRAINER_FLAGS_H_
 
@@ -22,6 +22,11 @@ namespace shardtrain::examples {
 // it its share of the cores, and fills the strategy, strategy options,
 // accelerator, devices, number of nodes and precision of `options`.
 ProcessPlan ApplyTrainerFlags(trainer::TrainerOptions& options);
+
+// An example's main(): parses the flags (with `usage`), runs `run`, prints
+// "error: ..." for an exception (exit code 1), and in a process that
+// launched local ranks waits for them (JoinLocalRanks: non-zero when any failed).
+int RunExampleMain(int argc, char** argv, const char* usage, int (*run)());
 
 }  // namespace shardtrain::examples
 

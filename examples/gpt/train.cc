@@ -35,7 +35,6 @@
 #include <sstream>
 
 #include "comm/errors.h"
-#include "comm/launcher.h"
 #include "examples/common/example_util.h"
 #include "examples/common/trainer_flags.h"
 #include "examples/gpt/gpt_model.h"
@@ -330,14 +329,7 @@ int Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  gflags::SetUsageMessage("train a character-level GPT with the ShardTrain Trainer: train --strategy=fsdp_native --devices=2");
-  gflags::ParseCommandLineFlags(&argc, &argv, true);
-  int code = 1;
-  try {
-    code = Run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    code = 1;
-  }
-  return shardtrain::JoinLocalRanks(code);
+  return shardtrain::examples::RunExampleMain(
+      argc, argv, "train a character-level GPT with the ShardTrain Trainer: train --strategy=fsdp_native --devices=2",
+      Run);
 }
