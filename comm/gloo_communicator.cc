@@ -578,7 +578,7 @@ namespace {
 // A collective handed to the issuing thread: done_ once started (inner_) or failed (error_).
 class DeferredWork : public Work {
  public:
-  DeferredWork(std::string what, std::chrono::milliseconds timeout) : what_(std::move(what)), timeout_(timeout) {}
+  explicit DeferredWork(std::string what) : what_(std::move(what)) {}
 
   void Started(WorkPtr inner) { Finish(std::move(inner), nullptr); }
   void Failed(std::exception_ptr error) { Finish(nullptr, std::move(error)); }
@@ -621,7 +621,6 @@ class DeferredWork : public Work {
   }
 
   std::string what_;
-  std::chrono::milliseconds timeout_;
   std::mutex mu_;
   std::condition_variable cv_;
   bool done_ = false;
@@ -698,11 +697,8 @@ class GlooCallIssuer {
 
 WorkPtr GlooCommunicator::Submit(CommOp op, const at::Tensor& t, int64_t root, IssuedCall call,
                                  std::function<WorkPtr()> start) {
-  if (!issuer_) {
-    VerifySameCall(op, t, root, call);  // no-op unless verify_calls
-    return start();
-  }
-  auto work = std::make_shared<DeferredWork>(Describe(OpTitle(op), *group_), timeout_);
+  if (!issuer_) return start();  // verify_calls off: nothing to check, start here
+  auto work = std::make_shared<DeferredWork>(Describe(OpTitle(op), *group_));
   issuer_->Push({[this, op, t, root, call, start = std::move(start)] {
                    VerifySameCall(op, t, root, call);
                    return start();
@@ -717,13 +713,11 @@ WorkPtr GlooCommunicator::Wrap(c10::intrusive_ptr<c10d::Work> work, CommOp op, I
 }
 
 void GlooCommunicator::VerifySameCall(CommOp op, const at::Tensor& t, int64_t root, IssuedCall call) {
-  if (!options_.verify_calls || size_ == 1) return;
   // Cheap on purpose (it precedes every collective): the signature is written
   // through a raw pointer into buffers allocated once per communicator, and
   // exchanged with an equal-split all-to-all (every rank sends its signature
   // to every rank), which measured about half the latency of c10d's
   // _allgather_base (that one gathers into a fresh flat buffer and copies out).
-  std::lock_guard<std::mutex> lock(verify_mu_);
   if (!signature_.defined()) {
     signature_ = at::empty({4 * size_}, at::kLong);   // this rank's signature, once per destination rank
     signatures_ = at::empty({4 * size_}, at::kLong);  // rank r's signature at [4r, 4r + 4)

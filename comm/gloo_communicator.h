@@ -21,7 +21,6 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "comm/communicator.h"
@@ -90,11 +89,12 @@ class GlooCommunicator : public Communicator {
   // Numbers the collective this rank now issues (for heartbeats and errors).
   IssuedCall Issue(CommOp op);
   // Exchanges the call's signature with all ranks (see GlooOptions::verify_calls).
+  // Runs only on the issuing thread.
   void VerifySameCall(CommOp op, const at::Tensor& t, int64_t root, IssuedCall call);
-  // Starts a collective: checks its signature (VerifySameCall), then runs
-  // `start`, which launches it and returns its Work. With verify_calls both
-  // happen on the issuing thread, in call order, and the caller gets a Work
-  // at once; otherwise they run here.
+  // Starts a collective: runs `start`, which launches it and returns its
+  // Work. With verify_calls (and W > 1) the signature check (VerifySameCall)
+  // and `start` run on the issuing thread, in call order, and the caller gets
+  // a Work at once; otherwise `start` runs here.
   WorkPtr Submit(CommOp op, const at::Tensor& t, int64_t root, IssuedCall call, std::function<WorkPtr()> start);
   // The collectives' starts (after the signature check), for Submit.
   WorkPtr StartAllGather(const at::Tensor& input, const at::Tensor& output, IssuedCall call);
@@ -111,9 +111,8 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<GlooPeerMonitor> monitor_;  // null at W=1 or with heartbeat_period 0
   std::shared_ptr<const GlooGroupRef> group_;
   std::atomic<int64_t> issued_{0};  // collectives issued so far
-  // VerifySameCall's signature buffers, reused by every call (calls are
-  // serialized by the mutex; see the thread-safety contract in communicator.h).
-  std::mutex verify_mu_;
+  // VerifySameCall's signature buffers, reused by every call (only the
+  // issuing thread touches them).
   at::Tensor signature_, signatures_;
   std::unique_ptr<GlooCallIssuer> issuer_;  // with verify_calls at W>1; destroyed first
 };
