@@ -187,6 +187,32 @@ TEST(GlooSubgroups, HybridTwoByTwo) {
   });
 }
 
+// With verify_calls off, collectives start on the caller's thread (no issuing
+// thread, no signature exchange) and give the same exact results.
+TEST(GlooCollectives, WithoutVerificationStartOnTheCallersThread) {
+  auto store = CreateHashStore();
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      GlooOptions o;
+      o.hostname = "127.0.0.1";
+      o.verify_calls = false;
+      auto c = GlooCommunicator::Create(store, r, 2, o);
+      at::Tensor gathered = at::empty({6});
+      c->AllGather(at::full({3}, static_cast<float>(r + 1)), gathered)->Wait();
+      EXPECT_TRUE(at::equal(gathered, at::tensor({1.f, 1.f, 1.f, 2.f, 2.f, 2.f})));
+      at::Tensor shard = at::empty({2});
+      c->ReduceScatter(at::arange(4, at::kFloat) * (r + 1), shard)->Wait();  // (0,1,2,3) + (0,2,4,6)
+      EXPECT_TRUE(at::equal(shard, r == 0 ? at::tensor({0.f, 3.f}) : at::tensor({6.f, 9.f})));
+      at::Tensor t = at::full({5}, static_cast<float>(r + 1));
+      c->AllReduce(t, {ReduceOp::kAvg})->Wait();
+      EXPECT_TRUE(at::equal(t, at::full({5}, 1.5f)));
+      c->Barrier()->Wait();
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
 TEST(GlooErrors, BadInputIsAClearError) {
   RunRanks(2, [](int rank, const auto& comm) {
     at::Tensor shard = at::zeros({4});
