@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -24,6 +23,7 @@
 #include "comm/errors.h"
 #include "comm/logging.h"
 #include "sharding/flat_parameter.h"
+#include "sharding/grad_ready_hook.h"
 
 namespace shardtrain::sharding {
 
@@ -157,25 +157,6 @@ class Stopwatch {
  private:
   double* total_;
   std::chrono::steady_clock::time_point start_;
-};
-
-// Fires after AccumulateGrad wrote a parameter's gradient.
-// Holds only a weak reference: a model destroyed before its module leaves
-// hooks that do nothing.
-class GradReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  GradReadyHook(std::weak_ptr<bool> alive, ShardedUnit* unit, size_t entry)
-      : alive_(std::move(alive)), unit_(unit), entry_(entry) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    if (alive_.lock()) unit_->model->OnGradReadyFromHook(unit_, entry_);
-    return outputs;
-  }
-
- private:
-  std::weak_ptr<bool> alive_;
-  ShardedUnit* unit_;
-  size_t entry_;
 };
 
 // Activation checkpointing: forward without saving activations, recompute the
@@ -395,9 +376,7 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
       at::Tensor p = entries[k].param;
       p.set_data(u->param_views[k]);
       if (entries[k].requires_grad) {
-        auto acc = torch::autograd::impl::grad_accumulator(p);
-        acc->add_post_hook(std::make_unique<GradReadyHook>(alive_, u, k));
-        u->accumulators.push_back(std::move(acc));
+        u->accumulators.push_back(OnGradientReady(p, alive_, [this, u, k] { OnGradReady(u, k); }));
         ++u->trainable;
       }
     }

@@ -180,11 +180,10 @@ class ShardedModel {
   int NumFullGradients() const;
   std::vector<std::string> UnshardedUnitNames() const;
 
-  // Called by wrap points and autograd hooks; not for users.
+  // Called by wrap points; not for users.
   void UnitPreForward(ShardedUnit* unit);
   void UnitPostForward(ShardedUnit* unit, const std::vector<at::Tensor>& outputs);
   bool UnitCheckpointing(const ShardedUnit* unit) const;
-  void OnGradReadyFromHook(ShardedUnit* unit, size_t entry) { OnGradReady(unit, entry); }
 
  private:
   friend class ShardedUnit;

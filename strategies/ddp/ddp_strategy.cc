@@ -2,12 +2,11 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/variable.h>
 #include <torch/nn/module.h>
 
 #include "comm/errors.h"
+#include "sharding/grad_ready_hook.h"
 
 namespace shardtrain::strategies {
 
@@ -90,28 +89,6 @@ struct DdpStrategy::Bucket {
   comm::WorkPtr work;
 };
 
-namespace {
-
-// Fires after AccumulateGrad wrote a parameter's gradient. Holds a weak
-// reference to the strategy's liveness flag: hooks outliving it do nothing.
-class DdpGradReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  DdpGradReadyHook(std::weak_ptr<bool> alive, DdpStrategy* strategy, size_t bucket, size_t index)
-      : alive_(std::move(alive)), strategy_(strategy), bucket_(bucket), index_(index) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    if (alive_.lock()) strategy_->OnGradReady(bucket_, index_);
-    return outputs;
-  }
-
- private:
-  std::weak_ptr<bool> alive_;
-  DdpStrategy* strategy_;
-  size_t bucket_, index_;
-};
-
-}  // namespace
-
 DdpStrategy::~DdpStrategy() { alive_.reset(); }
 
 void DdpStrategy::BuildBuckets() {
@@ -147,10 +124,7 @@ void DdpStrategy::BuildBuckets() {
       view.set_(b.flat.storage(), b.flat.storage_offset() + off, p.sizes(), {});  // contiguous
       b.views.push_back(view);
       off += p.numel();
-      auto acc = torch::autograd::impl::grad_accumulator(p);
-      ST_CHECK_ARG(acc != nullptr, "ddp: parameter without a gradient accumulator (is it a leaf?)");
-      acc->add_post_hook(std::make_unique<DdpGradReadyHook>(alive_, this, bi, i));
-      b.accumulators.push_back(std::move(acc));
+      b.accumulators.push_back(sharding::OnGradientReady(p, alive_, [this, bi, i] { OnGradReady(bi, i); }));
     }
   }
 }

@@ -58,11 +58,9 @@ class DdpStrategy : public Strategy {
   // still running (the rest launched when it ended).
   int last_launched_during_backward() const { return launched_during_backward_; }
 
-  // Called by the gradient hooks; not for users.
-  void OnGradReady(size_t bucket, size_t index);
-
  private:
   struct Bucket;
+  void OnGradReady(size_t bucket, size_t index);
   void BuildBuckets();
   void ArmGradViews();
   void LaunchInOrder(bool flush);
