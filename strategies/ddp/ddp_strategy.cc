@@ -77,10 +77,10 @@ std::vector<std::pair<std::string, at::Tensor>> DdpStrategy::named_parameters() 
 }
 
 // One all-reduce's worth of gradients: a flat buffer and the parameters whose
-// .grad are views into it.
+// .grad alias it.
 struct DdpStrategy::Bucket {
   std::vector<at::Tensor> params;
-  std::vector<at::Tensor> views;  // views[i] is params[i]'s gradient inside `flat`
+  std::vector<at::Tensor> views;  // views[i] is params[i]'s gradient inside `flat` (an alias, not an autograd view)
   at::Tensor flat;
   // The parameters' AccumulateGrad nodes, kept alive: a parameter holds its
   // accumulator weakly, and a new one would not carry the hook.
