@@ -22,6 +22,8 @@
 #include <thread>
 
 #include "comm/errors.h"
+#include "comm/logging.h"
+#include "comm/shared_memory_mesh.h"
 
 namespace shardtrain::comm {
 namespace {
@@ -46,31 +48,6 @@ std::string ErrorText(const std::exception& e) {
 int64_t WallMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-// Identifies this machine and pid namespace: two processes with the same
-// host id can check each other's pid.
-std::string HostId() {
-  char host[256] = {0};
-  if (gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown");
-  char ns[128] = {0};
-  const ssize_t len = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
-  std::string id = std::string(host) + "/" + (len > 0 ? std::string(ns, len) : std::string("?"));
-  for (char& c : id)
-    if (c == ' ') c = '_';
-  return id;
-}
-
-// True when process `pid` of this host no longer runs (gone, or a zombie
-// waiting for its parent to reap it).
-bool ProcessGone(int64_t pid) {
-  if (pid <= 0) return false;
-  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return true;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!stat || !std::getline(stat, line)) return false;
-  const size_t paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() && (line[paren + 2] == 'Z' || line[paren + 2] == 'X');
 }
 
 std::string Seconds(int64_t ms) {
@@ -140,7 +117,7 @@ class GlooPeerMonitor : public std::enable_shared_from_this<GlooPeerMonitor> {
         size_(size),
         period_(period),
         pid_(getpid()),
-        host_(HostId()),
+        host_(local_host::Id()),
         known_(size) {}
 
   ~GlooPeerMonitor() {
@@ -355,7 +332,7 @@ class GlooPeerMonitor : public std::enable_shared_from_this<GlooPeerMonitor> {
       const bool local = h->host == host_ && h->pid != pid_;
       if (h->closed) {
         findings->push_back(internal::StrCat(Rank(r), " has closed its communicator (", h->Progress(), ")"));
-      } else if (local && ProcessGone(h->pid)) {
+      } else if (local && local_host::ProcessGone(h->pid)) {
         findings->push_back(internal::StrCat(Rank(r), " (pid ", h->pid, " on this host) has died",
                                              have ? " (" + h->Progress() + ")" : ""));
       } else if (!have) {
@@ -421,6 +398,19 @@ std::string Describe(const char* op, const GlooGroupRef& g) {
   return internal::StrCat(op, " on gloo group '", g.name, "' (rank ", g.rank, "/", g.size, ")");
 }
 
+// The error of collective `call` that failed (or timed out after `timeout`):
+// the operation and group, the peers at fault (from heartbeats), then what the
+// engine said.
+std::string FailureText(const GlooGroupRef& g, CommOp op, IssuedCall call, bool timed_out,
+                        std::chrono::milliseconds timeout, const char* engine, const std::string& detail) {
+  std::string why = g.monitor ? g.monitor->Diagnose(call.seq, call.wall_ms, OpTitle(op), timed_out) : "";
+  if (why.empty()) why = "a peer rank may have died or not reached this collective";
+  return internal::StrCat(Describe(OpTitle(op), g),
+                          timed_out ? " timed out after " + std::to_string(timeout.count()) + " ms" : " failed",
+                          " (collective #", call.seq, " of this rank): ", why, ". ", engine, ": ",
+                          detail.substr(0, 600));
+}
+
 // Wraps a c10d Work: turns engine errors into CommError naming the operation,
 // the group and (from heartbeats) the peer at fault, and runs a local
 // completion step (unpacking, local sums, scaling) exactly once after the
@@ -449,12 +439,7 @@ class GlooWork : public Work {
     } catch (const std::exception& e) {
       const std::string msg = ErrorText(e);
       timed_out_ = msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;
-      std::string why =
-          group_->monitor ? group_->monitor->Diagnose(call_.seq, call_.wall_ms, OpTitle(op_), timed_out_) : "";
-      if (why.empty()) why = "a peer rank may have died or not reached this collective";
-      error_ = internal::StrCat(Describe(OpTitle(op_), *group_),
-                                timed_out_ ? " timed out after " + std::to_string(t.count()) + " ms" : " failed",
-                                " (collective #", call_.seq, " of this rank): ", why, ". Gloo: ", msg.substr(0, 600));
+      error_ = FailureText(*group_, op_, call_, timed_out_, t, "Gloo", msg);
       if (timed_out_) ST_THROW(CommTimeoutError, error_);
       ST_THROW(CommError, error_);
     }
@@ -500,6 +485,9 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
   ST_CHECK_ARG(options_.threads >= 1, "GlooOptions.threads must be >= 1, got ", options_.threads);
   ST_CHECK_ARG(options_.heartbeat_period.count() >= 0, "GlooOptions.heartbeat_period must be >= 0 ms (0: off), got ",
                options_.heartbeat_period.count(), " ms");
+  ST_CHECK_ARG(options_.shared_memory_ring_bytes >= 4096 && options_.shared_memory_ring_bytes % 4096 == 0,
+               "GlooOptions.shared_memory_ring_bytes must be a positive multiple of 4096, got ",
+               options_.shared_memory_ring_bytes);
   auto opts = c10d::ProcessGroupGloo::Options::create(options_.timeout);
   try {
     if (!options_.hostname.empty()) {
@@ -511,7 +499,8 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
     }
     opts->threads = options_.threads;
     pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank, size, opts);
-    if (options_.verify_calls && size > 1) {
+    ConnectSharedMemory();
+    if (options_.verify_calls && size > 1 && !mesh_) {
       // The signature exchange gets its own connections and worker thread:
       // on pg_ it would queue behind the collectives still in flight, and the
       // caller would block until they finished (no overlap with compute).
@@ -530,10 +519,38 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
     monitor_->Start();
   }
   group_ = std::make_shared<const GlooGroupRef>(GlooGroupRef{name_, rank_, size_, monitor_});
-  if (verify_pg_) issuer_ = std::make_unique<GlooCallIssuer>();
+  if (verify_pg_ || mesh_) issuer_ = std::make_unique<GlooCallIssuer>();
+}
+
+void GlooCommunicator::ConnectSharedMemory() {
+  if (size_ < 2) return;
+  const char* env = std::getenv("SHARDTRAIN_GLOO_SHM");
+  const bool wanted = options_.shared_memory && !(env && std::string(env) == "0");
+  MeshRendezvous rendezvous;
+  rendezvous.set = [this](const std::string& key, const std::string& value) {
+    store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  };
+  rendezvous.get = [this](const std::string& key) {
+    const std::vector<uint8_t> v = store_->get(key);
+    return std::string(v.begin(), v.end());
+  };
+  rendezvous.add = [this](const std::string& key, int64_t delta) { return store_->add(key, delta); };
+  // Every rank takes part, wanted or not, so that all agree on the outcome.
+  std::string why_not;
+  mesh_ = SharedMemoryMesh::Connect(rendezvous, rank_, size_, wanted, options_.shared_memory_ring_bytes, &why_not);
+  if (!mesh_ && wanted) {
+    ST_LOG(WARNING) << "gloo group '" << name_ << "' (rank " << rank_ << "/" << size_
+                    << "): not using shared memory (" << why_not << "); collectives go through Gloo's TCP connections";
+  }
 }
 
 GlooCommunicator::~GlooCommunicator() {
+  if (mesh_) {
+    // Peers waiting on this rank fail at once (and can read why from the
+    // "closed" heartbeat); so does a transfer of this rank in progress.
+    if (monitor_) monitor_->Stop();
+    mesh_->Abort();
+  }
   issuer_.reset();  // calls not started yet fail; one being started finishes first
   // The "closed" heartbeat goes out before pg_ (destroyed after this body)
   // closes the connections, so peers that fail on them can tell why.
@@ -590,8 +607,8 @@ class DeferredWork : public Work {
       if (timeout.count() > 0) {
         if (!cv_.wait_for(lock, timeout, [&] { return done_; })) {
           ST_THROW(CommTimeoutError, what_, " timed out after ", timeout.count(),
-                   " ms before it could start: the ranks' signature exchange did not complete (a peer rank may have "
-                   "died or not reached this collective)");
+                   " ms on the issuing thread: the ranks' signature exchange or the shared memory transfer did not "
+                   "complete (a peer rank may have died or not reached this collective)");
         }
       } else {
         // The signature exchange is bounded by the communicator's timeout and
@@ -697,14 +714,27 @@ class GlooCallIssuer {
 
 WorkPtr GlooCommunicator::Submit(CommOp op, const at::Tensor& t, int64_t root, IssuedCall call,
                                  std::function<WorkPtr()> start) {
-  if (!issuer_) return start();  // verify_calls off: nothing to check, start here
+  if (!issuer_) return start();  // verify_calls off, no shared memory: start here
   auto work = std::make_shared<DeferredWork>(Describe(OpTitle(op), *group_));
   issuer_->Push({[this, op, t, root, call, start = std::move(start)] {
-                   VerifySameCall(op, t, root, call);
+                   if (options_.verify_calls) VerifySameCall(op, t, root, call);
                    return start();
                  },
                  work});
   return work;
+}
+
+WorkPtr GlooCommunicator::RunOnMesh(CommOp op, IssuedCall call,
+                                    const std::function<void(SteadyClock::time_point deadline)>& transfer) {
+  try {
+    transfer(SteadyClock::now() + timeout_);
+  } catch (const SharedMemoryError& e) {
+    const bool timed_out = e.kind() == SharedMemoryError::Kind::kTimeout;
+    const std::string text = FailureText(*group_, op, call, timed_out, timeout_, "Shared memory", e.what());
+    if (timed_out) ST_THROW(CommTimeoutError, text);
+    ST_THROW(CommError, text);
+  }
+  return CompletedWork();
 }
 
 WorkPtr GlooCommunicator::Wrap(c10::intrusive_ptr<c10d::Work> work, CommOp op, IssuedCall call,
@@ -715,27 +745,42 @@ WorkPtr GlooCommunicator::Wrap(c10::intrusive_ptr<c10d::Work> work, CommOp op, I
 void GlooCommunicator::VerifySameCall(CommOp op, const at::Tensor& t, int64_t root, IssuedCall call) {
   // Cheap on purpose (it precedes every collective): the signature is written
   // through a raw pointer into buffers allocated once per communicator, and
-  // exchanged with an equal-split all-to-all (every rank sends its signature
-  // to every rank), which measured about half the latency of c10d's
-  // _allgather_base (that one gathers into a fresh flat buffer and copies out).
-  if (!signature_.defined()) {
-    signature_ = at::empty({4 * size_}, at::kLong);   // this rank's signature, once per destination rank
-    signatures_ = at::empty({4 * size_}, at::kLong);  // rank r's signature at [4r, 4r + 4)
-  }
+  // exchanged through shared memory, or with an equal-split Gloo all-to-all
+  // (every rank sends its signature to every rank), which measured about half
+  // the latency of c10d's _allgather_base (that one gathers into a fresh flat
+  // buffer and copies out).
   const int64_t mine[4] = {static_cast<int64_t>(op), t.defined() ? t.numel() : 0,
                            t.defined() ? static_cast<int64_t>(t.scalar_type()) : -1, root};
-  int64_t* out = signature_.data_ptr<int64_t>();
-  for (int r = 0; r < size_; ++r) std::memcpy(out + 4 * r, mine, sizeof(mine));
-  try {
-    std::vector<int64_t> equal_splits;
-    GlooWork(verify_pg_->alltoall_base(signatures_, signature_, equal_splits, equal_splits), group_, op, call, timeout_,
-             nullptr)
-        .Wait(std::chrono::milliseconds(0));
-  } catch (...) {
-    // Gloo may still write into the buffers of a failed exchange: never reuse them.
-    signature_.reset();
-    signatures_.reset();
-    throw;
+  if (!signatures_.defined()) signatures_ = at::empty({4 * size_}, at::kLong);  // rank r's at [4r, 4r + 4)
+  int64_t* all = signatures_.data_ptr<int64_t>();
+  std::memcpy(all + 4 * rank_, mine, sizeof(mine));
+  if (mesh_) {
+    RunOnMesh(op, call, [&](SteadyClock::time_point deadline) {
+      std::vector<SharedMemoryMesh::PeerTraffic> traffic(size_);
+      for (int r = 0; r < size_; ++r) traffic[r] = {{{mine, sizeof(mine)}}, sizeof(mine)};
+      mesh_->Exchange(
+          traffic,
+          [all](int peer, int64_t offset, const uint8_t* data, int64_t len) {
+            std::memcpy(reinterpret_cast<uint8_t*>(all + 4 * peer) + offset, data, len);
+            return len;
+          },
+          deadline);
+    });
+  } else {
+    if (!signature_.defined()) signature_ = at::empty({4 * size_}, at::kLong);  // mine, once per destination rank
+    int64_t* out = signature_.data_ptr<int64_t>();
+    for (int r = 0; r < size_; ++r) std::memcpy(out + 4 * r, mine, sizeof(mine));
+    try {
+      std::vector<int64_t> equal_splits;
+      GlooWork(verify_pg_->alltoall_base(signatures_, signature_, equal_splits, equal_splits), group_, op, call,
+               timeout_, nullptr)
+          .Wait(std::chrono::milliseconds(0));
+    } catch (...) {
+      // Gloo may still write into the buffers of a failed exchange: never reuse them.
+      signature_.reset();
+      signatures_.reset();
+      throw;
+    }
   }
   const int64_t* a = signatures_.data_ptr<int64_t>();
   bool same = true;
@@ -864,6 +909,172 @@ void Serially(int64_t n, F&& f) {
   for (int64_t i = 0; i < n; i += at::internal::GRAIN_SIZE) f(i, std::min<int64_t>(at::internal::GRAIN_SIZE, n - i));
 }
 
+// ---------------------------------------------------------------------------
+// Collectives through shared memory (GlooOptions::shared_memory): every rank
+// streams to every peer at once (comm/shared_memory_mesh.h); sends are
+// (W-1)/W of the full buffer for all-gather and reduce-scatter and 2(W-1)/W
+// for all-reduce, as counted. They run on the issuing thread.
+
+// Start of block b when n elements are cut into w blocks, the first n % w of
+// them one element longer.
+int64_t BlockBegin(int64_t n, int w, int b) { return n / w * b + std::min<int64_t>(b, n % w); }
+
+// The sum of the W ranks' contributions to one block of n elements, taken in
+// rank order (c_0 + c_1 + ... + c_{W-1}, deterministic whatever order the
+// bytes arrive in), piece by piece as they arrive; then multiplied by `scale`,
+// stored into `out` and divided by `divide` there. Accumulates in float32 for
+// 16-bit types (one rounding, before the division), and in a scratch buffer
+// when `out` is this rank's own contribution. With `from_zero` the sum starts
+// from +0 (as the general reduce-scatter's sum over blocks: -0 + -0 gives +0),
+// else from c_0 (as Gloo's all-reduce). At W=2 this is bit for bit the TCP
+// paths' arithmetic.
+class OrderedSum {
+ public:
+  OrderedSum(int world, int rank, at::Tensor mine, at::Tensor out, double scale, double divide, bool from_zero)
+      : world_(world), rank_(rank), n_(out.numel()), mine_(std::move(mine)), out_(std::move(out)), scale_(scale),
+        divide_(divide), from_zero_(from_zero), done_(world, 0) {
+    const bool low = Is16Bit(out_.scalar_type());
+    const bool aliased = at::get_overlap_status(mine_, out_) != at::MemOverlapStatus::No;
+    acc_ = low ? at::empty({n_}, out_.options().dtype(at::kFloat)) : aliased ? at::empty_like(out_) : out_;
+    zero_ = at::zeros({}, acc_.options());
+  }
+
+  // SharedMemoryMesh::Consumer: adds what it may of `peer`'s bytes.
+  int64_t Consume(int peer, int64_t offset, const uint8_t* data, int64_t len) {
+    AdvanceMine();
+    const int64_t es = out_.element_size();
+    const int64_t k = std::min(len / es, Limit(peer) - done_[peer]);
+    if (k <= 0) return 0;
+    at::Tensor src = at::from_blob(const_cast<uint8_t*>(data), {k}, out_.options());
+    Add(peer, src);
+    AdvanceMine();
+    return k * es;
+  }
+
+  // After the exchange: adds the rest of this rank's contribution, finishes.
+  void Finish() {
+    while (done_[rank_] < n_) AdvanceMine();
+    TORCH_INTERNAL_ASSERT(finished_ == n_, "OrderedSum finished ", finished_, " of ", n_, " elements");
+  }
+
+ private:
+  // Source s may add up to where the source before it has added.
+  int64_t Limit(int s) const { return s == 0 ? n_ : done_[s - 1]; }
+
+  // Adds `src` (the next elements of source s) to the sum; stores what every source has added.
+  void Add(int s, const at::Tensor& src) {
+    const int64_t begin = done_[s], count = src.numel();
+    Serially(count, [&](int64_t i, int64_t len) {
+      at::Tensor a = acc_.narrow(0, begin + i, len);
+      if (s > 0 || from_zero_) {
+        at::add_out(a, s == 0 ? zero_ : a, src.narrow(0, i, len));
+      } else {
+        a.copy_(src.narrow(0, i, len));
+      }
+    });
+    done_[s] += count;
+    if (s == world_ - 1) Store(begin, count);
+  }
+
+  // Adds this rank's contribution up to its limit, a bounded piece at a time
+  // (so sends and receives are serviced in between).
+  void AdvanceMine() {
+    constexpr int64_t kPiece = int64_t{1} << 17;
+    const int64_t k = std::min(kPiece, Limit(rank_) - done_[rank_]);
+    if (k > 0) Add(rank_, mine_.narrow(0, done_[rank_], k));
+  }
+
+  void Store(int64_t begin, int64_t count) {
+    Serially(count, [&](int64_t i, int64_t len) {
+      at::Tensor a = acc_.narrow(0, begin + i, len), o = out_.narrow(0, begin + i, len);
+      if (scale_ != 1.0) a.mul_(scale_);
+      if (!acc_.is_same(out_)) o.copy_(a);
+      if (divide_ != 1.0) o.div_(divide_);
+    });
+    finished_ = begin + count;
+  }
+
+  const int world_, rank_;
+  const int64_t n_;
+  at::Tensor mine_, out_, acc_, zero_;
+  const double scale_, divide_;
+  const bool from_zero_;
+  std::vector<int64_t> done_;  // elements each source has added
+  int64_t finished_ = 0;
+};
+
+// Copies what `peer` sends into output blocks: block p of `out` starts at
+// byte `starts[p]`.
+SharedMemoryMesh::Consumer CopyInto(uint8_t* out, std::vector<int64_t> starts) {
+  return [out, starts = std::move(starts)](int peer, int64_t offset, const uint8_t* data, int64_t len) {
+    std::memcpy(out + starts[peer] + offset, data, len);
+    return len;
+  };
+}
+
+void MeshAllGather(SharedMemoryMesh& mesh, const at::Tensor& input, const at::Tensor& output,
+                   SteadyClock::time_point deadline) {
+  const int world = mesh.size(), rank = mesh.rank();
+  at::Tensor in = input.reshape(-1);
+  const at::Tensor out = output.reshape(-1);
+  const int64_t bytes = in.numel() * in.element_size();
+  auto* base = static_cast<uint8_t*>(out.data_ptr());
+  const bool in_place = in.data_ptr() == base + rank * bytes;
+  if (!in_place && at::get_overlap_status(in, out) != at::MemOverlapStatus::No) in = in.clone();
+  if (!in_place) std::memcpy(base + rank * bytes, in.data_ptr(), bytes);
+  std::vector<SharedMemoryMesh::PeerTraffic> traffic(world);
+  std::vector<int64_t> starts(world);
+  for (int p = 0; p < world; ++p) {
+    traffic[p] = {{{base + rank * bytes, bytes}}, bytes};
+    starts[p] = p * bytes;
+  }
+  mesh.Exchange(traffic, CopyInto(base, std::move(starts)), deadline);
+}
+
+void MeshReduceScatter(SharedMemoryMesh& mesh, const at::Tensor& input, const at::Tensor& output, double scale,
+                       SteadyClock::time_point deadline) {
+  const int world = mesh.size(), rank = mesh.rank();
+  at::Tensor in = input.reshape(-1);
+  const at::Tensor out = output.reshape(-1);
+  const int64_t n = out.numel();
+  // In place (`output` is this rank's block of `input`), OrderedSum sums into
+  // scratch; any other overlap sends from a copy.
+  if (at::get_overlap_status(in, out) != at::MemOverlapStatus::No && out.data_ptr() != in.narrow(0, rank * n, n).data_ptr())
+    in = in.clone();
+  OrderedSum sum(world, rank, in.narrow(0, rank * n, n), out, scale, 1.0, /*from_zero=*/true);
+  std::vector<SharedMemoryMesh::PeerTraffic> traffic(world);
+  for (int p = 0; p < world; ++p) traffic[p] = {{{in.narrow(0, p * n, n).data_ptr(), n * in.element_size()}}, n * in.element_size()};
+  mesh.Exchange(
+      traffic, [&sum](int peer, int64_t offset, const uint8_t* data, int64_t len) { return sum.Consume(peer, offset, data, len); },
+      deadline);
+  sum.Finish();
+}
+
+// Reduce-scatter of the W blocks (each rank sums its own block, in rank
+// order), then all-gather of the sums: every rank ends with the same bits.
+void MeshAllReduce(SharedMemoryMesh& mesh, const at::Tensor& tensor, double divide, SteadyClock::time_point deadline) {
+  const int world = mesh.size(), rank = mesh.rank();
+  const at::Tensor t = tensor.reshape(-1);
+  const int64_t n = t.numel(), es = t.element_size();
+  auto block = [&](int b) { return t.narrow(0, BlockBegin(n, world, b), BlockBegin(n, world, b + 1) - BlockBegin(n, world, b)); };
+  const at::Tensor mine = block(rank);
+  std::vector<SharedMemoryMesh::PeerTraffic> traffic(world);
+  {
+    OrderedSum sum(world, rank, mine, mine, 1.0, divide, /*from_zero=*/false);
+    for (int p = 0; p < world; ++p) traffic[p] = {{{block(p).data_ptr(), block(p).numel() * es}}, mine.numel() * es};
+    mesh.Exchange(
+        traffic, [&sum](int peer, int64_t offset, const uint8_t* data, int64_t len) { return sum.Consume(peer, offset, data, len); },
+        deadline);
+    sum.Finish();
+  }
+  std::vector<int64_t> starts(world);
+  for (int p = 0; p < world; ++p) {
+    traffic[p] = {{{mine.data_ptr(), mine.numel() * es}}, block(p).numel() * es};
+    starts[p] = BlockBegin(n, world, p) * es;
+  }
+  mesh.Exchange(traffic, CopyInto(static_cast<uint8_t*>(t.data_ptr()), std::move(starts)), deadline);
+}
+
 }  // namespace
 // ---------------------------------------------------------------------------
 
@@ -882,6 +1093,10 @@ WorkPtr GlooCommunicator::AllGather(const at::Tensor& input, const at::Tensor& o
 }
 
 WorkPtr GlooCommunicator::StartAllGather(const at::Tensor& input, const at::Tensor& output, IssuedCall call) {
+  if (mesh_) {
+    return RunOnMesh(CommOp::kAllGather, call,
+                     [&](SteadyClock::time_point deadline) { MeshAllGather(*mesh_, input, output, deadline); });
+  }
   if (size_ == 2 && input.numel() > 0) {  // W=2 fast path (see above); taken on both ranks alike
     at::Tensor in = input.reshape(-1);
     const at::Tensor out = output.reshape(-1);
@@ -926,6 +1141,11 @@ WorkPtr GlooCommunicator::StartReduceScatter(const at::Tensor& input, const at::
                                              IssuedCall call) {
   const int64_t n = output.numel();
   const int world = size_;
+  if (mesh_ && IsFloating(output.scalar_type())) {
+    return RunOnMesh(CommOp::kReduceScatter, call, [&](SteadyClock::time_point deadline) {
+      MeshReduceScatter(*mesh_, input, output, scale, deadline);
+    });
+  }
   if (size_ == 2 && n > 0 && IsFloating(output.scalar_type())) {  // W=2 fast path (see above); both ranks alike
     // Send the peer's block of `input`, receive the peer's contribution to ours
     // (straight into `output` unless it aliases `input`), then add ours. Same
@@ -1003,6 +1223,10 @@ WorkPtr GlooCommunicator::StartAllReduce(const at::Tensor& tensor, ReduceOp op, 
   auto finish = [tensor, post]() {
     if (post != 1.0) tensor.div_(post);
   };
+  if (mesh_ && is_sum && IsFloating(tensor.scalar_type())) {
+    return RunOnMesh(CommOp::kAllReduce, call,
+                     [&](SteadyClock::time_point deadline) { MeshAllReduce(*mesh_, tensor, post, deadline); });
+  }
   const int64_t bytes = tensor.numel() * tensor.element_size();
   if (size_ == 2 && is_sum && bytes > 0 && bytes <= kDirectAllReduceMaxBytes && IsFloating(tensor.scalar_type())) {
     // W=2 fast path for small tensors (see above and kDirectAllReduceMaxBytes);

@@ -9,6 +9,12 @@
 // exchanges with the peer (see gloo_communicator.cc); larger all-reduces are
 // Gloo's ring.
 //
+// When every rank of a group runs on this host (and GlooOptions::shared_memory
+// is on), all-gathers, reduce-scatters, floating SUM/AVG all-reduces and the
+// per-call signature check move through ring buffers in shared memory
+// (comm/shared_memory_mesh.h) instead of loopback TCP; other collectives, and
+// groups that span hosts, use Gloo.
+//
 // Every rank publishes a heartbeat to the rendezvous store (see
 // GlooOptions::heartbeat_period), so that a failed or timed-out collective
 // names the peer that caused it: dead, hung, or behind in the sequence of
@@ -51,8 +57,18 @@ struct GlooOptions {
   // and names the dead, hung or lagging rank in the error. Zero turns it off
   // (errors then name only the operation and the group).
   std::chrono::milliseconds heartbeat_period = std::chrono::seconds(1);
+  // When all ranks of the group run on this host: move all-gathers,
+  // reduce-scatters, floating SUM/AVG all-reduces and the signature check
+  // through shared memory (a ring buffer of `shared_memory_ring_bytes` per pair
+  // of ranks, in /dev/shm) rather than through loopback TCP. Falls back to
+  // Gloo, with a log line saying why, when the ranks span hosts or /dev/shm
+  // cannot hold the rings. The environment variable SHARDTRAIN_GLOO_SHM=0
+  // turns it off without a rebuild.
+  bool shared_memory = true;
+  int64_t shared_memory_ring_bytes = int64_t{2} << 20;
 };
 
+class SharedMemoryMesh;  // comm/shared_memory_mesh.h
 class GlooPeerMonitor;  // heartbeats and failure diagnosis (gloo_communicator.cc)
 class GlooCallIssuer;   // starts collectives off the caller's thread (gloo_communicator.cc)
 struct GlooGroupRef;    // what a pending Work needs to know about its group
@@ -83,9 +99,14 @@ class GlooCommunicator : public Communicator {
   WorkPtr Barrier() override;
   CommunicatorPtr NewGroup(const std::vector<int>& ranks, const std::string& name) override;
 
+  // True when this group moves its bytes through shared memory (see GlooOptions::shared_memory).
+  bool uses_shared_memory() const { return mesh_ != nullptr; }
+
  private:
   GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int rank, int size, GlooOptions options);
   void CheckCpu(const char* op, const at::Tensor& t) const;
+  // Sets up mesh_ when shared memory is wanted and every rank is on this host.
+  void ConnectSharedMemory();
   // Numbers the collective this rank now issues (for heartbeats and errors).
   IssuedCall Issue(CommOp op);
   // Exchanges the call's signature with all ranks (see GlooOptions::verify_calls).
@@ -100,6 +121,10 @@ class GlooCommunicator : public Communicator {
   WorkPtr StartAllGather(const at::Tensor& input, const at::Tensor& output, IssuedCall call);
   WorkPtr StartReduceScatter(const at::Tensor& input, const at::Tensor& output, double scale, IssuedCall call);
   WorkPtr StartAllReduce(const at::Tensor& tensor, ReduceOp op, double post, IssuedCall call);
+  // Runs `transfer` (a collective through mesh_, on the issuing thread) with
+  // the communicator's timeout; turns its failure into CommError naming the peer.
+  WorkPtr RunOnMesh(CommOp op, IssuedCall call,
+                    const std::function<void(std::chrono::steady_clock::time_point deadline)>& transfer);
   // Wraps a c10d work of collective `call` into the Work returned to the caller.
   WorkPtr Wrap(c10::intrusive_ptr<c10d::Work> work, CommOp op, IssuedCall call,
                std::function<void()> finish = nullptr);
@@ -114,7 +139,8 @@ class GlooCommunicator : public Communicator {
   // VerifySameCall's signature buffers, reused by every call (only the
   // issuing thread touches them).
   at::Tensor signature_, signatures_;
-  std::unique_ptr<GlooCallIssuer> issuer_;  // with verify_calls at W>1; destroyed first
+  std::unique_ptr<SharedMemoryMesh> mesh_;   // null unless shared memory is in use
+  std::unique_ptr<GlooCallIssuer> issuer_;  // with verify_calls or mesh_ at W>1; destroyed first
 };
 
 }  // namespace shardtrain::comm

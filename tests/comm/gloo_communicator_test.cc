@@ -3,8 +3,12 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -405,6 +409,154 @@ TEST(GlooErrors, MismatchedCallsAcrossRanksAreAClearError) {
         comm->Barrier()->Wait();  // the group is still usable afterwards
       },
       std::chrono::milliseconds(2000));
+}
+
+// ---------------------------------------------------------------------------
+// Shared memory between ranks on one host (GlooOptions::shared_memory). The
+// suites above run with it by default; the tcp variant of this test binary
+// (SHARDTRAIN_GLOO_SHM=0) runs them all over Gloo's TCP paths.
+
+bool SharedMemoryWanted() {
+  const char* env = std::getenv("SHARDTRAIN_GLOO_SHM");
+  return !(env && std::string(env) == "0");
+}
+
+// Runs body(rank, communicator) on `world` threads; rank r's options are
+// options(r). The body owns the only reference to its communicator.
+void RunRanksWith(int world, const std::function<GlooOptions(int)>& options,
+                  const std::function<void(int, std::shared_ptr<GlooCommunicator>)>& body) {
+  auto store = CreateHashStore();
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::exception_ptr error;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        at::set_num_threads(1);
+        GlooOptions o = options(r);
+        o.hostname = "127.0.0.1";
+        body(r, GlooCommunicator::Create(store, r, world, o));
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+TEST(GlooSharedMemory, SameHostGroupsUseItUnlessAnyRankTurnsItOff) {
+  RunRanks(4, [](int rank, const auto& comm) {
+    EXPECT_EQ(comm->uses_shared_memory(), SharedMemoryWanted());
+    HybridGroups g = comm->SplitHybrid(2);
+    for (const CommunicatorPtr& sub : {g.shard, g.replicate}) {
+      auto* gloo = dynamic_cast<GlooCommunicator*>(sub.get());
+      ASSERT_NE(gloo, nullptr);
+      EXPECT_EQ(gloo->uses_shared_memory(), SharedMemoryWanted());
+    }
+  });
+  // One rank without it: no rank uses it (and none waits for the others).
+  RunRanksWith(
+      2,
+      [](int r) {
+        GlooOptions o;
+        o.shared_memory = r == 0;
+        return o;
+      },
+      [](int rank, const auto& comm) {
+        EXPECT_FALSE(comm->uses_shared_memory());
+        at::Tensor t = at::full({5}, static_cast<float>(rank + 1));
+        comm->AllReduce(t)->Wait();
+        EXPECT_TRUE(at::equal(t, at::full({5}, 3.f)));
+      });
+  EXPECT_THROW(RunRanksWith(
+                   1,
+                   [](int) {
+                     GlooOptions o;
+                     o.shared_memory_ring_bytes = 1000;
+                     return o;
+                   },
+                   [](int, const auto&) {}),
+               InvalidArgumentError);
+}
+
+// Buffers many times the ring, sizes not divisible by W=3, every op and
+// 16-bit type: exact values; ranks agree bit for bit on all-reduce results.
+TEST(GlooSharedMemory, LargeBuffersThroughSmallRingsAtOddWorldSize) {
+  constexpr int kWorld = 3;
+  const int64_t n = 100003;
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kDouble}) {
+    std::vector<at::Tensor> reduced(kWorld);
+    RunRanksWith(
+        kWorld,
+        [](int) {
+          GlooOptions o;
+          o.shared_memory_ring_bytes = 64 << 10;
+          return o;
+        },
+        [&](int rank, const auto& comm) {
+          EXPECT_EQ(comm->uses_shared_memory(), SharedMemoryWanted());
+          at::Tensor full = at::empty({kWorld * n}, dtype);
+          comm->AllGather(Pattern(n, rank, dtype), full)->Wait();
+          for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(at::equal(full.slice(0, r * n, (r + 1) * n), Pattern(n, r, dtype)));
+
+          at::Tensor shard = at::empty({n}, dtype);
+          comm->ReduceScatter(Pattern(kWorld * n, rank, dtype), shard)->Wait();
+          at::Tensor expected = at::zeros({n}, at::kDouble);
+          for (int r = 0; r < kWorld; ++r)
+            expected += Pattern(kWorld * n, r, at::kDouble).slice(0, rank * n, (rank + 1) * n);
+          EXPECT_TRUE(at::equal(shard, expected.to(dtype)));
+
+          // In place: the output is this rank's block of the input.
+          at::Tensor buffer = Pattern(kWorld * n, rank, dtype);
+          comm->ReduceScatter(buffer, buffer.slice(0, rank * n, (rank + 1) * n))->Wait();
+          EXPECT_TRUE(at::equal(buffer.slice(0, rank * n, (rank + 1) * n), expected.to(dtype)));
+
+          at::Tensor t = Pattern(n, rank, dtype);
+          comm->AllReduce(t)->Wait();
+          at::Tensor sum = at::zeros({n}, at::kDouble);
+          for (int r = 0; r < kWorld; ++r) sum += Pattern(n, r, at::kDouble);
+          EXPECT_TRUE(at::equal(t, sum.to(dtype)));
+          at::Tensor u = RandomValues(n, dtype, 5 + rank);
+          comm->AllReduce(u, {ReduceOp::kAvg})->Wait();
+          reduced[rank] = u;
+          EXPECT_EQ(comm->stats().BytesSent(CommOp::kAllReduce), 2 * (2 * (kWorld - 1) * n * u.element_size() / kWorld));
+        });
+    for (int r = 1; r < kWorld; ++r) EXPECT_TRUE(BitEqual(reduced[r], reduced[0])) << c10::toString(dtype) << " rank " << r;
+  }
+}
+
+// A communicator destroyed with a collective in flight (its peer never
+// joins) returns at once instead of after the 30-minute timeout; the peer's
+// next collective fails naming the closed rank.
+TEST(GlooSharedMemory, DestroyingWithACollectiveInFlightReturnsPromptly) {
+  if (!SharedMemoryWanted()) GTEST_SKIP() << "shared memory is off (SHARDTRAIN_GLOO_SHM=0)";
+  std::atomic<bool> rank0_gone{false};
+  RunRanksWith(
+      2, [](int) { return GlooOptions{}; },
+      [&](int rank, auto comm) {
+        if (rank == 0) {
+          WorkPtr work = comm->AllGather(at::ones({1 << 20}), at::empty({2 << 20}));
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+          const auto start = std::chrono::steady_clock::now();
+          comm.reset();
+          EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+          EXPECT_THROW(work->Wait(), CommError);
+          rank0_gone = true;
+          return;
+        }
+        while (!rank0_gone) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        try {
+          comm->AllGather(at::ones({1 << 20}), at::empty({2 << 20}))->Wait();
+          ADD_FAILURE() << "expected CommError";
+        } catch (const CommError& e) {
+          const std::string msg = e.what();
+          EXPECT_NE(msg.find("AllGather on gloo group 'world' (rank 1/2) failed"), std::string::npos) << msg;
+          EXPECT_NE(msg.find("rank 0 of group 'world' has closed its communicator"), std::string::npos) << msg;
+          EXPECT_NE(msg.find("Shared memory: rank 0 left the shared memory mesh"), std::string::npos) << msg;
+        }
+      });
 }
 
 }  // namespace
