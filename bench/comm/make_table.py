@@ -34,12 +34,15 @@ def main():
     ap.add_argument("--baseline", nargs="*", default=[],
                     help="comm_bench CSVs of an earlier GlooCommunicator, shown as an extra column")
     ap.add_argument("--baseline-rev", default="", help="git revision the baseline was built from")
+    ap.add_argument("--tcp", nargs="*", default=[],
+                    help="comm_bench CSVs of the same binary with SHARDTRAIN_GLOO_SHM=0 (Gloo over TCP)")
     ap.add_argument("--command", required=True)
     ap.add_argument("--machine", action="append", default=[], help="one line of machine notes (repeatable)")
     a = ap.parse_args()
     st, py, base = load(a.shardtrain, "shardtrain"), load(a.pytorch, "pytorch"), load(a.baseline, "shardtrain")
     unv = load(a.shardtrain, "shardtrain_unverified")
     base_unv = load(a.baseline, "shardtrain_unverified")
+    tcp = load(a.tcp, "shardtrain")
     keys = sorted((k for k in set(st) & set(py) if k[0] in OPS),
                   key=lambda k: (OPS.index(k[0]), DTYPES.index(k[1]), k[2]))
     if not keys:
@@ -65,7 +68,10 @@ def main():
     w("")
     w("## Method")
     w("")
-    w("World size W = 2, two processes on one machine, Gloo over loopback TCP, CPU tensors. Size is the FULL")
+    w("World size W = 2, two processes on one machine, CPU tensors. ShardTrain's two ranks are on one host,")
+    w("so by default its all-gathers, reduce-scatters and sum all-reduces go through shared memory")
+    w("(`GlooOptions::shared_memory`, see Notes); the \"over TCP\" columns time the same binary with")
+    w("`SHARDTRAIN_GLOO_SHM=0`, i.e. through Gloo over loopback TCP as PyTorch does. Size is the FULL")
     w("buffer (all-gather output, reduce-scatter input, all-reduce tensor). Both sides do the same per case: one")
     by_iters = {}
     for k in keys:
@@ -92,11 +98,12 @@ def main():
     w("## Results")
     w("")
     cols = ["op", "dtype", "size"] + (["before ms"] if base else []) + ["ShardTrain ms", "PyTorch ms", "ratio"]
+    cols += ["ShardTrain over TCP ms", "ratio over TCP"] if tcp else []
     cols += ["ShardTrain ms, verify_calls off", "ratio, verify_calls off"] if unv else []
     cols += ["ShardTrain busbw GB/s", "PyTorch busbw GB/s", "sent/call (stats)"]
     w("| " + " | ".join(cols) + " |")
     w("|---|---|" + "---:|" * (len(cols) - 2))
-    slower, bad_bytes, slower_unv = [], [], []
+    slower, bad_bytes, slower_unv, slower_tcp = [], [], [], []
     for k in keys:
         s, p = st[k], py[k]
         sm, pm = float(s["median_ms"]), float(p["median_ms"])
@@ -111,6 +118,11 @@ def main():
         if base:
             cells.append(f"{float(base[k]['median_ms']):.2f}" if k in base else "-")
         cells += [f"{sm:.2f}", f"{pm:.2f}", f"{ratio:.2f}"]
+        if tcp:
+            tm = float(tcp[k]["median_ms"]) if k in tcp else None
+            cells += [f"{tm:.2f}", f"{pm / tm:.2f}"] if tm else ["-", "-"]
+            if tm and pm / tm < 1:
+                slower_tcp.append((k, pm / tm))
         if unv:
             um = float(unv[k]["median_ms"]) if k in unv else None
             cells += [f"{um:.2f}", f"{pm / um:.2f}"] if um else ["-", "-"]
@@ -128,7 +140,8 @@ def main():
         w("")
         w("| implementation | median ms | min ms |")
         w("|---|---:|---:|")
-        rows = [("ShardTrain (verify_calls on, the default)", st), ("ShardTrain, verify_calls off", unv)]
+        rows = [("ShardTrain (verify_calls on, the default)", st), ("ShardTrain, verify_calls off", unv),
+                ("ShardTrain over TCP (SHARDTRAIN_GLOO_SHM=0), verify_calls on", tcp)]
         if base:
             rev = a.baseline_rev or "baseline"
             rows += [(f"before ({rev}), verify_calls on", base), (f"before ({rev}), verify_calls off", base_unv)]
@@ -164,6 +177,12 @@ def main():
         if timed:
             w(f"  With `verify_calls` off, {len(fixed)} of the {len(timed)} of these that were also timed that way reach"
               " PyTorch's throughput.")
+    if tcp:
+        timed = [k for k in keys if k in tcp]
+        w(f"  Over TCP (`SHARDTRAIN_GLOO_SHM=0`, Gloo's transport, as across hosts), ShardTrain is at least as fast as"
+          f" PyTorch in {len(timed) - len(slower_tcp)} of {len(timed)} cases"
+          + ("." if not slower_tcp else
+             " (not in: " + ", ".join(f"{k[0]} {k[1]} {mib(k[2])} ({r:.2f})" for k, r in slower_tcp) + ")."))
     w("- Reduce-scatter bandwidth within 1.5x of all-gather's (ShardTrain, busbw of all-gather / busbw of")
     w("  reduce-scatter, same dtype and size):")
     w("")
@@ -188,7 +207,19 @@ def main():
     w("")
     w("## Notes")
     w("")
-    w("- At W = 2 `GlooCommunicator` exchanges data with c10d `alltoall_base` and split sizes")
+    w("- Shared memory (`comm/shared_memory_mesh.h`), used when every rank of a group runs on one host: each")
+    w("  rank owns a segment in /dev/shm with one single-producer/single-consumer ring (2 MiB) per peer and a")
+    w("  futex doorbell. A collective runs on the communicator's issuing thread: every rank streams its blocks")
+    w("  to every peer at once (a quarter ring at a time, so the reader starts on the first chunk while the")
+    w("  writer fills the next) and consumes what arrives: all-gather copies into the output; reduce-scatter")
+    w("  adds the peers' pieces to its own in rank order (at W=2 in one vectorized pass per piece: float32, or")
+    w("  bfloat16 summed in float32 and rounded once); all-reduce is that reduce-scatter followed by an")
+    w("  all-gather of the sums. Each byte is copied once into the ring and once out of it, with no system")
+    w("  call on the data path; over TCP the kernel copies it in and out and the Gloo threads wake per message.")
+    w("  The per-call signature check is an exchange of 32 bytes through the same rings (~0.02 ms). Results are")
+    w("  bit for bit those of the TCP paths at W=2 (comm_bench's self-check and the gloo tests compare them).")
+    w("  A peer that closes or dies is noticed while waiting (closed flag at once, pid check every 50 ms).")
+    w("- Over TCP, at W = 2 `GlooCommunicator` exchanges data with c10d `alltoall_base` and split sizes")
     w("  {0, n} / {n, 0}: n elements go straight from the caller's tensor to the peer. All-gather is one such")
     w("  exchange into the caller's output; reduce-scatter is one per 4 MiB piece, and its `Wait()` adds (and")
     w("  scales) each piece while later pieces are still moving. A floating SUM/AVG all-reduce of up to 2 MiB")
@@ -210,7 +241,7 @@ def main():
     w("  the buffer instead of (W-1)/W) and copies the own block out. Fresh buffers above glibc's mmap")
     w("  threshold (32 MiB) are page-faulted in on every call, which is expensive on this VM. Its `all_reduce`")
     w("  is Gloo's ring all-reduce, in place.")
-    w("- The per-call signature check (`verify_calls`) is one equal-split all-to-all of 32 bytes per rank")
+    w("- Over TCP the per-call signature check (`verify_calls`) is one equal-split all-to-all of 32 bytes per rank")
     w("  (earlier revisions such as eec0c67: a c10d `_allgather_base`, about twice the latency, with the signature")
     w("  built by per-element ATen ops); see the per-call latency section.")
     w("- On a 2-core machine with two ranks, OpenMP worker threads that spin after an ATen op on the calling")

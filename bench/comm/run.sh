@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs the communication benchmark side by side: ShardTrain's GlooCommunicator
-# (//bench/comm:comm_bench) and torch.distributed on Gloo
-# (bench/comm/torch_reference.py), W = 2 processes each, and writes the table
-# to docs/comm_benchmark.md.
+# (//bench/comm:comm_bench; through shared memory, as by default for ranks on
+# one host, and again over Gloo's TCP connections with SHARDTRAIN_GLOO_SHM=0)
+# and torch.distributed on Gloo (bench/comm/torch_reference.py), W = 2
+# processes each, and writes the table to docs/comm_benchmark.md.
 #
 #   bench/comm/run.sh                      # full run (1..256 MiB), ~3-5 minutes on 2 cores
 #   SIZES=1,4 bench/comm/run.sh --out /tmp/quick.md
@@ -54,6 +55,9 @@ for s in "${size_list[@]}"; do
   echo "=== ${s} MiB: ShardTrain ==="
   "${RUN[@]+"${RUN[@]}"}" "$BIN" --sizes_mib="$s" --self_check="$self_check" --latency_iters="$latency_iters" \
     --out="$TMP/st_$s.csv" "${COMMON[@]}"
+  echo "=== ${s} MiB: ShardTrain over TCP (SHARDTRAIN_GLOO_SHM=0) ==="
+  SHARDTRAIN_GLOO_SHM=0 "${RUN[@]+"${RUN[@]}"}" "$BIN" --sizes_mib="$s" --self_check="$self_check" \
+    --unverified_below_mib=0 --latency_iters="$latency_iters" --out="$TMP/tcp_$s.csv" "${COMMON[@]}"
   self_check=false  # the edge-case check runs once, before the first size
   if [[ -n "$BASELINE_REV" ]]; then
     echo "=== ${s} MiB: ShardTrain at $BASELINE_REV (before) ==="
@@ -80,13 +84,13 @@ cmd="bench/comm/run.sh"
 [[ "$OUT" != "docs/comm_benchmark.md" ]] && cmd+=" --out $OUT"
 
 machine=(
-  --machine "$(nproc) CPU cores ($cpu), $mem RAM, $(uname -sr); both ranks on this machine, Gloo over loopback (127.0.0.1)"
+  --machine "$(nproc) CPU cores ($cpu), $mem RAM, $(uname -sr); both ranks on this machine (ShardTrain: shared memory, or Gloo over loopback TCP with SHARDTRAIN_GLOO_SHM=0; PyTorch: Gloo over loopback TCP)"
   --machine "torch $torch_version (pip, project venv) for both sides; intra-op threads $threads per rank, Gloo worker threads 2 per rank"
   --machine "load average (1/5/15 min) before: $load_before, after: $load_after (other work shared the machine when above ~1); benchmark wall time ${elapsed} s; ${NICE:+ranks run under nice -n $NICE; }$(date -u '+%Y-%m-%d %H:%M UTC')"
 )
 base_args=()
 [[ -n "$BASELINE_REV" ]] && base_args=(--baseline "$TMP"/base_*.csv --baseline-rev "$BASELINE_REV")
-"$PY" bench/comm/make_table.py --shardtrain "$TMP"/st_*.csv --pytorch "$TMP"/py_*.csv \
+"$PY" bench/comm/make_table.py --shardtrain "$TMP"/st_*.csv --pytorch "$TMP"/py_*.csv --tcp "$TMP"/tcp_*.csv \
   "${base_args[@]+"${base_args[@]}"}" --command "$cmd" "${machine[@]}" >"$OUT"
 if [[ -n "$KEEP" ]]; then
   mkdir -p "$KEEP"

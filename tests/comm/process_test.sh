@@ -183,6 +183,15 @@ check_survivors 3 1 5000 " \(pid [0-9]+ on this host\) has died \([0-9]+ collect
 expect_elapsed_below 30000
 end_case
 
+begin_case launcher_rank_killed_mid_collective_over_tcp
+# The same with shared memory off: every collective on Gloo's TCP connections.
+run 120 SHARDTRAIN_GLOO_SHM=0 "$LAUNCHER" --nproc 3 --kill_grace_ms 20000 -- "$WORKER" --timeout_ms=5000 \
+  --die_rank=1 --die_after_ms=1000 --defer_sigterm --status_dir="$CASE_DIR"
+expect_rc_nonzero
+check_survivors 3 1 5000 " \(pid [0-9]+ on this host\) has died \([0-9]+ collectives issued"
+expect_elapsed_below 30000
+end_case
+
 begin_case launcher_store_host_killed
 # Rank 0 also serves the TCPStore: survivors cannot read heartbeats any more,
 # yet name rank 0 (pid check on this host) and say that the store is gone.
