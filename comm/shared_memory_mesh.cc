@@ -26,8 +26,10 @@ using SteadyClock = std::chrono::steady_clock;
 constexpr uint64_t kMagic = 0x53545348'4d455348ULL;  // "STSHMESH"
 constexpr size_t kHeaderBytes = 4096;                // SegmentHeader, padded to a page
 constexpr size_t kRingHeaderBytes = 4096;            // RingHeader, padded to a page
-// A ring is filled and drained in chunks of at most a quarter of it, so the
-// reader starts on the first chunk while the writer fills the next.
+// A ring is filled and drained in chunks of at most 128 KiB (and a quarter of
+// the ring), so the reader starts on the first chunk while the writer fills
+// the next, and a chunk just written is still in the cache when it is read.
+constexpr int64_t kMaxChunk = 128 << 10;
 constexpr int64_t kChunkDivisor = 4;
 // Streams are padded to this many bytes per Exchange(), so every element of
 // every dtype stays aligned in the ring (and never straddles its end).
@@ -282,7 +284,7 @@ void SharedMemoryMesh::Exchange(const std::vector<PeerTraffic>& traffic, const C
                                 SteadyClock::time_point deadline) {
   static const uint8_t kZeros[kStreamAlign] = {};
   const int64_t cap = ring_bytes_;
-  const int64_t chunk = cap / kChunkDivisor;
+  const int64_t chunk = std::min(kMaxChunk, cap / kChunkDivisor);
   struct Progress {
     size_t piece = 0;      // next piece to send
     int64_t offset = 0;    // bytes of it sent
