@@ -14,6 +14,7 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -261,23 +262,24 @@ void SharedMemoryMesh::Ring(int peer) {
   if (h->sleepers.load(std::memory_order_seq_cst) > 0) Futex(&h->doorbell, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
-void SharedMemoryMesh::CheckPeers(const std::vector<bool>& pending, bool check_pids) {
+std::optional<SharedMemoryError> SharedMemoryMesh::CheckPeers(const std::vector<bool>& pending, bool check_pids) {
   if (aborted_.load()) {
-    throw SharedMemoryError(SharedMemoryError::Kind::kPeerClosed, -1,
-                            "this rank's communicator was destroyed during the collective");
+    return SharedMemoryError(SharedMemoryError::Kind::kPeerClosed, -1,
+                             "this rank's communicator was destroyed during the collective");
   }
   const int64_t self = getpid();
   for (int p = 0; p < size_; ++p) {
     if (p == rank_ || !pending[p]) continue;
     if (Segment::Header(maps_[p])->closed.load(std::memory_order_acquire)) {
-      throw SharedMemoryError(SharedMemoryError::Kind::kPeerClosed, p,
-                              "rank " + std::to_string(p) + " left the shared memory mesh (closed its communicator)");
+      return SharedMemoryError(SharedMemoryError::Kind::kPeerClosed, p,
+                               "rank " + std::to_string(p) + " left the shared memory mesh (closed its communicator)");
     }
     if (check_pids && pids_[p] != self && local_host::ProcessGone(pids_[p])) {
-      throw SharedMemoryError(SharedMemoryError::Kind::kPeerDied, p,
-                              "rank " + std::to_string(p) + " (pid " + std::to_string(pids_[p]) + ") has died");
+      return SharedMemoryError(SharedMemoryError::Kind::kPeerDied, p,
+                               "rank " + std::to_string(p) + " (pid " + std::to_string(pids_[p]) + ") has died");
     }
   }
+  return std::nullopt;
 }
 
 void SharedMemoryMesh::Exchange(const std::vector<PeerTraffic>& traffic, const Consumer& consume,
@@ -306,6 +308,7 @@ void SharedMemoryMesh::Exchange(const std::vector<PeerTraffic>& traffic, const C
   std::vector<bool> pending(size_, false);
   auto spin_until = SteadyClock::now() + kSpin;
   auto next_pid_check = SteadyClock::now() + kPidCheckPeriod;
+  bool gone_seen = false;
   for (;;) {
     // Read before looking at the rings: news that lands after the look changes it.
     const uint32_t bell = me->doorbell.load(std::memory_order_seq_cst);
@@ -374,7 +377,14 @@ void SharedMemoryMesh::Exchange(const std::vector<PeerTraffic>& traffic, const C
     }
     const bool check_pids = now >= next_pid_check;
     if (check_pids) next_pid_check = now + kPidCheckPeriod;
-    CheckPeers(pending, check_pids);
+    if (auto gone = CheckPeers(pending, check_pids)) {
+      // A peer that finished its part and left a moment ago wrote its last
+      // bytes before it set its closed flag: look at the rings once more
+      // (this pass's look may predate them) before calling it a failure.
+      if (gone_seen || gone->peer() < 0) throw *gone;
+      gone_seen = true;
+      continue;
+    }
     if (now >= deadline) {
       std::string waiting;
       int first = -1;

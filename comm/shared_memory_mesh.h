@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -99,7 +100,9 @@ class SharedMemoryMesh {
   struct Segment;
   SharedMemoryMesh(int rank, int size, int64_t ring_bytes);
   void Ring(int peer);  // bumps `peer`'s doorbell, waking it if it sleeps
-  void CheckPeers(const std::vector<bool>& pending, bool check_pids);
+  // A peer with traffic pending that closed or died (pid check only with
+  // `check_pids`), or this rank aborted.
+  std::optional<SharedMemoryError> CheckPeers(const std::vector<bool>& pending, bool check_pids);
 
   const int rank_;
   const int size_;
