@@ -50,7 +50,7 @@ def main(results_path, params_path, md_path, png_path, command, model_flags):
         "# End-to-end benchmark: ShardTrain vs PyTorch",
         "",
         f"Produced by `{command}` on {datetime.date.today()} ({platform.machine()}, "
-        f"{__import__('os').cpu_count()} cores, CPU only, Gloo over loopback). GPT with {params / 1e6:.1f}M "
+        f"{__import__('os').cpu_count()} cores, CPU only; ShardTrain's ranks exchange through shared memory (its default on one host), PyTorch's through Gloo over loopback TCP). GPT with {params / 1e6:.1f}M "
         f"parameters, flags `{model_flags}`; the same initial weights and batches for every row; AdamW, fp32. "
         f"Every W=2 configuration ran {rounds} time(s), interleaved round by round so that background load hits "
         "all alike; step time is the median over rounds of each run's median step; CPU is the process CPU time "

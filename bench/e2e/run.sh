@@ -3,7 +3,9 @@
 # (same sizes, batch, sequence length, AdamW, fp32, initial weights, batches)
 # through ShardTrain (fsdp_native FULL_SHARD and SHARD_GRAD_OP, fsdp, ddp) and
 # Python PyTorch from the pinned torch (FSDP2 fully_shard, DDP, plain), then
-# memory per rank versus W = 1, 2, 4. Both sides also run a "local compute"
+# memory per rank versus W = 1, 2, 4. ShardTrain's ranks exchange through
+# shared memory (its default on one host); one more row runs FULL_SHARD over
+# Gloo's TCP connections (SHARDTRAIN_GLOO_SHM=0). Both sides also run a "local compute"
 # baseline: the same ranks, each training its own share of the batch with no
 # communication at all. Writes docs/benchmarks.md and docs/benchmarks.png.
 #
@@ -44,6 +46,8 @@ for round in $(seq "${ROUNDS:-3}"); do
   echo "[bench/e2e] round $round of ${ROUNDS:-3}" >&2
   cpp shardtrain_local_compute 2 single_device "" --local_compute
   cpp shardtrain_fsdp_native_FULL_SHARD 2 fsdp_native "sharding_strategy=FULL_SHARD"
+  # The same over Gloo's TCP connections (what ranks on different hosts use).
+  SHARDTRAIN_GLOO_SHM=0 cpp shardtrain_fsdp_native_FULL_SHARD_over_tcp 2 fsdp_native "sharding_strategy=FULL_SHARD"
   cpp shardtrain_fsdp_native_FULL_SHARD_fwd_prefetch 2 fsdp_native "sharding_strategy=FULL_SHARD,forward_prefetch=true"
   cpp shardtrain_fsdp_native_SHARD_GRAD_OP 2 fsdp_native "sharding_strategy=SHARD_GRAD_OP"
   cpp shardtrain_fsdp 2 fsdp "min_num_params=1000"
