@@ -191,8 +191,9 @@ TEST(GlooSubgroups, HybridTwoByTwo) {
   });
 }
 
-// With verify_calls off, collectives start on the caller's thread (no issuing
-// thread, no signature exchange) and give the same exact results.
+// With verify_calls off (no signature exchange) collectives give the same
+// exact results; over TCP (the tcp variant) they start on the caller's thread,
+// with shared memory on the issuing thread, which moves the bytes.
 TEST(GlooCollectives, WithoutVerificationStartOnTheCallersThread) {
   auto store = CreateHashStore();
   std::vector<std::thread> threads;
