@@ -210,7 +210,7 @@ def main():
     w("- Shared memory (`comm/shared_memory_mesh.h`), used when every rank of a group runs on one host: each")
     w("  rank owns a segment in /dev/shm with one single-producer/single-consumer ring (2 MiB) per peer and a")
     w("  futex doorbell. A collective runs on the communicator's issuing thread: every rank streams its blocks")
-    w("  to every peer at once (a quarter ring at a time, so the reader starts on the first chunk while the")
+    w("  to every peer at once (128 KiB at a time, so the reader starts on the first chunk while the")
     w("  writer fills the next) and consumes what arrives: all-gather copies into the output; reduce-scatter")
     w("  adds the peers' pieces to its own in rank order (at W=2 in one vectorized pass per piece: float32, or")
     w("  bfloat16 summed in float32 and rounded once); all-reduce is that reduce-scatter followed by an")
