@@ -7,8 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -20,6 +18,7 @@ namespace shardtrain::comm {
 namespace {
 
 using shardtrain::testing::RunRanks;
+using shardtrain::testing::RunRanksWithOptions;
 
 struct Case {
   int world;
@@ -195,27 +194,25 @@ TEST(GlooSubgroups, HybridTwoByTwo) {
 // exact results; over TCP (the tcp variant) they start on the caller's thread,
 // with shared memory on the issuing thread, which moves the bytes.
 TEST(GlooCollectives, WithoutVerificationStartOnTheCallersThread) {
-  auto store = CreateHashStore();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      GlooOptions o;
-      o.hostname = "127.0.0.1";
-      o.verify_calls = false;
-      auto c = GlooCommunicator::Create(store, r, 2, o);
-      at::Tensor gathered = at::empty({6});
-      c->AllGather(at::full({3}, static_cast<float>(r + 1)), gathered)->Wait();
-      EXPECT_TRUE(at::equal(gathered, at::tensor({1.f, 1.f, 1.f, 2.f, 2.f, 2.f})));
-      at::Tensor shard = at::empty({2});
-      c->ReduceScatter(at::arange(4, at::kFloat) * (r + 1), shard)->Wait();  // (0,1,2,3) + (0,2,4,6)
-      EXPECT_TRUE(at::equal(shard, r == 0 ? at::tensor({0.f, 3.f}) : at::tensor({6.f, 9.f})));
-      at::Tensor t = at::full({5}, static_cast<float>(r + 1));
-      c->AllReduce(t, {ReduceOp::kAvg})->Wait();
-      EXPECT_TRUE(at::equal(t, at::full({5}, 1.5f)));
-      c->Barrier()->Wait();
-    });
-  }
-  for (auto& t : threads) t.join();
+  RunRanksWithOptions(
+      2,
+      [](int) {
+        GlooOptions o;
+        o.verify_calls = false;
+        return o;
+      },
+      [](int r, auto c) {
+        at::Tensor gathered = at::empty({6});
+        c->AllGather(at::full({3}, static_cast<float>(r + 1)), gathered)->Wait();
+        EXPECT_TRUE(at::equal(gathered, at::tensor({1.f, 1.f, 1.f, 2.f, 2.f, 2.f})));
+        at::Tensor shard = at::empty({2});
+        c->ReduceScatter(at::arange(4, at::kFloat) * (r + 1), shard)->Wait();  // (0,1,2,3) + (0,2,4,6)
+        EXPECT_TRUE(at::equal(shard, r == 0 ? at::tensor({0.f, 3.f}) : at::tensor({6.f, 9.f})));
+        at::Tensor t = at::full({5}, static_cast<float>(r + 1));
+        c->AllReduce(t, {ReduceOp::kAvg})->Wait();
+        EXPECT_TRUE(at::equal(t, at::full({5}, 1.5f)));
+        c->Barrier()->Wait();
+      });
 }
 
 TEST(GlooErrors, BadInputIsAClearError) {
@@ -353,27 +350,25 @@ TEST(GlooErrors, SubgroupPeerIsNamedAndHeartbeatsCanBeOff) {
       },
       std::chrono::milliseconds(1500));
 
-  auto store = CreateHashStore();
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      GlooOptions o;
-      o.hostname = "127.0.0.1";
-      o.timeout = std::chrono::milliseconds(1000);
-      o.heartbeat_period = std::chrono::milliseconds(0);
-      auto c = GlooCommunicator::Create(store, r, 2, o);
-      if (r == 1) return;
-      try {
-        c->Barrier()->Wait();
-        ADD_FAILURE() << "expected CommError";
-      } catch (const CommError& e) {
-        std::string msg = e.what();
-        EXPECT_NE(msg.find("Barrier on gloo group 'world' (rank 0/2)"), std::string::npos) << msg;
-        EXPECT_NE(msg.find("a peer rank may have died or not reached this collective"), std::string::npos) << msg;
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  RunRanksWithOptions(
+      2,
+      [](int) {
+        GlooOptions o;
+        o.timeout = std::chrono::milliseconds(1000);
+        o.heartbeat_period = std::chrono::milliseconds(0);
+        return o;
+      },
+      [](int r, auto c) {
+        if (r == 1) return;
+        try {
+          c->Barrier()->Wait();
+          ADD_FAILURE() << "expected CommError";
+        } catch (const CommError& e) {
+          std::string msg = e.what();
+          EXPECT_NE(msg.find("Barrier on gloo group 'world' (rank 0/2)"), std::string::npos) << msg;
+          EXPECT_NE(msg.find("a peer rank may have died or not reached this collective"), std::string::npos) << msg;
+        }
+      });
   GlooOptions bad;
   bad.heartbeat_period = std::chrono::milliseconds(-1);
   try {
@@ -422,31 +417,6 @@ bool SharedMemoryWanted() {
   return !(env && std::string(env) == "0");
 }
 
-// Runs body(rank, communicator) on `world` threads; rank r's options are
-// options(r). The body owns the only reference to its communicator.
-void RunRanksWith(int world, const std::function<GlooOptions(int)>& options,
-                  const std::function<void(int, std::shared_ptr<GlooCommunicator>)>& body) {
-  auto store = CreateHashStore();
-  std::vector<std::thread> threads;
-  std::mutex mu;
-  std::exception_ptr error;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        at::set_num_threads(1);
-        GlooOptions o = options(r);
-        o.hostname = "127.0.0.1";
-        body(r, GlooCommunicator::Create(store, r, world, o));
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mu);
-        if (!error) error = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
-}
-
 TEST(GlooSharedMemory, SameHostGroupsUseItUnlessAnyRankTurnsItOff) {
   RunRanks(4, [](int rank, const auto& comm) {
     EXPECT_EQ(comm->uses_shared_memory(), SharedMemoryWanted());
@@ -458,7 +428,7 @@ TEST(GlooSharedMemory, SameHostGroupsUseItUnlessAnyRankTurnsItOff) {
     }
   });
   // One rank without it: no rank uses it (and none waits for the others).
-  RunRanksWith(
+  RunRanksWithOptions(
       2,
       [](int r) {
         GlooOptions o;
@@ -471,7 +441,7 @@ TEST(GlooSharedMemory, SameHostGroupsUseItUnlessAnyRankTurnsItOff) {
         comm->AllReduce(t)->Wait();
         EXPECT_TRUE(at::equal(t, at::full({5}, 3.f)));
       });
-  EXPECT_THROW(RunRanksWith(
+  EXPECT_THROW(RunRanksWithOptions(
                    1,
                    [](int) {
                      GlooOptions o;
@@ -489,7 +459,7 @@ TEST(GlooSharedMemory, LargeBuffersThroughSmallRingsAtOddWorldSize) {
   const int64_t n = 100003;
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kDouble}) {
     std::vector<at::Tensor> reduced(kWorld);
-    RunRanksWith(
+    RunRanksWithOptions(
         kWorld,
         [](int) {
           GlooOptions o;
@@ -500,7 +470,8 @@ TEST(GlooSharedMemory, LargeBuffersThroughSmallRingsAtOddWorldSize) {
           EXPECT_EQ(comm->uses_shared_memory(), SharedMemoryWanted());
           at::Tensor full = at::empty({kWorld * n}, dtype);
           comm->AllGather(Pattern(n, rank, dtype), full)->Wait();
-          for (int r = 0; r < kWorld; ++r) EXPECT_TRUE(at::equal(full.slice(0, r * n, (r + 1) * n), Pattern(n, r, dtype)));
+          for (int r = 0; r < kWorld; ++r)
+            EXPECT_TRUE(at::equal(full.slice(0, r * n, (r + 1) * n), Pattern(n, r, dtype)));
 
           at::Tensor shard = at::empty({n}, dtype);
           comm->ReduceScatter(Pattern(kWorld * n, rank, dtype), shard)->Wait();
@@ -522,9 +493,11 @@ TEST(GlooSharedMemory, LargeBuffersThroughSmallRingsAtOddWorldSize) {
           at::Tensor u = RandomValues(n, dtype, 5 + rank);
           comm->AllReduce(u, {ReduceOp::kAvg})->Wait();
           reduced[rank] = u;
-          EXPECT_EQ(comm->stats().BytesSent(CommOp::kAllReduce), 2 * (2 * (kWorld - 1) * n * u.element_size() / kWorld));
+          const int64_t per_call = 2 * (kWorld - 1) * n * u.element_size() / kWorld;
+          EXPECT_EQ(comm->stats().BytesSent(CommOp::kAllReduce), 2 * per_call);
         });
-    for (int r = 1; r < kWorld; ++r) EXPECT_TRUE(BitEqual(reduced[r], reduced[0])) << c10::toString(dtype) << " rank " << r;
+    for (int r = 1; r < kWorld; ++r)
+      EXPECT_TRUE(BitEqual(reduced[r], reduced[0])) << c10::toString(dtype) << " rank " << r;
   }
 }
 
@@ -534,7 +507,7 @@ TEST(GlooSharedMemory, LargeBuffersThroughSmallRingsAtOddWorldSize) {
 TEST(GlooSharedMemory, DestroyingWithACollectiveInFlightReturnsPromptly) {
   if (!SharedMemoryWanted()) GTEST_SKIP() << "shared memory is off (SHARDTRAIN_GLOO_SHM=0)";
   std::atomic<bool> rank0_gone{false};
-  RunRanksWith(
+  RunRanksWithOptions(
       2, [](int) { return GlooOptions{}; },
       [&](int rank, auto comm) {
         if (rank == 0) {

@@ -17,6 +17,13 @@ using RankBody = std::function<void(int rank, const std::shared_ptr<comm::GlooCo
 void RunRanks(int world_size, const RankBody& body,
               std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
+// Like RunRanks, with rank r's communicator made from options(r) (on
+// 127.0.0.1 unless it names a host), and handed to the body as the only
+// reference to it: resetting it destroys the communicator.
+using OwningRankBody = std::function<void(int rank, std::shared_ptr<comm::GlooCommunicator> comm)>;
+void RunRanksWithOptions(int world_size, const std::function<comm::GlooOptions(int rank)>& options,
+                         const OwningRankBody& body);
+
 }  // namespace shardtrain::testing
 
 #endif  // SHARDTRAIN_TESTS_TESTING_MULTI_RANK_H_
