@@ -170,33 +170,41 @@ else
 fi
 end_case
 
+# Three ranks under the launcher, whose survivors note and ignore its SIGTERM
+# (--defer_sigterm), so each must fail on its own; the launcher's grace before
+# SIGKILL outlasts their timeout. Args: [NAME=VALUE ...] (environment), then
+# the worker's own flags.
+run_three_ranks() {
+  local envs=()
+  while [[ $# -gt 0 && "$1" != --* ]]; do envs+=("$1"); shift; done
+  run 120 "${envs[@]+"${envs[@]}"}" "$LAUNCHER" --nproc 3 --kill_grace_ms 20000 -- "$WORKER" --die_after_ms=1000 \
+    --defer_sigterm --status_dir="$CASE_DIR" "$@"
+}
+
+# Rank 1 is killed mid-collective. Args: [NAME=VALUE ...] (environment).
+rank_1_killed_mid_collective() {
+  run_three_ranks "$@" --timeout_ms=5000 --die_rank=1
+  expect_rc_nonzero
+  expect_in stderr "rank 1/3: killing myself with SIGKILL now"
+  grep -qE "ShardTrain launcher: rank 1 \(pid [0-9]+\) was killed by signal 9" "$CASE_DIR/stderr" ||
+    fail "the launcher did not name rank 1 as the failed rank"
+  check_survivors 3 1 5000 " \(pid [0-9]+ on this host\) has died \([0-9]+ collectives issued"
+  expect_elapsed_below 30000
+}
+
 begin_case launcher_rank_killed_mid_collective
-# Survivors note and ignore the launcher's SIGTERM (--defer_sigterm), so each
-# must fail on its own; the launcher's grace before SIGKILL outlasts the timeout.
-run 120 "$LAUNCHER" --nproc 3 --kill_grace_ms 20000 -- "$WORKER" --timeout_ms=5000 --die_rank=1 \
-  --die_after_ms=1000 --defer_sigterm --status_dir="$CASE_DIR"
-expect_rc_nonzero
-expect_in stderr "rank 1/3: killing myself with SIGKILL now"
-grep -qE "ShardTrain launcher: rank 1 \(pid [0-9]+\) was killed by signal 9" "$CASE_DIR/stderr" ||
-  fail "the launcher did not name rank 1 as the failed rank"
-check_survivors 3 1 5000 " \(pid [0-9]+ on this host\) has died \([0-9]+ collectives issued"
-expect_elapsed_below 30000
+rank_1_killed_mid_collective
 end_case
 
 begin_case launcher_rank_killed_mid_collective_over_tcp
 # The same with shared memory off: every collective on Gloo's TCP connections.
-run 120 SHARDTRAIN_GLOO_SHM=0 "$LAUNCHER" --nproc 3 --kill_grace_ms 20000 -- "$WORKER" --timeout_ms=5000 \
-  --die_rank=1 --die_after_ms=1000 --defer_sigterm --status_dir="$CASE_DIR"
-expect_rc_nonzero
-check_survivors 3 1 5000 " \(pid [0-9]+ on this host\) has died \([0-9]+ collectives issued"
-expect_elapsed_below 30000
+rank_1_killed_mid_collective SHARDTRAIN_GLOO_SHM=0
 end_case
 
 begin_case launcher_store_host_killed
 # Rank 0 also serves the TCPStore: survivors cannot read heartbeats any more,
 # yet name rank 0 (pid check on this host) and say that the store is gone.
-run 120 "$LAUNCHER" --nproc 3 --kill_grace_ms 20000 -- "$WORKER" --timeout_ms=5000 --die_rank=0 \
-  --die_after_ms=1000 --defer_sigterm --status_dir="$CASE_DIR"
+run_three_ranks --timeout_ms=5000 --die_rank=0
 expect_rc_nonzero
 expect_in stderr "rank 0/3: killing myself with SIGKILL now"
 check_survivors 3 0 5000 " \(pid [0-9]+ on this host\) has died"
@@ -208,8 +216,7 @@ end_case
 begin_case launcher_rank_stalls_timeout
 # Rank 1 stays alive but stops issuing collectives: the survivors' collectives
 # time out (3 s); the launcher then terminates rank 1 (SIGTERM -> exit 143).
-run 120 "$LAUNCHER" --nproc 3 --kill_grace_ms 20000 -- "$WORKER" --timeout_ms=3000 --stall_rank=1 \
-  --die_after_ms=1000 --defer_sigterm --status_dir="$CASE_DIR"
+run_three_ranks --timeout_ms=3000 --stall_rank=1
 expect_rc_nonzero
 expect_in stderr "rank 1/3: stalling after"
 expect_in stderr "timed out after 3000 ms"
