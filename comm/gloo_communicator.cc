@@ -399,6 +399,15 @@ std::string Describe(const char* op, const GlooGroupRef& g) {
   return internal::StrCat(op, " on gloo group '", g.name, "' (rank ", g.rank, "/", g.size, ")");
 }
 
+// Copies what `peer` sends into output blocks: block p of `out` starts at
+// byte `starts[p]`.
+SharedMemoryMesh::Consumer CopyInto(uint8_t* out, std::vector<int64_t> starts) {
+  return [out, starts = std::move(starts)](int peer, int64_t offset, const uint8_t* data, int64_t len) {
+    std::memcpy(out + starts[peer] + offset, data, len);
+    return len;
+  };
+}
+
 // The error of collective `call` that failed (or timed out after `timeout`):
 // the operation and group, the peers at fault (from heartbeats), then what the
 // engine said.
@@ -758,14 +767,12 @@ void GlooCommunicator::VerifySameCall(CommOp op, const at::Tensor& t, int64_t ro
   if (mesh_) {
     RunOnMesh(op, call, [&](SteadyClock::time_point deadline) {
       std::vector<SharedMemoryMesh::PeerTraffic> traffic(size_);
-      for (int r = 0; r < size_; ++r) traffic[r] = {{{mine, sizeof(mine)}}, sizeof(mine)};
-      mesh_->Exchange(
-          traffic,
-          [all](int peer, int64_t offset, const uint8_t* data, int64_t len) {
-            std::memcpy(reinterpret_cast<uint8_t*>(all + 4 * peer) + offset, data, len);
-            return len;
-          },
-          deadline);
+      std::vector<int64_t> starts(size_);
+      for (int r = 0; r < size_; ++r) {
+        traffic[r] = {{{mine, sizeof(mine)}}, sizeof(mine)};
+        starts[r] = r * static_cast<int64_t>(sizeof(mine));
+      }
+      mesh_->Exchange(traffic, CopyInto(reinterpret_cast<uint8_t*>(all), std::move(starts)), deadline);
     });
   } else {
     if (!signature_.defined()) signature_ = at::empty({4 * size_}, at::kLong);  // mine, once per destination rank
@@ -963,6 +970,13 @@ class OrderedSum {
     return k * es_;
   }
 
+  // Consume() as the mesh's consumer (the sum must outlive the exchange).
+  SharedMemoryMesh::Consumer AsConsumer() {
+    return [this](int peer, int64_t offset, const uint8_t* data, int64_t len) {
+      return Consume(peer, offset, data, len);
+    };
+  }
+
   // After the exchange: adds the rest of this rank's contribution, finishes.
   void Finish() {
     if (!pair_)
@@ -1064,15 +1078,6 @@ class OrderedSum {
   int64_t finished_ = 0;
 };
 
-// Copies what `peer` sends into output blocks: block p of `out` starts at
-// byte `starts[p]`.
-SharedMemoryMesh::Consumer CopyInto(uint8_t* out, std::vector<int64_t> starts) {
-  return [out, starts = std::move(starts)](int peer, int64_t offset, const uint8_t* data, int64_t len) {
-    std::memcpy(out + starts[peer] + offset, data, len);
-    return len;
-  };
-}
-
 void MeshAllGather(SharedMemoryMesh& mesh, const at::Tensor& input, const at::Tensor& output,
                    SteadyClock::time_point deadline) {
   const int world = mesh.size(), rank = mesh.rank();
@@ -1100,14 +1105,13 @@ void MeshReduceScatter(SharedMemoryMesh& mesh, const at::Tensor& input, const at
   const int64_t n = out.numel();
   // In place (`output` is this rank's block of `input`), OrderedSum sums into
   // scratch; any other overlap sends from a copy.
-  if (at::get_overlap_status(in, out) != at::MemOverlapStatus::No && out.data_ptr() != in.narrow(0, rank * n, n).data_ptr())
-    in = in.clone();
+  const bool in_place = out.data_ptr() == in.narrow(0, rank * n, n).data_ptr();
+  if (!in_place && at::get_overlap_status(in, out) != at::MemOverlapStatus::No) in = in.clone();
   OrderedSum sum(world, rank, in.narrow(0, rank * n, n), out, scale, 1.0, /*from_zero=*/true);
   std::vector<SharedMemoryMesh::PeerTraffic> traffic(world);
-  for (int p = 0; p < world; ++p) traffic[p] = {{{in.narrow(0, p * n, n).data_ptr(), n * in.element_size()}}, n * in.element_size()};
-  mesh.Exchange(
-      traffic, [&sum](int peer, int64_t offset, const uint8_t* data, int64_t len) { return sum.Consume(peer, offset, data, len); },
-      deadline);
+  const int64_t bytes = n * in.element_size();
+  for (int p = 0; p < world; ++p) traffic[p] = {{{in.narrow(0, p * n, n).data_ptr(), bytes}}, bytes};
+  mesh.Exchange(traffic, sum.AsConsumer(), deadline);
   sum.Finish();
 }
 
@@ -1117,15 +1121,15 @@ void MeshAllReduce(SharedMemoryMesh& mesh, const at::Tensor& tensor, double divi
   const int world = mesh.size(), rank = mesh.rank();
   const at::Tensor t = tensor.reshape(-1);
   const int64_t n = t.numel(), es = t.element_size();
-  auto block = [&](int b) { return t.narrow(0, BlockBegin(n, world, b), BlockBegin(n, world, b + 1) - BlockBegin(n, world, b)); };
+  auto block = [&](int b) {
+    return t.narrow(0, BlockBegin(n, world, b), BlockBegin(n, world, b + 1) - BlockBegin(n, world, b));
+  };
   const at::Tensor mine = block(rank);
   std::vector<SharedMemoryMesh::PeerTraffic> traffic(world);
   {
     OrderedSum sum(world, rank, mine, mine, 1.0, divide, /*from_zero=*/false);
     for (int p = 0; p < world; ++p) traffic[p] = {{{block(p).data_ptr(), block(p).numel() * es}}, mine.numel() * es};
-    mesh.Exchange(
-        traffic, [&sum](int peer, int64_t offset, const uint8_t* data, int64_t len) { return sum.Consume(peer, offset, data, len); },
-        deadline);
+    mesh.Exchange(traffic, sum.AsConsumer(), deadline);
     sum.Finish();
   }
   std::vector<int64_t> starts(world);

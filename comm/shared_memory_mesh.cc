@@ -136,7 +136,8 @@ std::unique_ptr<SharedMemoryMesh> SharedMemoryMesh::Connect(const MeshRendezvous
   // Every key carries the number of meshes this rank has connected through
   // this store so far, which is the same on every rank (they create their
   // communicators in the same order): a second mesh never reads the first's keys.
-  const std::string prefix = "shardtrain/shm/" + std::to_string(store.add("shardtrain/shm/connects/" + std::to_string(rank), 1)) + "/";
+  const int64_t connects = store.add("shardtrain/shm/connects/" + std::to_string(rank), 1);
+  const std::string prefix = "shardtrain/shm/" + std::to_string(connects) + "/";
   auto gather = [&](const std::string& what, const std::string& mine, std::string* first_bad,
                     const std::function<bool(const std::string&)>& good) {
     store.set(prefix + what + "/" + std::to_string(rank), mine);
