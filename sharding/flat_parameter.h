@@ -21,6 +21,9 @@ namespace shardtrain::sharding {
 // One original parameter's place in its unit's flat buffer.
 struct FlatParamEntry {
   std::string name;          // fully qualified, as in the unwrapped model
+  // Further names of the same tensor when the model registers it in several
+  // modules (tied weights); state dicts carry it under every name.
+  std::vector<std::string> aliases;
   at::Tensor param;          // the module's own parameter (identity kept)
   std::vector<int64_t> shape;
   int64_t numel = 0;

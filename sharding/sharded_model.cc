@@ -28,51 +28,6 @@
 namespace shardtrain::sharding {
 
 // ---------------------------------------------------------------------------
-// Options
-
-const char* ShardingStrategyName(ShardingStrategy s) {
-  switch (s) {
-    case ShardingStrategy::kFullShard: return "FULL_SHARD";
-    case ShardingStrategy::kShardGradOp: return "SHARD_GRAD_OP";
-    case ShardingStrategy::kNoShard: return "NO_SHARD";
-    case ShardingStrategy::kHybridShard: return "HYBRID_SHARD";
-  }
-  return "?";
-}
-
-static std::string Upper(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-  return s;
-}
-
-ShardingStrategy ParseShardingStrategy(const std::string& name) {
-  const std::string u = Upper(name);
-  for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard,
-                 ShardingStrategy::kHybridShard}) {
-    if (u == ShardingStrategyName(s)) return s;
-  }
-  ST_THROW(InvalidArgumentError, "unknown sharding_strategy '", name,
-           "'; valid: FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD");
-}
-
-const char* BackwardPrefetchName(BackwardPrefetch p) {
-  switch (p) {
-    case BackwardPrefetch::kNone: return "NONE";
-    case BackwardPrefetch::kBackwardPre: return "BACKWARD_PRE";
-    case BackwardPrefetch::kBackwardPost: return "BACKWARD_POST";
-  }
-  return "?";
-}
-
-BackwardPrefetch ParseBackwardPrefetch(const std::string& name) {
-  const std::string u = Upper(name);
-  for (auto p : {BackwardPrefetch::kNone, BackwardPrefetch::kBackwardPre, BackwardPrefetch::kBackwardPost}) {
-    if (u == BackwardPrefetchName(p)) return p;
-  }
-  ST_THROW(InvalidArgumentError, "unknown backward_prefetch '", name, "'; valid: BACKWARD_PRE, BACKWARD_POST, NONE");
-}
-
-// ---------------------------------------------------------------------------
 // Wrap policies
 
 WrapPolicy WrapPolicy::Always() {
@@ -121,6 +76,11 @@ class ShardedUnit {
   bool is_root = false;
   bool checkpoint = false;
   std::unique_ptr<FlatParameter> flat;
+  // What the optimizer steps: the shard itself, or, when the unit holds
+  // frozen parameters (laid out after the trainable ones), a leaf viewing
+  // only the shard's trainable prefix, so no optimizer (weight decay,
+  // momentum) ever touches a frozen element.
+  at::Tensor opt_param;
   at::Tensor full;      // gathered parameters in param dtype
   bool aliased = false;  // shard group of one and float32: `full` is the shard itself
   State state = State::kSharded;
@@ -309,23 +269,48 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
   // Collect modules with their paths, parents before children.
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> modules;
   for (const auto& item : module_->named_modules()) modules.emplace_back(item.key(), item.value());
-  std::unordered_map<const at::TensorImpl*, std::string> param_name;
-  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
-    if (param_name.count(item.value().unsafeGetTensorImpl())) continue;  // shared parameter seen before
-    param_name[item.value().unsafeGetTensorImpl()] = item.key();
+  // Every name of every parameter, and the modules that register it: a tensor
+  // registered in several modules (tied weights) is one parameter with several
+  // names, and it belongs to the innermost unit whose subtree holds all of
+  // them, which is gathered whenever any of its users runs.
+  std::unordered_map<const at::TensorImpl*, std::vector<std::string>> names;
+  std::unordered_map<const at::TensorImpl*, std::vector<std::string>> owners;
+  for (const auto& [path, m] : modules) {
+    for (const auto& item : m->named_parameters(/*recurse=*/false)) {
+      const at::TensorImpl* impl = item.value().unsafeGetTensorImpl();
+      names[impl].push_back(path.empty() ? item.key() : path + "." + item.key());
+      owners[impl].push_back(path);
+    }
   }
+  auto inside = [](const std::string& path, const std::string& root) {
+    return root.empty() || path == root || (path.size() > root.size() && path.compare(0, root.size(), root) == 0 &&
+                                            path[root.size()] == '.');
+  };
   std::unordered_set<const at::TensorImpl*> taken;
-  auto unit_params = [&](torch::nn::Module& m) {
+  // Parameters of the subtree at `path` not taken by a nested unit and used
+  // only inside it; trainable ones first (stable), so a unit's frozen
+  // parameters sit at the end of its flat buffer, outside the optimizer's view.
+  auto unit_params = [&](torch::nn::Module& m, const std::string& path) {
     std::vector<FlatParamEntry> entries;
     for (const auto& item : m.named_parameters(true)) {
       const at::TensorImpl* impl = item.value().unsafeGetTensorImpl();
       if (taken.count(impl)) continue;
+      const auto& users = owners.at(impl);
+      if (!std::all_of(users.begin(), users.end(), [&](const std::string& u) { return inside(u, path); })) continue;
+      if (std::any_of(entries.begin(), entries.end(), [&](const FlatParamEntry& e) {
+            return e.param.unsafeGetTensorImpl() == impl;
+          })) {
+        continue;  // tied within this subtree: one entry
+      }
+      const auto& all = names.at(impl);
       FlatParamEntry e;
-      e.name = param_name.at(impl);
+      e.name = all.front();
+      e.aliases.assign(all.begin() + 1, all.end());
       e.param = item.value();
       e.requires_grad = item.value().requires_grad();
       entries.push_back(std::move(e));
     }
+    std::stable_partition(entries.begin(), entries.end(), [](const FlatParamEntry& e) { return e.requires_grad; });
     return entries;
   };
   // Deepest wrap points first so nested units take their parameters before parents.
@@ -333,7 +318,7 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
     auto* wp = dynamic_cast<WrapPoint*>(it->second.get());
     if (!wp || it->second.get() == module_.get()) continue;
     ST_CHECK_ARG(wp->unit_ == nullptr, "wrap point '", it->first, "' is already a unit of another ShardedModel");
-    auto entries = unit_params(*it->second);
+    auto entries = unit_params(*it->second, it->first);
     int64_t numel = 0;
     for (auto& e : entries) numel += e.param.numel();
     if (entries.empty() || !policy.should_wrap(*wp, numel)) continue;
@@ -351,7 +336,7 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
   auto root = std::make_unique<ShardedUnit>();
   root->is_root = true;
   root->name = "";
-  root->flat = std::make_unique<FlatParameter>("<root>", unit_params(*module_), shard_group_->rank(),
+  root->flat = std::make_unique<FlatParameter>("<root>", unit_params(*module_, ""), shard_group_->rank(),
                                                shard_group_->size(), options_.offload_params);
   root_ = root.get();
   units_.push_back(std::move(root));
@@ -379,6 +364,16 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
         u->accumulators.push_back(OnGradientReady(p, alive_, [this, u, k] { OnGradReady(u, k); }));
         ++u->trainable;
       }
+    }
+    int64_t trainable_numel = 0;  // trainable entries come first: [0, trainable_numel) of the flat buffer
+    for (const auto& e : entries) trainable_numel += e.requires_grad ? e.numel : 0;
+    if (trainable_numel == u->flat->numel()) {
+      u->opt_param = u->flat->shard();
+    } else {
+      const int64_t n = std::clamp<int64_t>(trainable_numel - u->flat->shard_offset(), 0, u->flat->shard_numel());
+      u->opt_param = at::empty({0}, u->flat->shard().options().requires_grad(false));
+      u->opt_param.set_(u->flat->shard().storage(), u->flat->shard().storage_offset(), {n}, {1});
+      u->opt_param.set_requires_grad(true);
     }
   }
   if (options_.use_orig_params) {
@@ -420,7 +415,7 @@ std::vector<std::pair<std::string, at::Tensor>> ShardedModel::named_parameters()
   if (options_.use_orig_params) return orig_param_views_;
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (auto& u : units_) {
-    out.emplace_back((u->is_root ? std::string("") : u->name + ".") + "flat_param", u->flat->shard());
+    out.emplace_back((u->is_root ? std::string("") : u->name + ".") + "flat_param", u->opt_param);
   }
   return out;
 }
@@ -733,7 +728,7 @@ void ShardedModel::FinishBackward() {
   // start fresh. With use_orig_params the optimizer sees (and clears) the
   // per-parameter views, not the shard's gradient.
   std::vector<bool> accumulate(units_.size(), false);
-  for (auto& u : units_) accumulate[u->index] = u->flat->shard().grad().defined();
+  for (auto& u : units_) accumulate[u->index] = u->opt_param.grad().defined();
   if (options_.use_orig_params) {
     std::fill(accumulate.begin(), accumulate.end(), false);
     for (size_t i = 0; i < orig_param_views_.size(); ++i) {
@@ -750,6 +745,13 @@ void ShardedModel::FinishBackward() {
       shard.mutable_grad().copy_(g);  // keep the storage: views may alias it
     } else {
       shard.mutable_grad() = g;  // this unit's reduce_out (or its float32 copy), owned by nobody else
+    }
+    if (!u->opt_param.is_same(shard)) {
+      // The optimizer's view of the trainable prefix sees that part of the shard's gradient.
+      const at::Tensor& sg = shard.grad();
+      at::Tensor v = at::empty({0}, sg.options());
+      v.set_(sg.storage(), sg.storage_offset(), {u->opt_param.numel()}, {1});
+      u->opt_param.mutable_grad() = v;
     }
     u->reduce_out = at::Tensor();
   }
@@ -893,6 +895,11 @@ std::map<std::string, at::Tensor> ShardedModel::FullStateDict(bool rank0_only, b
   std::map<std::string, at::Tensor> out;
   if (rank0_only && world_->rank() != 0) return out;
   for (auto& [k, v] : params) out[k] = to_cpu ? v.cpu() : v;
+  for (auto& u : units_) {
+    for (const auto& e : u->flat->entries()) {
+      for (const auto& alias : e.aliases) out[alias] = out.at(e.name);  // a tied weight under each of its names
+    }
+  }
   for (const auto& item : module_->named_buffers(true)) {
     at::Tensor b = item.value().detach();
     if (IsFloating(b)) b = b.to(at::kFloat);
@@ -917,8 +924,22 @@ void ShardedModel::LoadFullStateDict(const std::map<std::string, at::Tensor>& st
                << ", expected a floating type";
     }
   };
-  for (auto& u : units_)
-    for (auto& e : u->flat->entries()) check(e.name, e.shape);
+  for (auto& u : units_) {
+    for (auto& e : u->flat->entries()) {
+      check(e.name, e.shape);
+      // A tied weight's further names may be left out; when given they must
+      // hold the same values as its first name.
+      for (const auto& alias : e.aliases) {
+        expected.insert(alias);
+        auto a = state.find(alias), primary = state.find(e.name);
+        if (a == state.end() || primary == state.end()) continue;
+        if (a->second.sizes() != primary->second.sizes() || !at::equal(a->second, primary->second)) {
+          problems << "\n  tied parameters differ: '" << alias << "' is the same tensor as '" << e.name
+                   << "' in the model, but the state dict holds different values for them";
+        }
+      }
+    }
+  }
   std::vector<std::pair<std::string, at::Tensor>> buffers;
   for (const auto& item : module_->named_buffers(true)) {
     expected.insert(item.key());

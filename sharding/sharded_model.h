@@ -99,8 +99,10 @@ class ShardedModel {
     return out;
   }
 
-  // What the optimizer steps: one float32 shard per unit, or with
-  // use_orig_params each original parameter's part of this rank's shard.
+  // What the optimizer steps: one float32 leaf per unit (this rank's shard,
+  // or of a unit that also holds frozen parameters only the shard's trainable
+  // part, possibly empty), or with use_orig_params each trainable original
+  // parameter's part of this rank's shard. Frozen elements are never in it.
   std::vector<at::Tensor> parameters() const;
   // Same, named: "<unit>.flat_param" or, with use_orig_params, original names
   // (parameters with no elements on this rank are left out).

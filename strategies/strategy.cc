@@ -170,6 +170,21 @@ double ClipLocalGradNorm(const std::vector<at::Tensor>& params, double max_norm,
   return total;
 }
 
+std::vector<std::pair<std::string, at::Tensor>> UniqueNamedParameters(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  std::set<const void*> seen;
+  for (const auto& item : module.named_parameters(true)) {
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
+std::vector<at::Tensor> UniqueParameters(const torch::nn::Module& module) {
+  std::vector<at::Tensor> out;
+  for (auto& [name, t] : UniqueNamedParameters(module)) out.push_back(t);
+  return out;
+}
+
 std::map<std::string, at::Tensor> ModuleStateDict(torch::nn::Module& module) {
   at::NoGradGuard no_grad;
   std::map<std::string, at::Tensor> out;

@@ -156,6 +156,12 @@ using StrategyPtr = std::shared_ptr<Strategy>;
 // Helpers for replicated strategies (ddp, single_device).
 // Global-norm clipping of local (already synchronized) gradients; returns the norm.
 double ClipLocalGradNorm(const std::vector<at::Tensor>& params, double max_norm, double norm_type);
+// The module's parameters with each tensor once, under its first name, as
+// Python's Module.parameters() (LibTorch's lists a tensor registered in
+// several modules, a tied weight, once per name: an optimizer over that list
+// would step it twice).
+std::vector<std::pair<std::string, at::Tensor>> UniqueNamedParameters(const torch::nn::Module& module);
+std::vector<at::Tensor> UniqueParameters(const torch::nn::Module& module);
 // Parameters and buffers by name, float32 for floating tensors, cloned to CPU.
 std::map<std::string, at::Tensor> ModuleStateDict(torch::nn::Module& module);
 // Checks names and shapes first (nothing changes on mismatch; the error lists

@@ -66,14 +66,12 @@ at::Tensor DdpStrategy::Forward(const std::function<at::Tensor()>& fn) {
 
 std::vector<at::Tensor> DdpStrategy::parameters() const {
   CheckWrapped("parameters()");
-  return module_->parameters();
+  return UniqueParameters(*module_);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> DdpStrategy::named_parameters() const {
   CheckWrapped("named_parameters()");
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : module_->named_parameters(true)) out.emplace_back(item.key(), item.value());
-  return out;
+  return UniqueNamedParameters(*module_);
 }
 
 // One all-reduce's worth of gradients: a flat buffer and the parameters whose
@@ -93,7 +91,7 @@ DdpStrategy::~DdpStrategy() { alive_.reset(); }
 
 void DdpStrategy::BuildBuckets() {
   std::vector<at::Tensor> params;
-  for (auto& p : module_->parameters()) {
+  for (auto& p : UniqueParameters(*module_)) {
     if (p.requires_grad()) params.push_back(p);
   }
   // Reverse registration order: roughly the order gradients become ready.

@@ -33,14 +33,12 @@ at::Tensor SingleDeviceStrategy::Forward(const std::function<at::Tensor()>& fn) 
 
 std::vector<at::Tensor> SingleDeviceStrategy::parameters() const {
   CheckWrapped("parameters()");
-  return module_->parameters();
+  return UniqueParameters(*module_);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> SingleDeviceStrategy::named_parameters() const {
   CheckWrapped("named_parameters()");
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : module_->named_parameters(true)) out.emplace_back(item.key(), item.value());
-  return out;
+  return UniqueNamedParameters(*module_);
 }
 
 void SingleDeviceStrategy::Backward(const at::Tensor& loss, bool) {
