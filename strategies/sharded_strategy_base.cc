@@ -48,8 +48,8 @@ void ShardedStrategyBase::WrapModel(std::shared_ptr<torch::nn::Module> module) {
   ST_CHECK_ARG(world_ != nullptr, name(), ": needs a communicator (Setup with a world group; size 1 is fine)");
   sharding::ShardingOptions options = ResolvedShardingOptions();
   if (!offload_requested_by_.empty() && !options.offload_params && rank() == 0) {
-    ST_LOG(INFO) << name() << ": " << offload_requested_by_ << " leaves CPU offload off: the model computes on "
-                 << device_ << ", so its parameters already live in host memory";
+    ST_LOG(INFO) << name() << ": " << offload_requested_by_ << " asks for CPU offload, which stays off: the model "
+                 << "computes on " << device_ << ", so its parameters already live in host memory";
   }
   sharding_options_ = options;
   sm_ = std::make_unique<sharding::ShardedModel>(module, world_, options, policy_, checkpoint_,

@@ -128,7 +128,8 @@ FsdpNativeStrategy::FsdpNativeStrategy(FsdpNativeOptions options, std::string na
   s.sync_module_states = o.sync_module_states;
   s.use_orig_params = o.use_orig_params;
   if (o.cpu_offload) {
-    offload_requested_by_ = name_ == "fsdp_native_full_shard_offload" ? name_ : "cpu_offload(offload_params=true)";
+    offload_requested_by_ =
+        name_ == "fsdp_native_full_shard_offload" ? "the strategy name" : "cpu_offload(offload_params=true)";
   }
 }
 
