@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "comm/errors.h"
+#include "comm/logging.h"
 
 namespace shardtrain::strategies {
 
@@ -15,7 +16,7 @@ ShardedStrategyBase::~ShardedStrategyBase() = default;
 
 sharding::MixedPrecision ShardedStrategyBase::PrecisionToMixed(const std::string& precision) {
   sharding::MixedPrecision mp;
-  if (precision == "bf16-mixed" || precision == "bf16-true") {
+  if (precision == "bf16-mixed") {
     mp.param_dtype = mp.reduce_dtype = mp.buffer_dtype = at::kBFloat16;
   } else if (precision == "16-mixed") {
     mp.param_dtype = mp.reduce_dtype = mp.buffer_dtype = at::kHalf;
@@ -23,13 +24,33 @@ sharding::MixedPrecision ShardedStrategyBase::PrecisionToMixed(const std::string
   return mp;
 }
 
+void ShardedStrategyBase::SetPrecision(const std::string& precision) {
+  ST_CHECK_ARG(precision != "bf16-true", "strategy '", name(),
+               "': precision 'bf16-true' would keep the parameters themselves and the optimizer state in bfloat16, "
+               "with no float32 master copy; sharded strategies always keep float32 master shards, so they do not "
+               "offer it. Use precision 'bf16-mixed' (bfloat16 compute and communication, float32 master shards), "
+               "or bf16-true with a replicated strategy (ddp, single_device)");
+  Strategy::SetPrecision(precision);
+}
+
+sharding::ShardingOptions ShardedStrategyBase::ResolvedShardingOptions() const {
+  if (sm_) return sharding_options_;
+  sharding::ShardingOptions options = sharding_options_;
+  PrepareOptions(options);
+  options.offload_params = !offload_requested_by_.empty() && device_.is_cuda();
+  return options;
+}
+
 void ShardedStrategyBase::WrapModel(std::shared_ptr<torch::nn::Module> module) {
   CheckSetUp("WrapModel");
   ST_CHECK_ARG(module != nullptr, name(), ": WrapModel needs a module");
   ST_CHECK_ARG(!sm_, name(), ": WrapModel called twice");
   ST_CHECK_ARG(world_ != nullptr, name(), ": needs a communicator (Setup with a world group; size 1 is fine)");
-  sharding::ShardingOptions options = sharding_options_;
-  PrepareOptions(options);
+  sharding::ShardingOptions options = ResolvedShardingOptions();
+  if (!offload_requested_by_.empty() && !options.offload_params && rank() == 0) {
+    ST_LOG(INFO) << name() << ": " << offload_requested_by_ << " asks for CPU offload, which stays off: the model "
+                 << "computes on " << device_ << ", so its parameters already live in host memory";
+  }
   sharding_options_ = options;
   sm_ = std::make_unique<sharding::ShardedModel>(module, world_, options, policy_, checkpoint_,
                                                  cluster_.local_world_size);

@@ -18,6 +18,10 @@ class ShardedStrategyBase : public Strategy {
  public:
   ~ShardedStrategyBase() override;
 
+  // Rejects "bf16-true": Lightning's *-true keeps the parameters themselves
+  // (and the optimizer state) in that dtype, while the sharding core always
+  // keeps float32 master shards; the message points to "bf16-mixed".
+  void SetPrecision(const std::string& precision) override;
   void WrapModel(std::shared_ptr<torch::nn::Module> module) override;
   c10::ScalarType compute_dtype() const override;
   at::Tensor Forward(const std::function<at::Tensor()>& fn) override;
@@ -34,14 +38,19 @@ class ShardedStrategyBase : public Strategy {
 
   sharding::ShardedModel& sharded_model();
   sharding::ShardedModel* sharded_model_or_null() override { return sm_.get(); }
-  // The options handed to the sharding core (after precision is applied).
+  // The options handed to the sharding core: before WrapModel what the
+  // strategy's own options set, after it what the core got (precision and
+  // device applied).
   const sharding::ShardingOptions& sharding_options() const { return sharding_options_; }
+  // What WrapModel would hand to the sharding core now, given the precision
+  // and device set so far (nothing is built; for inspection and tests).
+  sharding::ShardingOptions ResolvedShardingOptions() const;
 
  protected:
   ShardedStrategyBase() = default;
-  // Called by WrapModel before the ShardedModel is built: the strategy may
-  // adjust the options (precision, world-size dependent checks).
-  virtual void PrepareOptions(sharding::ShardingOptions& options) {}
+  // Called by WrapModel (and ResolvedShardingOptions) before the ShardedModel
+  // is built: the strategy adjusts the options to the precision. No side effects.
+  virtual void PrepareOptions(sharding::ShardingOptions& options) const {}
   // Mixed precision implied by the trainer's precision (for strategies whose
   // own mixed precision option was not given).
   static sharding::MixedPrecision PrecisionToMixed(const std::string& precision);
@@ -50,6 +59,11 @@ class ShardedStrategyBase : public Strategy {
   sharding::WrapPolicy policy_ = sharding::WrapPolicy::Always();
   std::function<bool(const sharding::WrapPoint&)> checkpoint_;
   bool state_dict_to_cpu_ = true;
+  // Set by a strategy whose options ask for CPU offload: the spelling the user
+  // gave (e.g. "cpu_offload"), "" when not asked. With a CUDA device() it
+  // becomes ShardingOptions::offload_params; on CPU the parameters already
+  // live in host memory, so it stays off and WrapModel says so (rank 0).
+  std::string offload_requested_by_;
   std::unique_ptr<sharding::ShardedModel> sm_;
 };
 

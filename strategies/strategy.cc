@@ -43,6 +43,11 @@ void Strategy::SetPrecision(const std::string& precision) {
   precision_ = precision;
 }
 
+void Strategy::SetDevice(const c10::Device& device) {
+  ST_CHECK_ARG(!wrapped(), name(), ": SetDevice must be called before WrapModel");
+  device_ = device;
+}
+
 torch::nn::Module& Strategy::module() {
   CheckWrapped("module()");
   return *module_;

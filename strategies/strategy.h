@@ -7,6 +7,7 @@
 // reductions, and state-dict save/load. The Trainer (trainer/) drives it:
 //
 //   strategy->Setup(world, cluster);          // communicator may be null for W=1
+//   strategy->SetDevice(device);              // where the model is (the Trainer: its accelerator)
 //   strategy->SetPrecision("32-true");
 //   strategy->WrapModel(model);
 //   Optimizer opt(strategy->parameters(), ...);
@@ -17,7 +18,8 @@
 //
 // Strategies are created by name through StrategyRegistry
 // (strategies/registry.h) or constructed directly with their typed options.
-// Every strategy runs on CPU (Gloo); CUDA placement is left to the model.
+// Every strategy runs on CPU (Gloo); CUDA placement is left to the model (the
+// Trainer moves it to SetDevice's device before WrapModel).
 #ifndef SHARDTRAIN_STRATEGIES_STRATEGY_H_
 #define SHARDTRAIN_STRATEGIES_STRATEGY_H_
 
@@ -66,6 +68,13 @@ class Strategy {
   // let an explicitly set option win.
   virtual void SetPrecision(const std::string& precision);
   const std::string& precision() const { return precision_; }
+
+  // The device the model computes on: cuda:<local rank> when the Trainer's
+  // accelerator is CUDA, else CPU (the default). Options that only mean
+  // something with an accelerator (CPU offload of sharded strategies) read it
+  // when WrapModel runs, so call it before WrapModel.
+  void SetDevice(const c10::Device& device);
+  const c10::Device& device() const { return device_; }
 
   // Takes the model (built by the user, e.g. in configure_model) and wraps it.
   virtual void WrapModel(std::shared_ptr<torch::nn::Module> module) = 0;
@@ -147,6 +156,7 @@ class Strategy {
   comm::CommunicatorPtr world_;
   ClusterInfo cluster_;
   std::string precision_ = "32-true";
+  c10::Device device_{c10::kCPU};
   bool set_up_ = false;
   std::shared_ptr<torch::nn::Module> module_;
 };

@@ -25,6 +25,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/checkpoint_state.h"
 #include "trainer/csv_logger.h"
+#include "trainer/optimizer_ownership.h"
 #include "trainer/progress.h"
 #include "trainer/sharded_checkpoint.h"
 #include "trainer/tensorboard_logger.h"
@@ -54,7 +55,12 @@ Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
   GradScaler check_scaler_options(o.grad_scaler);
   strategies::ParseGradClipAlgorithm(o.gradient_clip_algorithm);
   ST_CHECK_ARG(o.gradient_clip_val >= 0, "gradient_clip_val must be >= 0, got ", o.gradient_clip_val);
-  ST_CHECK_ARG(o.max_epochs >= 0 || o.max_steps >= 0, "max_epochs=-1 (unlimited) needs max_steps");
+  ST_CHECK_ARG(!o.max_epochs || *o.max_epochs >= -1, "max_epochs must be >= 0, -1 (unlimited) or unset, got ",
+               *o.max_epochs);
+  ST_CHECK_ARG(o.max_steps >= -1, "max_steps must be >= 0 or -1 (no limit), got ", o.max_steps);
+  // Lightning's rule for an unset max_epochs: 1000 without max_steps, unlimited with it.
+  max_epochs_ = o.max_epochs ? *o.max_epochs : (o.max_steps == -1 ? kDefaultMaxEpochs : -1);
+  ST_CHECK_ARG(max_epochs_ >= 0 || o.max_steps >= 0, "max_epochs=-1 (unlimited) needs max_steps");
   ST_CHECK_ARG(o.accumulate_grad_batches >= 1, "accumulate_grad_batches must be >= 1, got ",
                o.accumulate_grad_batches);
   ST_CHECK_ARG(o.val_check_interval > 0, "val_check_interval must be > 0, got ", o.val_check_interval);
@@ -72,6 +78,7 @@ Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
   } else {
     ST_CHECK_ARG(o.strategy_options.empty(), "strategy 'auto' takes no options; name the strategy");
   }
+  if (strategy_ && !strategy_->wrapped()) strategy_->SetPrecision(o.precision);  // a precision it rejects: now
 }
 
 Trainer::~Trainer() = default;
@@ -182,9 +189,11 @@ void Trainer::SetupModel(TrainingModule& module) {
   auto model = module.configure_model();
   ST_CHECK_ARG(model != nullptr, "configure_model returned no module");
   if (device_.is_cuda()) model->to(device_);
+  strategy_->SetDevice(device_);
   strategy_->WrapModel(model);
   opt_ = module.configure_optimizers(strategy_->parameters());
   ST_CHECK_ARG(opt_.optimizer != nullptr, "configure_optimizers returned no optimizer");
+  internal::CheckOptimizerOwnsParameters(*opt_.optimizer, strategy_->parameters(), strategy_->name());
   initial_lrs_.clear();
   for (auto& g : opt_.optimizer->param_groups()) initial_lrs_.push_back(g.options().get_lr());
 }
@@ -208,10 +217,10 @@ int64_t Trainer::NumTrainingBatches(const Dataset& train, int world_size) const 
 
 int64_t Trainer::estimated_stepping_batches(const Dataset& train) const {
   const auto& o = options_;
-  if (o.max_epochs < 0) return o.max_steps;
+  if (max_epochs_ < 0) return o.max_steps;
   const int W = world_ ? world_->size() : devices_ * o.num_nodes;
   const int64_t nb = NumTrainingBatches(train, W);
-  int64_t steps = (nb + o.accumulate_grad_batches - 1) / o.accumulate_grad_batches * std::max<int64_t>(o.max_epochs, 1);
+  int64_t steps = (nb + o.accumulate_grad_batches - 1) / o.accumulate_grad_batches * std::max<int64_t>(max_epochs_, 1);
   if (o.max_steps >= 0) steps = std::min(steps, o.max_steps);
   return steps;
 }
@@ -221,9 +230,9 @@ int64_t Trainer::estimated_stepping_batches() const {
                "estimated_stepping_batches() needs the training data: call it from Fit (configure_optimizers on) or "
                "after it, or pass the data set");
   const auto& o = options_;
-  if (o.max_epochs < 0) return o.max_steps;
+  if (max_epochs_ < 0) return o.max_steps;
   int64_t steps = (fit_train_batches_ + o.accumulate_grad_batches - 1) / o.accumulate_grad_batches *
-                  std::max<int64_t>(o.max_epochs, 1);
+                  std::max<int64_t>(max_epochs_, 1);
   if (o.max_steps >= 0) steps = std::min(steps, o.max_steps);
   return steps;
 }
@@ -548,7 +557,7 @@ void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* v
   torch::nn::Module& model = strategy_->module();
   model.train();
   bool stop = o.max_steps >= 0 && global_step_ >= o.max_steps;
-  while (!stop && (o.max_epochs < 0 || epoch_ < o.max_epochs)) {
+  while (!stop && (max_epochs_ < 0 || epoch_ < max_epochs_)) {
     sampler.set_epoch(epoch_);
     auto batches = MakeBatches(sampler.indices(), o.batch_size, o.drop_last);
     module.epoch_ = epoch_;

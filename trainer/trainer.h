@@ -5,7 +5,9 @@
 //   o.devices = 2; o.max_epochs = 3;
 //   Trainer trainer(o);
 //   trainer.Fit(module, train_set, &val_set);
-//   return shardtrain::JoinLocalRanks(0);   // end of main() on rank 0
+//   return shardtrain::JoinLocalRanks(0);   // end of main(): waits for the ranks the
+//                                           // Trainer launched (#include "comm/launcher.h",
+//                                           // Bazel target //comm:launcher)
 //
 // Processes: with an injected communicator (threads-as-ranks tests, or a
 // program that made its own) the Trainer uses it. Otherwise, for
@@ -64,6 +66,9 @@ enum class CheckpointFormat {
   kSharded,  // a directory, one file per rank (trainer/sharded_checkpoint.h); sharded strategies only
 };
 
+// max_epochs when neither max_epochs nor max_steps is given (Lightning's).
+inline constexpr int64_t kDefaultMaxEpochs = 1000;
+
 struct TrainerOptions {
   // "cpu", "cuda" (alias "gpu": one rank per CUDA device, cuda:<local rank>,
   // model and batches moved there, NCCL between ranks; needs a build with
@@ -86,7 +91,10 @@ struct TrainerOptions {
   // optimizer does not step; global_step and the LR schedule still advance,
   // as in Lightning) and the scale backs off. Unused by other precisions.
   GradScalerOptions grad_scaler;
-  int64_t max_epochs = 1;             // -1: unlimited (needs max_steps)
+  // Epochs to train; -1: unlimited (needs max_steps). Unset, as Lightning's
+  // max_epochs=None: kDefaultMaxEpochs (1000) when max_steps is -1, else
+  // unlimited (max_steps alone decides).
+  std::optional<int64_t> max_epochs;
   int64_t max_steps = -1;             // optimizer steps; -1: no limit
   int64_t accumulate_grad_batches = 1;
   double gradient_clip_val = 0;       // 0: no clipping
@@ -152,7 +160,7 @@ class Trainer {
   // Lightning's estimated_stepping_batches: the optimizer steps a Fit on
   // `train` takes from its start — ceil(batches per rank per epoch, after
   // limit_train_batches, / accumulate_grad_batches) * max(max_epochs, 1),
-  // capped by max_steps; max_steps when max_epochs is -1.
+  // capped by max_steps; max_steps when max_epochs is -1 (or unset with max_steps).
   // Without an argument: for the training data of the current or last Fit
   // (valid from configure_optimizers on, e.g. for a one-cycle schedule;
   // InvalidArgumentError before).
@@ -165,6 +173,9 @@ class Trainer {
   void SaveCheckpoint(const std::string& path, CheckpointFormat format = CheckpointFormat::kAuto);
 
   const TrainerOptions& options() const { return options_; }
+  // The epoch limit in effect: options().max_epochs, or what an unset one
+  // means (kDefaultMaxEpochs, or -1 = unlimited when max_steps is given).
+  int64_t max_epochs() const { return max_epochs_; }
   // The resolved accelerator ("cpu" or "cuda") and ranks per node.
   const std::string& accelerator() const { return accelerator_; }
   int devices() const { return devices_; }
@@ -229,6 +240,7 @@ class Trainer {
   TrainerOptions options_;
   std::string accelerator_;  // resolved: "cpu" or "cuda"
   int devices_ = 1;          // resolved ranks per node
+  int64_t max_epochs_ = kDefaultMaxEpochs;  // resolved
   c10::Device device_{c10::kCPU};
   std::optional<ClusterInfo> cluster_;  // detected by SetupProcesses (none with an injected communicator)
   comm::CommunicatorPtr world_;

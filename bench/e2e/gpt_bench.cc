@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -63,7 +64,10 @@ examples::GptConfig Config() {
 
 void WriteDict(const std::string& path, const c10::Dict<std::string, at::Tensor>& d) {
   auto bytes = torch::jit::pickle_save(d);
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  ST_CHECK_ARG(out, "cannot write ", path, ": --dump_dir must be an existing, writable directory");
 }
 
 std::map<std::string, at::Tensor> ReadDict(const std::string& path) {
@@ -75,7 +79,33 @@ std::map<std::string, at::Tensor> ReadDict(const std::string& path) {
   return out;
 }
 
+// The dump must hold every parameter of the model with its shape, and a
+// batch for each of the --warmup + --steps steps with --global_batch rows.
+void CheckDumpFits(const std::map<std::string, at::Tensor>& init, const std::map<std::string, at::Tensor>& data,
+                   torch::nn::Module& model) {
+  const std::string again = " (dump again with the same model and step flags as this run, or change the flags)";
+  for (const auto& p : model.named_parameters()) {
+    auto it = init.find(p.key());
+    ST_CHECK_ARG(it != init.end(), FLAGS_data_dir, "/init.pt has no parameter ", p.key(),
+                 ": it was dumped for another model (--n_layer/--n_embd/--n_head/--block_size/--vocab)", again);
+    ST_CHECK_ARG(it->second.sizes() == p.value().sizes(), FLAGS_data_dir, "/init.pt: ", p.key(), " is ",
+                 it->second.sizes(), ", the model's is ", p.value().sizes(),
+                 ": it was dumped for another model (--n_layer/--n_embd/--n_head/--block_size/--vocab)", again);
+  }
+  const int needed = FLAGS_warmup + FLAGS_steps;
+  int have = 0;
+  while (data.count("x." + std::to_string(have)) && data.count("y." + std::to_string(have))) ++have;
+  ST_CHECK_ARG(have >= needed, FLAGS_data_dir, "/data.pt holds batches for ", have,
+               " steps, but --warmup=", FLAGS_warmup, " + --steps=", FLAGS_steps, " need ", needed, again);
+  const auto& x0 = data.at("x.0");
+  ST_CHECK_ARG(x0.size(0) == FLAGS_global_batch && x0.size(1) == FLAGS_block_size, FLAGS_data_dir,
+               "/data.pt holds batches of ", x0.sizes(), ", but --global_batch=", FLAGS_global_batch,
+               " --block_size=", FLAGS_block_size, " need [", FLAGS_global_batch, ", ", FLAGS_block_size, "]", again);
+}
+
 int Dump() {
+  ST_CHECK_ARG(std::filesystem::is_directory(FLAGS_dump_dir), "--dump_dir=", FLAGS_dump_dir,
+               " is not a directory: create it first (mkdir -p)");
   at::manual_seed(1234);
   auto model = std::make_shared<examples::GptImpl>(Config());
   c10::Dict<std::string, at::Tensor> init, data;
@@ -123,6 +153,7 @@ int Bench() {
   auto init = ReadDict(FLAGS_data_dir + "/init.pt");
   auto data = ReadDict(FLAGS_data_dir + "/data.pt");
   auto model = std::make_shared<examples::GptImpl>(Config());
+  CheckDumpFits(init, data, *model);
   {
     at::NoGradGuard no_grad;
     for (auto& p : model->named_parameters()) p.value().copy_(init.at(p.key()));

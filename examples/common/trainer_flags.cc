@@ -15,7 +15,8 @@ DEFINE_string(devices, "2",
 DEFINE_string(accelerator, "cpu",
               "cpu, cuda (alias gpu: one rank per GPU, NCCL; needs a --config=cuda build) or auto (cuda when "
               "available, else cpu)");
-DEFINE_string(precision, "32-true", "32-true, bf16-mixed, 16-mixed or bf16-true");
+DEFINE_string(precision, "32-true",
+              "32-true, bf16-mixed, 16-mixed or bf16-true (bf16-true: ddp and single_device only)");
 
 namespace shardtrain::examples {
 

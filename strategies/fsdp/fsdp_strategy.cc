@@ -1,7 +1,6 @@
 #include "strategies/fsdp/fsdp_strategy.h"
 
 #include "comm/errors.h"
-#include "comm/logging.h"
 
 namespace shardtrain::strategies {
 
@@ -65,6 +64,11 @@ FsdpStrategy::FsdpStrategy(FsdpOptions options, std::string name) : options_(opt
   }
   policy_ = o.min_num_params > 0 ? sharding::WrapPolicy::SizeBased(o.min_num_params) : sharding::WrapPolicy::Always();
   state_dict_to_cpu_ = o.state_dict_to_cpu;
+  if (o.cpu_offload) {
+    offload_requested_by_ = "cpu_offload=true";
+  } else if (o.move_grads_to_cpu) {
+    offload_requested_by_ = "move_grads_to_cpu=true";
+  }
   auto& s = sharding_options_;
   s.sharding_strategy =
       o.reshard_after_forward ? sharding::ShardingStrategy::kFullShard : sharding::ShardingStrategy::kShardGradOp;
@@ -82,15 +86,7 @@ FsdpStrategy::FsdpStrategy(FsdpOptions options, std::string name) : options_(opt
   }
 }
 
-void FsdpStrategy::Setup(comm::CommunicatorPtr world, const ClusterInfo& cluster) {
-  Strategy::Setup(std::move(world), cluster);
-  if (rank() == 0 && (options_.cpu_offload || options_.move_grads_to_cpu)) {
-    ST_LOG(INFO) << name_ << ": cpu_offload/move_grads_to_cpu accepted; parameters and gradients already live on "
-                 << "the CPU, so this is a no-op in this run";
-  }
-}
-
-void FsdpStrategy::PrepareOptions(sharding::ShardingOptions& s) {
+void FsdpStrategy::PrepareOptions(sharding::ShardingOptions& s) const {
   if (!options_.mixed_precision && precision_ != "32-true") {
     // The trainer's precision picks the compute dtype (Lightning's FSDP precision plugin).
     auto mp = PrecisionToMixed(precision_);

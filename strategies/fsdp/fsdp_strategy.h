@@ -10,13 +10,24 @@
 //   compute_dtype           fp16 (default with mixed_precision, as fairscale) | bf16 | fp32
 //   buffer_dtype            fp16|bf16|fp32 (default: compute_dtype)
 //   fp32_reduce_scatter     true|false (needs mixed_precision, as in fairscale)
-//   move_grads_to_cpu       true|false: accepted; gradients are on the CPU already in CPU runs
-//   cpu_offload             true|false (needs mixed_precision, as in fairscale): a no-op on CPU (logged)
+//   move_grads_to_cpu      true|false: reduced gradient shards go to host memory. The core
+//                          moves them only together with the shards (the optimizer steps both
+//                          on one device), so this turns on the same offload as cpu_offload
+//   cpu_offload            true|false (needs mixed_precision, as in fairscale). With the
+//                          Trainer's accelerator cuda: ShardingOptions::offload_params (shards,
+//                          gradients and the optimizer step in pinned host memory, copied to
+//                          the GPU for each gather). On CPU the parameters already live in
+//                          host memory: it stays off and WrapModel says so once (rank 0)
 //   bucket_cap_mb           number (default 25): accepted for compatibility; every unit's
 //                           gradient is reduce-scattered as its own flat buffer (no extra bucketing)
-//   min_num_params          size-based auto wrap threshold (default 1e8, as Lightning's
-//                           DDPFullyShardedStrategy): wrap points with fewer parameters join
-//                           their parent unit; a smaller model is a single root unit
+//   min_num_params          size-based auto wrap threshold. Default 0: every Sharded<> wrap
+//                           point becomes its own unit (as fairscale's wrap() inside
+//                           enable_wrap, which wraps what the model author marked whatever
+//                           its size). Lightning's DDPFullyShardedStrategy uses 1e8 for its
+//                           auto_wrap of unmarked modules; here every wrap point is marked
+//                           by the author, and 1e8 would make any model under 100M
+//                           parameters one root unit (no per-block gather/free). N > 0:
+//                           wrap points with fewer than N parameters join their parent unit
 //   state_dict_to_cpu       true (default) | false
 //   gradient_predivide_factor, gradient_postdivide_factor  (> 0; default: PyTorch's split of W)
 #ifndef SHARDTRAIN_STRATEGIES_FSDP_FSDP_STRATEGY_H_
@@ -41,7 +52,7 @@ struct FsdpOptions {
   bool move_grads_to_cpu = false;
   bool cpu_offload = false;
   double bucket_cap_mb = 25;
-  int64_t min_num_params = 100000000;
+  int64_t min_num_params = 0;  // 0: every wrap point is a unit
   bool state_dict_to_cpu = true;
   double gradient_predivide_factor = 0;  // 0 = default
   double gradient_postdivide_factor = 0;
@@ -55,11 +66,10 @@ class FsdpStrategy : public ShardedStrategyBase {
   // Throws InvalidArgumentError for invalid values or combinations.
   explicit FsdpStrategy(FsdpOptions options = {}, std::string name = "fsdp");
   std::string name() const override { return name_; }
-  void Setup(comm::CommunicatorPtr world, const ClusterInfo& cluster) override;
   const FsdpOptions& options() const { return options_; }
 
  protected:
-  void PrepareOptions(sharding::ShardingOptions& options) override;
+  void PrepareOptions(sharding::ShardingOptions& options) const override;
 
  private:
   FsdpOptions options_;

@@ -3,7 +3,6 @@
 #include <cctype>
 
 #include "comm/errors.h"
-#include "comm/logging.h"
 
 namespace shardtrain::strategies {
 namespace {
@@ -128,6 +127,10 @@ FsdpNativeStrategy::FsdpNativeStrategy(FsdpNativeOptions options, std::string na
   s.mixed_precision = o.mixed_precision;
   s.sync_module_states = o.sync_module_states;
   s.use_orig_params = o.use_orig_params;
+  if (o.cpu_offload) {
+    offload_requested_by_ =
+        name_ == "fsdp_native_full_shard_offload" ? "the strategy name" : "cpu_offload(offload_params=true)";
+  }
 }
 
 void FsdpNativeStrategy::Setup(comm::CommunicatorPtr world, const ClusterInfo& cluster) {
@@ -139,13 +142,9 @@ void FsdpNativeStrategy::Setup(comm::CommunicatorPtr world, const ClusterInfo& c
     ST_CHECK_ARG(g > 0 && W % g == 0, "strategy '", name_, "': HYBRID_SHARD shard group size ", g,
                  " does not divide the world size ", W, "; set hybrid_shard_group_size to a divisor of ", W);
   }
-  if (options_.cpu_offload && rank() == 0) {
-    ST_LOG(INFO) << name_ << ": cpu_offload(offload_params=true) accepted; parameters already live on the CPU, "
-                 << "so offloading is a no-op in this run";
-  }
 }
 
-void FsdpNativeStrategy::PrepareOptions(sharding::ShardingOptions& s) {
+void FsdpNativeStrategy::PrepareOptions(sharding::ShardingOptions& s) const {
   const auto& mp = options_.mixed_precision;
   if (!mp.param_dtype && !mp.reduce_dtype && !mp.buffer_dtype) s.mixed_precision = PrecisionToMixed(precision_);
 }

@@ -5,8 +5,12 @@
 // String options (StrategyRegistry::Create("fsdp_native", {...})):
 //   sharding_strategy      FULL_SHARD (default) | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD
 //   hybrid_shard_group_size  ranks per shard group for HYBRID_SHARD (default: ranks per node)
-//   cpu_offload / offload_params  true|false. Parameters already live on the CPU
-//                          on CPU-only runs, so there it is accepted and a no-op (logged).
+//   cpu_offload / offload_params  true|false (CPUOffload(offload_params=...); the
+//                          fsdp_native_full_shard_offload name sets it). With the Trainer's
+//                          accelerator cuda: ShardingOptions::offload_params (shards, gradients
+//                          and the optimizer step in pinned host memory). On CPU the parameters
+//                          already live in host memory: it stays off and WrapModel says so once
+//                          (rank 0).
 //   auto_wrap_policy       always (default) | never | size:N (size_based_auto_wrap_policy,
 //                          min_num_params=N) | type:BlockImpl,OtherImpl (transformer_auto_wrap_policy)
 //   backward_prefetch      BACKWARD_PRE (default) | BACKWARD_POST | NONE
@@ -63,7 +67,7 @@ class FsdpNativeStrategy : public ShardedStrategyBase {
   const FsdpNativeOptions& options() const { return options_; }
 
  protected:
-  void PrepareOptions(sharding::ShardingOptions& options) override;
+  void PrepareOptions(sharding::ShardingOptions& options) const override;
 
  private:
   FsdpNativeOptions options_;

@@ -58,10 +58,21 @@ expect_rc fm_first 0
 expect fm_first "2 ranks with fsdp_native" "strategy fsdp_native, 2 rank\(s\),"
 expect fm_first "test accuracy over the whole test set" "^test accuracy: [0-9.]+% \([0-9]+/10000\)"
 expect fm_first "a checkpoint" "^checkpoint: .*/version_0/checkpoints/last.ckpt"
-run_case fm_resume "$FM" --devices=2 --max_steps=12 --log_every_n_steps=4 --default_root_dir="$OUT/fm" --ckpt_path=last
+run_case fm_resume "$FM" --devices=2 --max_steps=12 --log_every_n_steps=1 --default_root_dir="$OUT/fm" --ckpt_path=last
 expect_rc fm_resume 0
 expect fm_resume "resumes from the first run" "^resuming from .*/version_0/checkpoints/last.ckpt"
-expect fm_resume "continues at step 9" "step 12/12"
+# The Trainer logs where it resumed, and the first step it then trains (the
+# progress line of every step, --log_every_n_steps=1) is step 9.
+if ! grep -qE "resumed from .*last.ckpt .* global step 8$" "$OUT/fm_resume.err"; then
+  echo "FAIL [fm_resume]: no 'resumed from ... global step 8' log line" >&2; tail -20 "$OUT/fm_resume.err"
+  FAILURES=$((FAILURES + 1))
+fi
+first_step="$(grep -E "^epoch [0-9]+ step [0-9]+/12 loss" "$OUT/fm_resume.out" | head -1 | sed -E 's/^epoch [0-9]+ step ([0-9]+)\/12.*/\1/')"
+if [[ "$first_step" != 9 ]]; then
+  echo "FAIL [fm_resume]: the first step after resuming is '${first_step}', expected 9" >&2; cat "$OUT/fm_resume.out"
+  FAILURES=$((FAILURES + 1))
+fi
+expect fm_resume "reaches step 12" "step 12/12"
 expect fm_resume "ends after 12 steps" "after 0 epoch\(s\), 12 steps"
 run_case fm_w3 "$FM" --devices=3 --strategy=ddp --max_steps=2 --default_root_dir="$OUT/fm3"
 expect_rc fm_w3 0

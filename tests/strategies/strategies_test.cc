@@ -1,5 +1,6 @@
 // Strategies through the Strategy interface only: registry errors, invalid
-// combinations, and parity: fsdp, fsdp_native (several settings) and ddp at
+// combinations, CPU offload translation, bf16-true refusal by sharded
+// strategies, fsdp's default wrap policy, and parity: fsdp, fsdp_native (several settings) and ddp at
 // W=2 give the same losses and parameters as single_device on the same global
 // batch, with gradient accumulation (no_sync) and norm clipping.
 #include <ATen/ATen.h>
@@ -97,6 +98,96 @@ TEST(Registry, TypedOptions) {
   EXPECT_EQ(fs.sharding_options().sharding_strategy, sharding::ShardingStrategy::kShardGradOp);
   auto off = StrategyRegistry::Create("fsdp_native_full_shard_offload");
   EXPECT_TRUE(static_cast<FsdpNativeStrategy&>(*off).options().cpu_offload);
+}
+
+// Every spelling of CPU offload becomes the core's offload_params when the
+// model computes on a CUDA device, and stays off on CPU (no CUDA model needed:
+// ResolvedShardingOptions is what WrapModel hands to the core).
+TEST(Offload, EverySpellingTurnsOnOffloadParamsOnCudaOnly) {
+  const std::vector<std::pair<std::string, StrategyOptions>> spellings = {
+      {"fsdp_native", {{"cpu_offload", "true"}}},
+      {"fsdp_native", {{"offload_params", "true"}}},
+      {"fsdp_native_full_shard_offload", {}},
+      {"fsdp", {{"mixed_precision", "true"}, {"cpu_offload", "true"}}},
+      {"fsdp", {{"move_grads_to_cpu", "true"}}},
+      {"ddp_fully_sharded", {{"mixed_precision", "true"}, {"cpu_offload", "true"}}},
+  };
+  for (const auto& [name, opts] : spellings) {
+    SCOPED_TRACE(name + " " + (opts.empty() ? "" : opts.rbegin()->first));
+    auto s = StrategyRegistry::Create(name, opts);
+    auto& sharded = dynamic_cast<ShardedStrategyBase&>(*s);
+    EXPECT_FALSE(sharded.ResolvedShardingOptions().offload_params) << "CPU is the default device";
+    s->SetDevice(c10::Device(c10::kCUDA, 1));
+    EXPECT_TRUE(sharded.ResolvedShardingOptions().offload_params);
+    s->SetDevice(c10::Device(c10::kCPU));
+    EXPECT_FALSE(sharded.ResolvedShardingOptions().offload_params);
+  }
+  // Without an offload option it stays off on CUDA too.
+  for (const std::string name : {"fsdp", "fsdp_native"}) {
+    auto s = StrategyRegistry::Create(name);
+    s->SetDevice(c10::Device(c10::kCUDA, 0));
+    EXPECT_FALSE(dynamic_cast<ShardedStrategyBase&>(*s).ResolvedShardingOptions().offload_params) << name;
+  }
+  // On CPU, WrapModel hands the core offload_params=false.
+  RunRanks(2, [](int, const auto& comm) {
+    auto s = StrategyRegistry::Create("fsdp_native_full_shard_offload");
+    s->Setup(comm, {});
+    s->WrapModel(shardtrain::testing::MlpWithBatchNorm().make());
+    EXPECT_FALSE(dynamic_cast<ShardedStrategyBase&>(*s).sharding_options().offload_params);
+  });
+}
+
+// Sharded strategies keep float32 master shards, so Lightning's bf16-true
+// (weights themselves in bfloat16) is refused with what to use instead;
+// replicated strategies keep it.
+TEST(Precision, ShardedStrategiesRejectBf16TrueAndNameBf16Mixed) {
+  for (const std::string name : {"fsdp", "ddp_fully_sharded", "fsdp_native", "fsdp_native_full_shard_offload"}) {
+    SCOPED_TRACE(name);
+    auto s = StrategyRegistry::Create(name);
+    const std::string msg = ErrorOf([&] { s->SetPrecision("bf16-true"); });
+    EXPECT_NE(msg.find("strategy '" + name + "': precision 'bf16-true' would keep the parameters themselves"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("no float32 master copy"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Use precision 'bf16-mixed'"), std::string::npos) << msg;
+    EXPECT_EQ(s->precision(), "32-true");
+    s->SetPrecision("bf16-mixed");
+    EXPECT_EQ(s->precision(), "bf16-mixed");
+  }
+  for (const std::string name : {"ddp", "single_device"}) {
+    auto s = StrategyRegistry::Create(name);
+    s->SetPrecision("bf16-true");
+    EXPECT_EQ(s->precision(), "bf16-true") << name;
+  }
+}
+
+// fsdp's default wrap policy makes every Sharded<> wrap point a unit, as
+// fsdp_native's default does: the tiny GPT (3 blocks) is 4 units, not 1.
+TEST(WrapPolicy, FsdpDefaultShardsEveryWrapPoint) {
+  auto tm = shardtrain::testing::TinyGpt();
+  std::map<std::string, int> units;
+  std::mutex mu;
+  RunRanks(2, [&](int rank, const auto& comm) {
+    for (const std::string name : {"fsdp", "fsdp_native"}) {
+      auto s = StrategyRegistry::Create(name);
+      s->Setup(comm, {});
+      s->WrapModel(tm.make());
+      const int n = dynamic_cast<ShardedStrategyBase&>(*s).sharded_model().num_units();
+      std::lock_guard<std::mutex> lock(mu);
+      if (rank == 0) units[name] = n;
+    }
+  });
+  EXPECT_GT(units["fsdp"], 1);
+  EXPECT_EQ(units["fsdp"], 4);  // 3 blocks + the root
+  EXPECT_EQ(units["fsdp"], units["fsdp_native"]);
+  EXPECT_EQ(FsdpOptions{}.min_num_params, 0);
+  // min_num_params still merges small wrap points into their parent.
+  RunRanks(2, [&](int rank, const auto& comm) {
+    auto s = StrategyRegistry::Create("fsdp", {{"min_num_params", "100000000"}});
+    s->Setup(comm, {});
+    s->WrapModel(tm.make());
+    if (rank == 0) EXPECT_EQ(dynamic_cast<ShardedStrategyBase&>(*s).sharded_model().num_units(), 1);
+  });
 }
 
 // ---------------------------------------------------------------------------

@@ -67,6 +67,9 @@ struct ClassifierConfig {
   int64_t classes = 3;
   bool log_accuracy = false;        // log("acc", ...) in training_step
   bool constant_val_loss = false;   // validation_step returns 1.0 (never improves)
+  // configure_optimizers ignores its `params` and uses the module's own
+  // parameters (wrong for sharded strategies: they train shards).
+  bool optimizer_over_module_parameters = false;
 };
 
 class Classifier : public TrainingModule {
@@ -90,7 +93,8 @@ class Classifier : public TrainingModule {
     at::Tensor out = forward([&] { return net_->forward(b.inputs); });
     return at::cross_entropy_loss(out.to(at::kFloat), b.targets);
   }
-  OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
+  OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& given) override {
+    const std::vector<at::Tensor> params = c_.optimizer_over_module_parameters ? net_->parameters() : given;
     OptimizerConfig c;
     if (c_.optimizer == "adamw") {
       c.optimizer = std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(2e-2).weight_decay(0.1));

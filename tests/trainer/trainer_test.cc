@@ -92,7 +92,7 @@ TEST(Trainer, ResumeContinuesExactly) {
   }
 }
 
-TEST(Checkpoint, PythonLoadableLayoutAndTruncation) {
+TEST(Checkpoint, FitWritesItsStateAndATruncatedCopyFailsClearly) {
   TrainerOptions o = BaseOptions(TmpDir("ckpt"));
   o.strategy = "fsdp";
   o.max_epochs = 1;
@@ -191,6 +191,61 @@ TEST(Trainer, OptionErrors) {
   o = {};
   o.accelerator = "tpu";
   EXPECT_NE(msg(o).find("unknown accelerator 'tpu'; valid: cpu, cuda, gpu (= cuda), auto"), std::string::npos);
+  // Sharded strategies refuse bf16-true at construction and name bf16-mixed.
+  o = {};
+  o.strategy = "fsdp_native";
+  o.precision = "bf16-true";
+  EXPECT_NE(msg(o).find("Use precision 'bf16-mixed'"), std::string::npos) << msg(o);
+  o = {};
+  o.max_epochs = -2;
+  EXPECT_NE(msg(o).find("max_epochs must be >= 0, -1 (unlimited) or unset, got -2"), std::string::npos) << msg(o);
+}
+
+// Lightning's rule for an unset max_epochs: 1000 without max_steps; with
+// max_steps alone, max_steps decides (not one epoch).
+TEST(Trainer, UnsetMaxEpochsFollowsLightning) {
+  TrainerOptions o;
+  EXPECT_EQ(Trainer(o).max_epochs(), kDefaultMaxEpochs);
+  EXPECT_EQ(kDefaultMaxEpochs, 1000);
+  o.max_steps = 10;
+  EXPECT_EQ(Trainer(o).max_epochs(), -1);
+  o.max_epochs = 2;
+  EXPECT_EQ(Trainer(o).max_epochs(), 2);
+  TrainerOptions run = BaseOptions(TmpDir("max_steps_only"));
+  run.max_epochs.reset();
+  run.max_steps = 10;  // 4 steps per epoch at W=2: ends in the middle of the third epoch
+  run.strategy = "ddp";
+  FitResult r = Fit(2, run);
+  EXPECT_EQ(r.losses.size(), 10u);
+  EXPECT_EQ(r.global_step, 10);
+  EXPECT_EQ(r.epoch, 2);
+}
+
+// An optimizer over tensors the strategy does not train (here the module's
+// own parameters, which sharded strategies replace by shards) stops Fit
+// with a message that says how many and what to do.
+TEST(Trainer, OptimizerOverForeignTensorsIsAnError) {
+  TrainerOptions o = BaseOptions(TmpDir("foreign_opt"));
+  o.strategy = "fsdp";
+  fixtures::ClassifierConfig c;
+  c.optimizer_over_module_parameters = true;
+  try {
+    fixtures::Fit(2, o, "", c);
+    ADD_FAILURE() << "no error for an optimizer over the module's own parameters under fsdp";
+  } catch (const InvalidArgumentError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("configure_optimizers returned an optimizer over 6 of 6 tensor(s) that strategy 'fsdp' "
+                       "does not train"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("Build the optimizer from the `params` handed to configure_optimizers"), std::string::npos)
+        << msg;
+  }
+  // Replicated strategies train the module's own tensors: the same module is fine there.
+  TrainerOptions single = BaseOptions(TmpDir("own_opt"));
+  single.strategy = "single_device";
+  single.max_epochs = 1;
+  EXPECT_EQ(fixtures::Fit(1, single, "", c).losses.size(), 8u);
 }
 
 TEST(Data, DistributedSamplerSharesEvenly) {
