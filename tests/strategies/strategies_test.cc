@@ -6,12 +6,16 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "comm/errors.h"
+#include "sharding/wrap_point.h"
 #include "strategies/ddp/ddp_strategy.h"
 #include "strategies/fsdp/fsdp_strategy.h"
 #include "strategies/fsdp_native/fsdp_native_strategy.h"
@@ -387,6 +391,130 @@ TEST(Clip, ValueClipsElementwise) {
     const double norm = s->ClipGradNorm(1e9);
     EXPECT_GT(norm, 0);
   });
+}
+
+
+// ---------------------------------------------------------------------------
+// Frozen and tied parameters through every strategy
+
+// Two wrap points sharing one weight ("b0.shared" and "b1.shared" are one
+// tensor), a frozen layer inside b0's unit and a frozen bias at the root.
+class TieBlockImpl : public torch::nn::Module {
+ public:
+  TieBlockImpl(const at::Tensor& shared_weight, bool with_frozen) {
+    fc = register_module("fc", torch::nn::Linear(8, 8));
+    shared = register_parameter("shared", shared_weight);
+    if (with_frozen) {
+      aux = register_module("aux", torch::nn::Linear(8, 8));
+      for (auto& p : aux->parameters()) p.set_requires_grad(false);
+    }
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor y = fc->forward(x) + at::matmul(x, shared);
+    return at::tanh(aux ? y + aux->forward(x) : y);
+  }
+  torch::nn::Linear fc{nullptr}, aux{nullptr};
+  at::Tensor shared;
+};
+
+class FrozenTiedNetImpl : public torch::nn::Module {
+ public:
+  FrozenTiedNetImpl() {
+    at::manual_seed(5);
+    at::Tensor w = at::randn({8, 8}) * 0.3;
+    b0 = register_module("b0", std::make_shared<sharding::Sharded<TieBlockImpl>>(w, true));
+    b1 = register_module("b1", std::make_shared<sharding::Sharded<TieBlockImpl>>(w, false));
+    head = register_module("head", torch::nn::Linear(8, 1));
+    head->bias.set_requires_grad(false);
+  }
+  at::Tensor forward(const at::Tensor& x) { return head->forward(b1->forward(b0->forward(x))); }
+  std::shared_ptr<sharding::Sharded<TieBlockImpl>> b0, b1;
+  torch::nn::Linear head{nullptr};
+};
+
+const char* const kFrozenNames[] = {"b0.aux.weight", "b0.aux.bias", "head.bias"};
+
+at::Tensor TieBatch(int step) { return at::randn({8, 8}, at::detail::createCPUGenerator(77 + step)); }
+
+// AdamW with decoupled weight decay: frozen weights must not decay.
+RunResult TrainFrozenTied(const std::string& name, const StrategyOptions& opts, int world) {
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  for (int r = 0; r < world; ++r) models.push_back(std::make_shared<FrozenTiedNetImpl>());
+  RunResult result;
+  std::mutex mu;
+  RunRanks(world, [&](int rank, const auto& comm) {
+    auto s = StrategyRegistry::Create(name, opts);
+    s->Setup(name == "single_device" ? nullptr : comm::CommunicatorPtr(comm), ClusterInfo{});
+    s->WrapModel(models[rank]);
+    torch::optim::AdamW opt(s->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    auto* net = dynamic_cast<FrozenTiedNetImpl*>(&s->module());
+    std::vector<double> losses;
+    for (int step = 0; step < 5; ++step) {
+      at::Tensor x = TieBatch(step).slice(0, rank * 8 / world, (rank + 1) * 8 / world);
+      at::Tensor loss = s->Forward([&] { return net->forward(x); }).pow(2).mean();
+      s->Backward(loss);
+      opt.step();
+      opt.zero_grad();
+      losses.push_back(s->ReduceMean(loss.item<double>()));
+    }
+    auto state = s->FullStateDict();
+    if (rank == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      result.losses = losses;
+      result.state = state;
+    }
+  });
+  return result;
+}
+
+TEST(Parity, FrozenAndTiedParametersThroughEveryStrategy) {
+  std::map<std::string, at::Tensor> initial;
+  {
+    FrozenTiedNetImpl net;
+    for (const auto& item : net.named_parameters()) initial[item.key()] = item.value().detach().clone();
+  }
+  // Plain training, each tensor stepped once (LibTorch lists a tied weight under both names).
+  RunResult plain;
+  {
+    FrozenTiedNetImpl net;
+    std::vector<at::Tensor> params;
+    std::set<const void*> seen;
+    for (auto& p : net.parameters()) {
+      if (p.requires_grad() && seen.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
+    }
+    torch::optim::AdamW opt(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+    for (int step = 0; step < 5; ++step) {
+      at::Tensor loss = net.forward(TieBatch(step)).pow(2).mean();
+      loss.backward();
+      opt.step();
+      opt.zero_grad();
+      plain.losses.push_back(loss.item<double>());
+    }
+    for (const auto& item : net.named_parameters()) plain.state[item.key()] = item.value().detach().clone();
+  }
+  for (const char* n : kFrozenNames) ASSERT_TRUE(at::equal(plain.state.at(n), initial.at(n))) << n;
+  struct Case {
+    std::string name;
+    StrategyOptions opts;
+    int world;
+  };
+  const std::vector<Case> cases = {
+      {"single_device", {}, 1},
+      {"ddp", {}, 2},
+      {"fsdp_native", {}, 2},
+      {"fsdp_native", {{"sharding_strategy", "SHARD_GRAD_OP"}}, 2},
+      {"fsdp_native", {{"use_orig_params", "true"}}, 2},
+      {"fsdp", {{"min_num_params", "1"}}, 2},
+      {"fsdp", {}, 1},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name + " W=" + std::to_string(c.world));
+    RunResult got = TrainFrozenTied(c.name, c.opts, c.world);
+    EXPECT_EQ(got.state.size(), plain.state.size()) << "every name of every parameter";
+    ExpectSame(plain, got, 1e-5);
+    for (const char* n : kFrozenNames) EXPECT_TRUE(at::equal(got.state.at(n), initial.at(n))) << "frozen " << n;
+    EXPECT_TRUE(at::equal(got.state.at("b0.shared"), got.state.at("b1.shared")));
+  }
 }
 
 }  // namespace
