@@ -7,7 +7,10 @@
 // forward gathers the unit's full parameters, runs Impl::forward, reshards
 // per the sharding strategy and arms the re-gather before the unit's backward.
 // When it is not a unit (no sharding strategy, or the policy said no), it is
-// exactly Impl.
+// exactly Impl. A unit under activation checkpointing keeps only its forward's
+// tensor arguments for backward and runs the forward again there; it handles
+// forwards that return at::Tensor, std::tuple<at::Tensor, ...> or
+// std::vector<at::Tensor> and take tensors and copyable values.
 #ifndef SHARDTRAIN_SHARDING_WRAP_POINT_H_
 #define SHARDTRAIN_SHARDING_WRAP_POINT_H_
 

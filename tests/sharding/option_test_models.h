@@ -176,6 +176,46 @@ class CkptNetImpl : public torch::nn::Module {
   torch::nn::Linear head{nullptr};
 };
 
+// Activation checkpointing of a forward returning std::vector<at::Tensor>, and
+// of one it cannot handle (a struct).
+class VecOutImpl : public torch::nn::Module {
+ public:
+  explicit VecOutImpl(int id) : id_(id) { fc = register_module("fc", torch::nn::Linear(4, 4)); }
+  std::vector<at::Tensor> forward(const at::Tensor& x) {
+    if (g_hooks.on_forward) g_hooks.on_forward(id_);
+    at::Tensor h = fc->forward(x);
+    return {at::tanh(h), at::sigmoid(h)};
+  }
+  int id_;
+  torch::nn::Linear fc{nullptr};
+};
+struct Labeled {
+  at::Tensor value;
+  std::string label;
+};
+class LabeledImpl : public torch::nn::Module {
+ public:
+  LabeledImpl() { fc = register_module("fc", torch::nn::Linear(4, 4)); }
+  Labeled forward(const at::Tensor& x) { return {fc->forward(x), "fc"}; }
+  torch::nn::Linear fc{nullptr};
+};
+class VecNetImpl : public torch::nn::Module {
+ public:
+  VecNetImpl() {
+    std::lock_guard<std::mutex> lock(ConstructionMutex());
+    at::manual_seed(2);
+    v = register_module("v", std::make_shared<Sharded<VecOutImpl>>(7));
+    l = register_module("l", std::make_shared<Sharded<LabeledImpl>>());
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    auto outs = v->forward(x);
+    return (outs[0] * outs[1]).sum();
+  }
+  at::Tensor forward_labeled(const at::Tensor& x) { return l->forward(x).value.sum(); }
+  std::shared_ptr<Sharded<VecOutImpl>> v;
+  std::shared_ptr<Sharded<LabeledImpl>> l;
+};
+
 // Wrap policies: wrap points of different sizes, one nested in another.
 //   a: SmallImpl (9 params), b: BigImpl (110), c: OuterImpl (proj: 22) holding c.inner: BigImpl (110), head (3).
 class SmallImpl : public torch::nn::Module {

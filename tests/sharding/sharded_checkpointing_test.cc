@@ -162,6 +162,49 @@ TEST(ActivationCheckpointing, DropoutMaskOfTheRecomputeEqualsTheForwards) {
   ExpectBitEqualGradients(ckpt, plain);
 }
 
+TEST(ActivationCheckpointing, VectorOutputsRecomputeAndStructOutputsAreAClearError) {
+  auto run = [](bool checkpoint) {
+    std::vector<at::Tensor> grads;
+    int calls = 0;
+    RunRanks(2, [&](int rank, const auto& comm) {
+      auto net = std::make_shared<testmodels::VecNetImpl>();
+      ShardedModel sm(net, comm, {}, WrapPolicy::Always(), [&](const WrapPoint& wp) {
+        return checkpoint && &wp == static_cast<const WrapPoint*>(net->v.get());
+      });
+      int mine = 0;
+      g_hooks.on_forward = [&](int) { ++mine; };
+      at::Tensor x = at::linspace(-1, 1, 8).reshape({2, 4});
+      sm.Forward([&] { return net->forward(x); }).backward();
+      g_hooks = {};
+      if (rank == 0) {
+        calls = mine;
+        for (auto& p : sm.parameters()) grads.push_back(p.grad().defined() ? p.grad().clone() : at::zeros_like(p));
+      }
+    });
+    return std::make_pair(calls, at::cat(grads));
+  };
+  auto [ckpt_calls, ckpt_grads] = run(true);
+  auto [plain_calls, plain_grads] = run(false);
+  EXPECT_EQ(ckpt_calls, 2);
+  EXPECT_EQ(plain_calls, 1);
+  EXPECT_TRUE(at::equal(ckpt_grads, plain_grads));
+
+  RunRanks(1, [&](int, const auto& comm) {
+    auto net = std::make_shared<testmodels::VecNetImpl>();
+    ShardedModel sm(net, comm, {}, WrapPolicy::Always(), [](const WrapPoint&) { return true; });
+    try {
+      sm.Forward([&] { return net->forward_labeled(at::ones({2, 4})); });
+      ADD_FAILURE() << "expected an error";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("activation checkpointing of unit 'l' (shardtrain::testmodels::LabeledImpl) "
+                                           "is not possible: forward must return at::Tensor, std::tuple<at::Tensor, "
+                                           "...> or std::vector<at::Tensor>"),
+                std::string::npos)
+          << e.what();
+    }
+  });
+}
+
 // --- through the strategies ----------------------------------------------------
 
 // Trains one step through the strategy and returns rank 0's forward calls per block id.
