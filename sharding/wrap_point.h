@@ -7,7 +7,10 @@
 // forward gathers the unit's full parameters, runs Impl::forward, reshards
 // per the sharding strategy and arms the re-gather before the unit's backward.
 // When it is not a unit (no sharding strategy, or the policy said no), it is
-// exactly Impl.
+// exactly Impl. A unit under activation checkpointing keeps only its forward's
+// tensor arguments for backward and runs the forward again there; it handles
+// forwards that return at::Tensor, std::tuple<at::Tensor, ...> or
+// std::vector<at::Tensor> and take tensors and copyable values.
 #ifndef SHARDTRAIN_SHARDING_WRAP_POINT_H_
 #define SHARDTRAIN_SHARDING_WRAP_POINT_H_
 
@@ -33,15 +36,24 @@ class WrapPoint {
   virtual std::string WrapTypeName() const = 0;
   // The unit this wrap point runs, or nullptr when it is not a unit.
   ShardedUnit* unit() const { return unit_; }
+  // A unit's inner forward as a function of its tensor arguments (other
+  // arguments are bound in the closure), returning its tensor outputs.
+  using TensorsFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
 
  protected:
   // Called by Sharded<Impl>::forward around the inner forward.
   void PreForward();
   void PostForward(const std::vector<at::Tensor>& outputs);
-  // Runs `fn` (the inner forward of one tensor) under activation checkpointing
-  // when enabled for this unit: activations are dropped and recomputed in backward.
-  at::Tensor MaybeCheckpoint(const at::Tensor& input, const std::function<at::Tensor(const at::Tensor&)>& fn);
+  // Runs `fn` under activation checkpointing when enabled for this unit (and
+  // grad mode is on): only `inputs` and the CPU RNG state are kept for
+  // backward; the unit's forward runs again in backward, with the RNG state of
+  // the first run, and its gradients flow to the inputs and parameters.
+  // Otherwise it just calls fn(inputs).
+  std::vector<at::Tensor> MaybeCheckpoint(const std::vector<at::Tensor>& inputs, const TensorsFn& fn);
   bool checkpointing() const;
+  // Throws InvalidArgumentError: checkpointing is on for this unit but its
+  // forward's signature (`why`) cannot be checkpointed.
+  [[noreturn]] void CheckpointUnsupported(const std::string& why) const;
 
  private:
   friend class ShardedModel;
@@ -67,6 +79,55 @@ void CollectTensors(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
 // Anything else carries no tensors the sharding runtime can hook.
 template <typename T>
 void CollectTensors(const T&, std::vector<at::Tensor>&) {}
+
+// Activation checkpointing handles forwards whose outputs are at::Tensor,
+// std::tuple<at::Tensor, ...> or std::vector<at::Tensor>.
+template <typename T>
+struct IsTensorTuple : std::false_type {};
+template <typename... Ts>
+struct IsTensorTuple<std::tuple<Ts...>> : std::bool_constant<(std::is_same_v<Ts, at::Tensor> && ...)> {};
+template <typename R>
+inline constexpr bool kCheckpointableOutput =
+    std::is_same_v<R, at::Tensor> || std::is_same_v<R, std::vector<at::Tensor>> || IsTensorTuple<R>::value;
+
+template <typename R>
+std::vector<at::Tensor> OutputsToVector(R&& out) {
+  using D = std::decay_t<R>;
+  if constexpr (std::is_same_v<D, at::Tensor>) {
+    return {std::forward<R>(out)};
+  } else if constexpr (std::is_same_v<D, std::vector<at::Tensor>>) {
+    return std::forward<R>(out);
+  } else {
+    return std::apply([](auto&... e) { return std::vector<at::Tensor>{e...}; }, out);
+  }
+}
+template <typename R, size_t... I>
+R TupleFromVector(const std::vector<at::Tensor>& v, std::index_sequence<I...>) {
+  return R(v.at(I)...);
+}
+template <typename R>
+R OutputsFromVector(std::vector<at::Tensor> v) {
+  if constexpr (std::is_same_v<R, at::Tensor>) {
+    return v.at(0);
+  } else if constexpr (std::is_same_v<R, std::vector<at::Tensor>>) {
+    return v;
+  } else {
+    return TupleFromVector<R>(v, std::make_index_sequence<std::tuple_size_v<R>>{});
+  }
+}
+// Tensor arguments of a checkpointed forward are moved out of (TakeTensor) and
+// back into (PutTensor) the bound argument tuple; other arguments stay bound.
+template <typename T>
+void TakeTensor(T& arg, std::vector<at::Tensor>& out) {
+  if constexpr (std::is_same_v<T, at::Tensor>) {
+    out.push_back(std::move(arg));
+    arg = at::Tensor();
+  }
+}
+template <typename T>
+void PutTensor(T& arg, const std::vector<at::Tensor>& in, size_t& next) {
+  if constexpr (std::is_same_v<T, at::Tensor>) arg = in.at(next++);
+}
 }  // namespace internal
 
 template <typename Impl>
@@ -88,13 +149,31 @@ class Sharded : public Impl, public WrapPoint {
   }
 
  private:
+  // Under activation checkpointing, at::Tensor arguments are the checkpoint's
+  // inputs (kept for backward; those that require grad get gradients) and
+  // every other argument is copied into the recompute's closure.
   template <typename... Args>
-  auto CallInner(Args&&... args) {
-    if constexpr (sizeof...(Args) == 1 &&
-                  (std::is_convertible_v<std::decay_t<Args>, at::Tensor> && ...) &&
-                  std::is_same_v<decltype(this->Impl::forward(std::declval<Args>()...)), at::Tensor>) {
+  decltype(auto) CallInner(Args&&... args) {
+    using R = decltype(this->Impl::forward(std::forward<Args>(args)...));
+    if constexpr (!std::is_reference_v<R> && internal::kCheckpointableOutput<R> &&
+                  (std::is_copy_constructible_v<std::decay_t<Args>> && ...)) {
       if (checkpointing()) {
-        return MaybeCheckpoint(args..., [this](const at::Tensor& x) { return Impl::forward(x); });
+        std::tuple<std::decay_t<Args>...> bound(args...);
+        std::vector<at::Tensor> inputs;
+        std::apply([&](auto&... a) { (internal::TakeTensor(a, inputs), ...); }, bound);
+        auto fn = [this, bound](const std::vector<at::Tensor>& in) {
+          auto call = bound;
+          size_t next = 0;
+          std::apply([&](auto&... a) { (internal::PutTensor(a, in, next), ...); }, call);
+          return internal::OutputsToVector(std::apply([this](auto&... a) { return this->Impl::forward(a...); }, call));
+        };
+        return internal::OutputsFromVector<R>(MaybeCheckpoint(inputs, fn));
+      }
+    } else {
+      if (checkpointing()) {
+        CheckpointUnsupported(
+            "forward must return at::Tensor, std::tuple<at::Tensor, ...> or std::vector<at::Tensor> and take "
+            "copyable arguments");
       }
     }
     return Impl::forward(std::forward<Args>(args)...);

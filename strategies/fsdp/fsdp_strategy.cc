@@ -12,7 +12,7 @@ using option_parsing::ParseInt;
 std::vector<std::string> FsdpOptions::ValidKeys() {
   return {"reshard_after_forward", "flatten_parameters", "mixed_precision", "compute_dtype", "buffer_dtype",
           "fp32_reduce_scatter", "move_grads_to_cpu", "cpu_offload", "bucket_cap_mb", "min_num_params",
-          "state_dict_to_cpu", "gradient_predivide_factor", "gradient_postdivide_factor"};
+          "state_dict_to_cpu", "gradient_predivide_factor", "gradient_postdivide_factor", "activation_checkpointing"};
 }
 
 FsdpOptions FsdpOptions::FromStrings(const StrategyOptions& in, const std::string& n) {
@@ -31,6 +31,11 @@ FsdpOptions FsdpOptions::FromStrings(const StrategyOptions& in, const std::strin
     else if (k == "state_dict_to_cpu") o.state_dict_to_cpu = ParseBool(n, k, v);
     else if (k == "gradient_predivide_factor") o.gradient_predivide_factor = ParseDouble(n, k, v);
     else if (k == "gradient_postdivide_factor") o.gradient_postdivide_factor = ParseDouble(n, k, v);
+    else if (k == "activation_checkpointing") {
+      o.activation_checkpointing = SplitTypeNames(v);
+      ST_CHECK_ARG(!o.activation_checkpointing.empty(), "strategy '", n,
+                   "': activation_checkpointing needs at least one module type name, e.g. BlockImpl,MlpImpl");
+    }
     else {
       std::string valid;
       for (const auto& key : ValidKeys()) valid += (valid.empty() ? "" : ", ") + key;
@@ -68,6 +73,11 @@ FsdpStrategy::FsdpStrategy(FsdpOptions options, std::string name) : options_(opt
     offload_requested_by_ = "cpu_offload=true";
   } else if (o.move_grads_to_cpu) {
     offload_requested_by_ = "move_grads_to_cpu=true";
+  }
+  if (!o.activation_checkpointing.empty()) {
+    checkpoint_ = [by_type = sharding::WrapPolicy::ByType(o.activation_checkpointing)](const sharding::WrapPoint& wp) {
+      return by_type.should_wrap(wp, 0);
+    };
   }
   auto& s = sharding_options_;
   s.sharding_strategy =

@@ -30,6 +30,10 @@
 //                           wrap points with fewer than N parameters join their parent unit
 //   state_dict_to_cpu       true (default) | false
 //   gradient_predivide_factor, gradient_postdivide_factor  (> 0; default: PyTorch's split of W)
+//   activation_checkpointing  BlockImpl,OtherImpl (as Lightning's activation_checkpointing list):
+//                           units whose module type is listed (full name, or its trailing part
+//                           after "::") recompute their forward in backward. Only wrap points
+//                           that are units are checkpointed: set min_num_params below their size
 #ifndef SHARDTRAIN_STRATEGIES_FSDP_FSDP_STRATEGY_H_
 #define SHARDTRAIN_STRATEGIES_FSDP_FSDP_STRATEGY_H_
 
@@ -56,6 +60,7 @@ struct FsdpOptions {
   bool state_dict_to_cpu = true;
   double gradient_predivide_factor = 0;  // 0 = default
   double gradient_postdivide_factor = 0;
+  std::vector<std::string> activation_checkpointing;  // module type names
 
   static FsdpOptions FromStrings(const StrategyOptions& options, const std::string& strategy_name = "fsdp");
   static std::vector<std::string> ValidKeys();

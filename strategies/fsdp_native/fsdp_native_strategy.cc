@@ -41,7 +41,7 @@ std::vector<std::string> FsdpNativeOptions::ValidKeys() {
   return {"sharding_strategy", "hybrid_shard_group_size", "cpu_offload", "offload_params", "auto_wrap_policy",
           "backward_prefetch", "forward_prefetch", "limit_all_gathers", "mixed_precision", "param_dtype",
           "reduce_dtype", "buffer_dtype", "sync_module_states", "use_orig_params",
-          "activation_checkpointing_policy", "state_dict_type"};
+          "activation_checkpointing_policy", "activation_checkpointing", "state_dict_type"};
 }
 
 FsdpNativeOptions FsdpNativeOptions::FromStrings(const StrategyOptions& in, const std::string& n) {
@@ -78,6 +78,10 @@ FsdpNativeOptions FsdpNativeOptions::FromStrings(const StrategyOptions& in, cons
       o.use_orig_params = ParseBool(n, k, v);
     } else if (k == "activation_checkpointing_policy") {
       o.activation_checkpointing_policy = v;
+    } else if (k == "activation_checkpointing") {
+      o.activation_checkpointing = SplitTypeNames(v);
+      ST_CHECK_ARG(!o.activation_checkpointing.empty(), "strategy '", n,
+                   "': activation_checkpointing needs at least one module type name, e.g. BlockImpl,MlpImpl");
     } else if (k == "state_dict_type") {
       o.state_dict_type = v;
     } else {
@@ -105,17 +109,22 @@ FsdpNativeStrategy::FsdpNativeStrategy(FsdpNativeOptions options, std::string na
   CheckDtype(name_, "reduce_dtype", o.mixed_precision.reduce_dtype);
   CheckDtype(name_, "buffer_dtype", o.mixed_precision.buffer_dtype);
   policy_ = ParseAutoWrapPolicy(name_, o.auto_wrap_policy);
+  ST_CHECK_ARG(o.activation_checkpointing_policy.empty() || o.activation_checkpointing.empty(), "strategy '", name_,
+               "': give activation_checkpointing (a list of module types) or activation_checkpointing_policy "
+               "(type:A,B), not both");
+  std::vector<std::string> checkpoint_types = o.activation_checkpointing;
   if (!o.activation_checkpointing_policy.empty()) {
     const std::string& v = o.activation_checkpointing_policy;
     ST_CHECK_ARG(v.rfind("type:", 0) == 0, "strategy '", name_, "': unknown activation_checkpointing_policy '", v,
                  "'; valid: type:TypeA,TypeB");
-    auto types = SplitTypeNames(v.substr(5));
-    ST_CHECK_ARG(!types.empty(), "strategy '", name_, "': activation_checkpointing_policy type: needs a type name");
-    checkpoint_ = [types](const sharding::WrapPoint& wp) {
-      for (const auto& t : types) {
-        if (wp.WrapTypeName() == t) return true;
-      }
-      return false;
+    checkpoint_types = SplitTypeNames(v.substr(5));
+    ST_CHECK_ARG(!checkpoint_types.empty(), "strategy '", name_,
+                 "': activation_checkpointing_policy type: needs a type name");
+  }
+  if (!checkpoint_types.empty()) {
+    // The same type matching as auto_wrap_policy=type: (namespaced names match by their tail).
+    checkpoint_ = [by_type = sharding::WrapPolicy::ByType(checkpoint_types)](const sharding::WrapPoint& wp) {
+      return by_type.should_wrap(wp, 0);
     };
   }
   auto& s = sharding_options_;

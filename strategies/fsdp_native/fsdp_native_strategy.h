@@ -21,7 +21,12 @@
 //   sync_module_states     true|false (default true; PyTorch defaults to false, but
 //                          ranks that start different would silently train different replicas)
 //   use_orig_params        true|false (default false)
-//   activation_checkpointing_policy  type:BlockImpl,OtherImpl (default none)
+//   activation_checkpointing_policy  type:BlockImpl,OtherImpl (default none): units whose
+//                          module type is listed recompute their forward in backward
+//   activation_checkpointing  BlockImpl,OtherImpl (Lightning's spelling: a list of module
+//                          types); give it or activation_checkpointing_policy, not both.
+//                          Type names match as in auto_wrap_policy=type: (the full name,
+//                          or its trailing part after "::", e.g. "gpt::BlockImpl")
 //   state_dict_type        full (default) | sharded. (LOCAL is not supported.)
 #ifndef SHARDTRAIN_STRATEGIES_FSDP_NATIVE_FSDP_NATIVE_STRATEGY_H_
 #define SHARDTRAIN_STRATEGIES_FSDP_NATIVE_FSDP_NATIVE_STRATEGY_H_
@@ -50,6 +55,7 @@ struct FsdpNativeOptions {
   bool sync_module_states = true;
   bool use_orig_params = false;
   std::string activation_checkpointing_policy;  // "" or "type:A,B"
+  std::vector<std::string> activation_checkpointing;  // module type names (Lightning's list)
   std::string state_dict_type = "full";         // "full" or "sharded"
 
   // Parses string options (keys as in the header comment).

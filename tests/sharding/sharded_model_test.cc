@@ -34,6 +34,7 @@ std::unique_ptr<torch::optim::Optimizer> MakeOptimizer(const std::string& kind, 
 struct RunResult {
   std::vector<double> losses;                  // global loss per step
   std::map<std::string, at::Tensor> params;   // final parameters by name
+  std::vector<std::string> units;              // unit names (sharded runs), root ("") last
 };
 
 // Plain single-process training on the global batch, split in `chunks`
@@ -61,13 +62,13 @@ RunResult Reference(const TestModel& tm, const std::string& opt_kind, int chunks
 }
 
 RunResult Sharded(const TestModel& tm, const std::string& opt_kind, int world, ShardingOptions options,
-                  WrapPolicy policy = WrapPolicy::Always()) {
+                  const std::function<WrapPolicy(torch::nn::Module&)>& policy) {
   std::vector<std::shared_ptr<torch::nn::Module>> models;
   for (int r = 0; r < world; ++r) models.push_back(tm.make());
   RunResult result;
   std::mutex mu;
   RunRanks(world, [&](int rank, const auto& comm) {
-    ShardedModel sm(models[rank], comm, options, policy);
+    ShardedModel sm(models[rank], comm, options, policy(*models[rank]));
     sm.module().train();
     auto opt = MakeOptimizer(opt_kind, sm.parameters());
     const int64_t per = kGlobalBatch / world;
@@ -90,6 +91,7 @@ RunResult Sharded(const TestModel& tm, const std::string& opt_kind, int world, S
       std::lock_guard<std::mutex> lock(mu);
       result.losses = losses;
       result.params = full;
+      for (const auto& u : sm.units()) result.units.push_back(u.name);
     }
   });
   return result;
@@ -111,12 +113,41 @@ void ExpectMatches(const RunResult& ref, const RunResult& got, double tol) {
   }
 }
 
+// How a case wraps its model: every wrap point a unit, none (the root unit
+// only), or some (mlp_bn: size-based, b2 only; gpt: a custom policy, h.1 only).
+enum class Wrap { kAll, kNone, kSome };
+const char* WrapName(Wrap w) { return w == Wrap::kAll ? "all" : w == Wrap::kNone ? "none" : "some"; }
+
 struct ParityCase {
   std::string model;
   int world;
   ShardingStrategy strategy;
   std::string optimizer;
+  Wrap wrap;
 };
+
+WrapPolicy PolicyFor(const ParityCase& c, torch::nn::Module& model) {
+  switch (c.wrap) {
+    case Wrap::kAll: return WrapPolicy::Always();
+    case Wrap::kNone: return WrapPolicy::Never();
+    case Wrap::kSome: break;
+  }
+  // mlp_bn's b1 has 336 parameters, b2 624. gpt's blocks are equal in size: a custom policy picks h.1.
+  if (c.model == "mlp_bn") return WrapPolicy::SizeBased(500);
+  std::shared_ptr<torch::nn::Module> h1 = model.named_modules()["h.1"];
+  return {[h1](const WrapPoint& p, int64_t) { return dynamic_cast<const torch::nn::Module*>(&p) == h1.get(); }};
+}
+
+// The unit names each wrapping must give.
+std::vector<std::string> ExpectedUnits(const ParityCase& c) {
+  const bool gpt = c.model == "gpt";
+  switch (c.wrap) {
+    case Wrap::kAll: return gpt ? std::vector<std::string>{"h.0", "h.1", "h.2", ""} : std::vector<std::string>{"b1", "b2", ""};
+    case Wrap::kNone: return {""};
+    case Wrap::kSome: return gpt ? std::vector<std::string>{"h.1", ""} : std::vector<std::string>{"b2", ""};
+  }
+  return {};
+}
 
 class Parity : public ::testing::TestWithParam<ParityCase> {};
 
@@ -127,7 +158,8 @@ TEST_P(Parity, MatchesUnshardedTraining) {
   o.sharding_strategy = c.strategy;
   o.hybrid_shard_group_size = 2;
   RunResult ref = Reference(tm, c.optimizer, c.world);
-  RunResult got = Sharded(tm, c.optimizer, c.world, o);
+  RunResult got = Sharded(tm, c.optimizer, c.world, o, [&](torch::nn::Module& m) { return PolicyFor(c, m); });
+  ASSERT_EQ(got.units, ExpectedUnits(c)) << "wrapping " << WrapName(c.wrap);
   // HYBRID_SHARD reduces in two levels (within, then across shard groups), a
   // different float summation order than one process: allow 3e-5 there.
   ExpectMatches(ref, got, c.strategy == ShardingStrategy::kHybridShard ? 3e-5 : 1e-5);
@@ -136,13 +168,19 @@ TEST_P(Parity, MatchesUnshardedTraining) {
 }
 
 std::vector<ParityCase> ParityCases() {
+  // Each strategy and world size runs with different wrappings across the
+  // models and optimizers (the wrapping rotates), so parity covers every
+  // layout, not one layout under many names.
   std::vector<ParityCase> cases;
+  const Wrap wraps[] = {Wrap::kAll, Wrap::kSome, Wrap::kNone};
+  int k = 0;
   for (std::string model : {"gpt", "mlp_bn"}) {
     for (std::string opt : {"sgd", "adam"}) {
-      for (int w : {1, 2, 4}) cases.push_back({model, w, ShardingStrategy::kFullShard, opt});
-      cases.push_back({model, 2, ShardingStrategy::kShardGradOp, opt});
-      cases.push_back({model, 2, ShardingStrategy::kNoShard, opt});
-      cases.push_back({model, 4, ShardingStrategy::kHybridShard, opt});
+      std::vector<std::pair<int, ShardingStrategy>> runs = {
+          {1, ShardingStrategy::kFullShard},   {2, ShardingStrategy::kFullShard}, {4, ShardingStrategy::kFullShard},
+          {2, ShardingStrategy::kShardGradOp}, {2, ShardingStrategy::kNoShard},   {4, ShardingStrategy::kHybridShard}};
+      for (auto [w, strategy] : runs) cases.push_back({model, w, strategy, opt, wraps[k++ % 3]});
+      ++k;  // the next optimizer starts one wrapping further
     }
   }
   return cases;
@@ -150,7 +188,8 @@ std::vector<ParityCase> ParityCases() {
 
 INSTANTIATE_TEST_SUITE_P(Models, Parity, ::testing::ValuesIn(ParityCases()), [](const auto& info) {
   const auto& c = info.param;
-  return c.model + "_W" + std::to_string(c.world) + "_" + ShardingStrategyName(c.strategy) + "_" + c.optimizer;
+  return c.model + "_W" + std::to_string(c.world) + "_" + ShardingStrategyName(c.strategy) + "_" + c.optimizer +
+         "_wrap_" + WrapName(c.wrap);
 });
 
 }  // namespace

@@ -1,0 +1,86 @@
+#include "tests/testing/counting_allocator.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <atomic>
+#include <mutex>
+#include <unordered_map>
+
+namespace shardtrain::testing {
+namespace {
+
+struct ThreadCounter {
+  std::atomic<int64_t> live{0};
+};
+
+// Leaked on purpose: storage may be freed after its allocating thread ended.
+ThreadCounter* MyCounter() {
+  thread_local ThreadCounter* counter = new ThreadCounter();
+  return counter;
+}
+
+struct Allocation {
+  void* context;
+  c10::DeleterFnPtr deleter;
+  int64_t bytes;
+  ThreadCounter* owner;
+};
+
+std::mutex g_mu;
+std::unordered_map<void*, Allocation>* g_allocations = new std::unordered_map<void*, Allocation>();
+
+void Free(void* ptr) {
+  Allocation a;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    auto it = g_allocations->find(ptr);
+    if (it == g_allocations->end()) return;  // cannot happen: every pointer with this deleter was recorded
+    a = it->second;
+    g_allocations->erase(it);
+  }
+  a.owner->live -= a.bytes;
+  a.deleter(a.context);
+}
+
+class CountingAllocator final : public c10::Allocator {
+ public:
+  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr inner = inner_->allocate(n);
+    void* ptr = inner.get();
+    if (ptr == nullptr) return inner;  // zero bytes: nothing to count
+    const c10::Device device = inner.device();
+    c10::DeleterFnPtr deleter = inner.get_deleter();
+    void* context = inner.release_context();
+    ThreadCounter* owner = MyCounter();
+    owner->live += static_cast<int64_t>(n);
+    {
+      std::lock_guard<std::mutex> lock(g_mu);
+      (*g_allocations)[ptr] = Allocation{context, deleter, static_cast<int64_t>(n), owner};
+    }
+    return c10::DataPtr(ptr, ptr, &Free, device);
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &Free; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+ private:
+  c10::Allocator* inner_;
+};
+
+}  // namespace
+
+void InstallCountingCpuAllocator() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static CountingAllocator* allocator = new CountingAllocator(c10::GetCPUAllocator());
+    c10::SetCPUAllocator(allocator, /*priority=*/100);
+  });
+}
+
+int64_t LiveCpuBytesOfThisThread() { return MyCounter()->live.load(); }
+
+}  // namespace shardtrain::testing

@@ -1,0 +1,23 @@
+// A counting CPU allocator for memory tests: wraps LibTorch's CPU allocator
+// and keeps, per thread, the bytes of CPU storage that thread allocated and
+// that are still alive (freed from any thread). Threads-as-ranks tests read
+// their own rank's live bytes undisturbed by the other ranks and by Gloo's
+// threads.
+#ifndef SHARDTRAIN_TESTS_TESTING_COUNTING_ALLOCATOR_H_
+#define SHARDTRAIN_TESTS_TESTING_COUNTING_ALLOCATOR_H_
+
+#include <cstdint>
+
+namespace shardtrain::testing {
+
+// Installs the counting allocator as the process's CPU allocator (once;
+// later calls do nothing). Storage allocated before stays uncounted.
+void InstallCountingCpuAllocator();
+
+// Bytes of CPU storage the calling thread allocated since the install that
+// are still alive.
+int64_t LiveCpuBytesOfThisThread();
+
+}  // namespace shardtrain::testing
+
+#endif  // SHARDTRAIN_TESTS_TESTING_COUNTING_ALLOCATOR_H_
