@@ -103,7 +103,6 @@ class ShardedUnit {
   at::Tensor reduce_in;
   at::Tensor reduce_out;
 
-  std::function<at::Tensor(const at::Tensor&)> checkpoint_fn;  // activation checkpointing
 };
 
 namespace {
