@@ -324,6 +324,45 @@ TEST(GlooErrors, DeadPeerFailsSurvivor) {
       std::chrono::milliseconds(3000));
 }
 
+// A collective that fails because a peer closed names that peer; a live
+// peer that has not issued the collective yet is only listed as alive (in a
+// failure that is no timeout, being behind is no fault: the ranks' skew, or a
+// heartbeat older than the peer's issue, would name a rank that did no wrong).
+TEST(GlooErrors, PeerBehindIsNoCulpritWhenAnotherClosed) {
+  std::atomic<bool> rank0_done{false};
+  RunRanksWithOptions(
+      3,
+      [](int) {
+        GlooOptions o;
+        o.timeout = std::chrono::milliseconds(5000);
+        o.heartbeat_period = std::chrono::milliseconds(20);
+        return o;
+      },
+      [&](int rank, auto comm) {
+        comm->Barrier()->Wait();
+        if (rank == 1) {  // alive, heartbeats fresh, never issues collective #2
+          while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          return;
+        }
+        if (rank == 2) {  // closes 300 ms after rank 0 issued #2: rank 1's heartbeats postdate the issue
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          return;
+        }
+        try {
+          comm->AllReduce(at::ones({1024}))->Wait();
+          ADD_FAILURE() << "expected CommError";
+        } catch (const CommTimeoutError& e) {
+          ADD_FAILURE() << "expected no timeout: " << e.what();
+        } catch (const CommError& e) {
+          const std::string msg = e.what();
+          EXPECT_NE(msg.find("rank 2 of group 'world' has closed its communicator"), std::string::npos) << msg;
+          EXPECT_NE(msg.find("rank 1 of group 'world' is alive"), std::string::npos) << msg;
+          EXPECT_EQ(msg.find("has not reached"), std::string::npos) << msg;
+        }
+        rank0_done = true;
+      });
+}
+
 // Sub-groups publish heartbeats under their own names; with heartbeats off,
 // errors still name operation and group.
 TEST(GlooErrors, SubgroupPeerIsNamedAndHeartbeatsCanBeOff) {
