@@ -335,7 +335,7 @@ TEST(GlooErrors, PeerBehindIsNoCulpritWhenAnotherClosed) {
       [](int) {
         GlooOptions o;
         o.timeout = std::chrono::milliseconds(5000);
-        o.heartbeat_period = std::chrono::milliseconds(20);
+        o.heartbeat_period = std::chrono::milliseconds(100);  // stale (dead or hung) after 300 ms
         return o;
       },
       [&](int rank, auto comm) {
@@ -344,8 +344,8 @@ TEST(GlooErrors, PeerBehindIsNoCulpritWhenAnotherClosed) {
           while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
           return;
         }
-        if (rank == 2) {  // closes 300 ms after rank 0 issued #2: rank 1's heartbeats postdate the issue
-          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        if (rank == 2) {  // closes 500 ms after rank 0 issued #2: rank 1's heartbeats postdate the issue
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
           return;
         }
         try {
