@@ -143,6 +143,35 @@ std::map<std::string, std::vector<int64_t>> ParamShapes(strategies::Strategy& s)
   return out;
 }
 
+// This rank's optimizer state of unit `unit` laid out like the unit's shard:
+// the state itself when one optimized tensor is the whole shard (no copy),
+// else a shard-sized copy. `step` gets the largest step (-1: none).
+std::map<std::string, at::Tensor> FlattenUnitState(const std::vector<sharding::UnitInfo>& units,
+                                                   const torch::optim::Optimizer& opt,
+                                                   const std::vector<at::Tensor>& params, const std::vector<Loc>& locs,
+                                                   int unit, int64_t* step) {
+  std::map<std::string, at::Tensor> out;
+  *step = -1;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Loc& loc = locs[i];
+    if (loc.unit != unit) continue;
+    auto st = GetState(opt, params[i]);
+    if (!st) continue;
+    for (const auto& [k, t] : st->tensors) {
+      at::Tensor& dst = out[k];
+      if (!dst.defined() && loc.offset == 0 && loc.len == units[unit].shard_numel && t.scalar_type() == at::kFloat &&
+          t.is_contiguous()) {
+        dst = t.detach().reshape({-1});  // the unit's whole shard: the state itself
+        continue;
+      }
+      if (!dst.defined()) dst = at::zeros({units[unit].shard_numel}, at::kFloat);
+      dst.narrow(0, loc.offset, loc.len).copy_(t.detach().reshape({-1}));
+    }
+    *step = std::max(*step, st->step);
+  }
+  return out;
+}
+
 // This rank's optimizer state laid out per unit like the unit's shard.
 void FlattenOptimizerState(sharding::ShardedModel& sm, const torch::optim::Optimizer& opt,
                            std::vector<std::map<std::string, at::Tensor>>& units_out, std::vector<int64_t>& steps) {
@@ -151,21 +180,8 @@ void FlattenOptimizerState(sharding::ShardedModel& sm, const torch::optim::Optim
   steps.assign(units.size(), -1);
   const auto params = OptimizerParams(opt);
   const auto locs = Locate(sm, params);
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto st = GetState(opt, params[i]);
-    if (!st) continue;
-    const Loc& loc = locs[i];
-    for (const auto& [k, t] : st->tensors) {
-      at::Tensor& dst = units_out[loc.unit][k];
-      if (!dst.defined() && loc.offset == 0 && loc.len == units[loc.unit].shard_numel &&
-          t.scalar_type() == at::kFloat && t.is_contiguous()) {
-        dst = t.detach().reshape({-1});  // the unit's whole shard: the state itself, no copy
-        continue;
-      }
-      if (!dst.defined()) dst = at::zeros({units[loc.unit].shard_numel}, at::kFloat);
-      dst.narrow(0, loc.offset, loc.len).copy_(t.detach().reshape({-1}));
-    }
-    steps[loc.unit] = std::max(steps[loc.unit], st->step);
+  for (size_t u = 0; u < units.size(); ++u) {
+    units_out[u] = FlattenUnitState(units, opt, params, locs, static_cast<int>(u), &steps[u]);
   }
 }
 
@@ -293,7 +309,20 @@ ShardedPiece MakeShardedPiece(strategies::Strategy& s, torch::optim::Optimizer& 
   if (piece.optimizer_kind.empty()) {
     piece.optimizer_archive = SerializeOptimizer(opt);
   } else {
-    FlattenOptimizerState(*sm, opt, piece.optimizer_units, piece.optimizer_steps);
+    // Steps now; the state one unit at a time while the file is written
+    // (copies, where a unit's state is several tensors, never all alive).
+    const auto units = sm->units();
+    const auto params = OptimizerParams(opt);
+    const auto locs = Locate(*sm, params);
+    piece.optimizer_steps.assign(units.size(), -1);
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto st = GetState(opt, params[i]);
+      if (st) piece.optimizer_steps[locs[i].unit] = std::max(piece.optimizer_steps[locs[i].unit], st->step);
+    }
+    piece.optimizer_unit_source = [units, params, locs, &opt](size_t u) {
+      int64_t step = -1;
+      return FlattenUnitState(units, opt, params, locs, static_cast<int>(u), &step);
+    };
   }
   return piece;
 }
@@ -483,34 +512,36 @@ std::function<void()> PrepareShardedLoad(strategies::Strategy& s, torch::optim::
              kind.empty() ? "another kind" : kind, "; nothing was loaded");
   }
   // Per destination unit and key: this rank's range only, from the source
-  // shards that overlap it.
-  std::vector<std::map<std::string, at::Tensor>> per_unit(units.size());
-  std::vector<int64_t> unit_step(units.size(), -1);
-  for (size_t u = 0; u < units.size(); ++u) {
-    for (const auto& c : plans[u]) {
-      const ShardedPiece& p = *by[c.src_rank];
-      if (p.optimizer_units.empty()) continue;
-      unit_step[u] = std::max(unit_step[u], p.optimizer_steps[c.src_unit]);
-      for (const auto& [k, t] : p.optimizer_units[c.src_unit]) {
-        at::Tensor& dst_t = per_unit[u][k];
-        if (!dst_t.defined()) dst_t = at::zeros({units[u].shard_numel}, at::kFloat);
-        dst_t.narrow(0, c.dst_offset, c.len).copy_(t.reshape({-1}).narrow(0, c.src_offset, c.len));
-      }
-    }
-  }
+  // shards that overlap it; then each optimized tensor's part. A unit's
+  // dense state is dropped before the next unit's is built.
   const auto params = OptimizerParams(opt);
   const auto locs = Locate(*sm, params);
   std::vector<std::optional<TensorState>> states(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    const Loc& loc = locs[i];
-    if (per_unit[loc.unit].empty()) continue;
-    TensorState st;
-    for (const auto& [k, t] : per_unit[loc.unit]) {
-      at::Tensor part = loc.offset == 0 && loc.len == t.numel() ? t : t.narrow(0, loc.offset, loc.len).clone();
-      st.tensors[k] = part.view(params[i].sizes()).to(params[i].options());
+  for (size_t u = 0; u < units.size(); ++u) {
+    std::map<std::string, at::Tensor> dense;
+    int64_t step = -1;
+    for (const auto& c : plans[u]) {
+      const ShardedPiece& p = *by[c.src_rank];
+      if (p.optimizer_units.empty()) continue;
+      step = std::max(step, p.optimizer_steps[c.src_unit]);
+      for (const auto& [k, t] : p.optimizer_units[c.src_unit]) {
+        at::Tensor& d = dense[k];
+        if (!d.defined()) d = at::zeros({units[u].shard_numel}, at::kFloat);
+        d.narrow(0, c.dst_offset, c.len).copy_(t.reshape({-1}).narrow(0, c.src_offset, c.len));
+      }
     }
-    st.step = unit_step[loc.unit];
-    states[i] = std::move(st);
+    if (dense.empty()) continue;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Loc& loc = locs[i];
+      if (loc.unit != static_cast<int>(u)) continue;
+      TensorState st;
+      for (const auto& [k, t] : dense) {
+        at::Tensor part = loc.offset == 0 && loc.len == t.numel() ? t : t.narrow(0, loc.offset, loc.len).clone();
+        st.tensors[k] = part.view(params[i].sizes()).to(params[i].options());
+      }
+      st.step = step;
+      states[i] = std::move(st);
+    }
   }
   return [load_params, &opt, kind, params, states = std::move(states)] {
     load_params();

@@ -124,7 +124,11 @@ c10::IValue PieceToIValue(const ShardedPiece& p, const std::function<at::Tensor(
   auto od = NewDict();
   od.insert("kind", p.optimizer_kind);
   c10::impl::GenericList ounits(c10::AnyType::get());
-  for (const auto& m : p.optimizer_units) {
+  const size_t n_units = p.optimizer_unit_source ? p.units.size() : p.optimizer_units.size();
+  for (size_t i = 0; i < n_units; ++i) {
+    // From the source: this unit's state lives only until its tensors are written.
+    const std::map<std::string, at::Tensor> m =
+        p.optimizer_unit_source ? p.optimizer_unit_source(i) : p.optimizer_units[i];
     c10::Dict<std::string, at::Tensor> md;
     for (const auto& [k, v] : m) md.insert(k, add(v.detach()));
     ounits.push_back(md);

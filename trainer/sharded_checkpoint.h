@@ -46,6 +46,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -80,6 +81,10 @@ struct ShardedPiece {
   std::string optimizer_kind;                  // "Adam", "AdamW", "SGD", or "" (none / archive)
   std::vector<std::map<std::string, at::Tensor>> optimizer_units;  // per unit; empty map: no state
   std::vector<int64_t> optimizer_steps;        // per unit; -1: none
+  // When set (a save), WriteShardedPiece takes each unit's optimizer state
+  // from here, one unit at a time, instead of from optimizer_units: state
+  // that must be copied into the shard layout is never all alive at once.
+  std::function<std::map<std::string, at::Tensor>(size_t unit)> optimizer_unit_source;
   std::string optimizer_archive;               // serialized LibTorch optimizer (unsupported kinds)
 };
 
