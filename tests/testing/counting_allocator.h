@@ -18,6 +18,12 @@ void InstallCountingCpuAllocator();
 // are still alive.
 int64_t LiveCpuBytesOfThisThread();
 
+// The most live bytes the calling thread reached (counted when it allocates)
+// since the install or the last reset; a reset starts from the current live
+// bytes. For "peak during this phase" checks.
+void ResetPeakCpuBytesOfThisThread();
+int64_t PeakCpuBytesOfThisThread();
+
 }  // namespace shardtrain::testing
 
 #endif  // SHARDTRAIN_TESTS_TESTING_COUNTING_ALLOCATOR_H_
