@@ -907,6 +907,30 @@ std::map<std::string, at::Tensor> ShardedModel::GatherFullFromShards(const std::
   return out;
 }
 
+void ShardedModel::ForEachFullUnit(const std::function<at::Tensor(int unit)>& shard_of_unit, int root,
+                                   const std::function<void(const std::string&, const at::Tensor&)>& fn) {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    const auto& flat = *units_[i]->flat;
+    at::Tensor full;
+    {
+      at::Tensor given = shard_of_unit ? shard_of_unit(static_cast<int>(i)) : flat.shard();
+      at::Tensor shard = given.detach().to(flat.device(), at::kFloat).contiguous();
+      given = at::Tensor();
+      ST_CHECK_ARG(shard.numel() == flat.shard_numel(), "unit '", flat.unit_name(), "': shard-shaped tensor has ",
+                   shard.numel(), " elements, expected ", flat.shard_numel());
+      full = at::empty({flat.padded_numel()}, shard.options());
+      shard_group_->AllGather(shard, full)->Wait();
+    }
+    if (world_->rank() != root) continue;
+    const auto views = flat.Views(full);
+    for (size_t k = 0; k < views.size(); ++k) {
+      fn(flat.entries()[k].name, views[k]);
+      for (const auto& alias : flat.entries()[k].aliases) fn(alias, views[k]);
+    }
+  }
+}
+
 std::vector<at::Tensor> ShardedModel::ShardsFromFull(const std::map<std::string, at::Tensor>& full) const {
   std::vector<at::Tensor> out;
   for (auto& u : units_) {

@@ -169,6 +169,18 @@ class ShardedModel {
   // (collective), and back.
   std::map<std::string, at::Tensor> GatherFullFromShards(const std::vector<at::Tensor>& per_unit_shards);
   std::vector<at::Tensor> ShardsFromFull(const std::map<std::string, at::Tensor>& full) const;
+  // Streaming form of GatherFullFromShards, for saving without holding the
+  // full model: for each unit in turn, gathers the shard-shaped tensor
+  // `shard_of_unit(u)` gives (or, with a null `shard_of_unit`, the unit's
+  // parameter shard) into the unit's full flat tensor and, on world
+  // rank `root` only, calls `fn` with each parameter's full tensor (float32,
+  // a view of that flat tensor, valid during the call) by name, a tied
+  // weight once under each of its names (the same tensor). The unit is
+  // dropped before the next is gathered: a rank holds one unit beyond its
+  // shards (gathered with an all-gather, so every rank briefly holds it).
+  // Collective: every rank calls.
+  void ForEachFullUnit(const std::function<at::Tensor(int unit)>& shard_of_unit, int root,
+                       const std::function<void(const std::string& name, const at::Tensor& full)>& fn);
 
   std::vector<UnitInfo> units() const;
   int num_units() const;

@@ -11,10 +11,9 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 
 #include "comm/errors.h"
+#include "trainer/archive.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;
@@ -119,32 +118,39 @@ void WriteFileAtomically(const std::string& path, const std::string& bytes) {
   }
 }
 
-void SaveCheckpoint(const std::string& path, const CheckpointData& data) {
-  c10::Dict<std::string, at::Tensor> sd;
-  for (const auto& [k, v] : data.state_dict) sd.insert(k, v.detach().cpu().contiguous());
+void FinishCheckpoint(ArchiveWriter& w, const CheckpointData& data, const c10::IValue& streamed_state_dict,
+                      const c10::IValue& streamed_optimizer_full) {
+  auto add = [&](const at::Tensor& t) { return w.Add(t.detach()); };
+  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
+  if (!streamed_state_dict.isNone()) {
+    d.insert("state_dict", streamed_state_dict);
+  } else {
+    c10::Dict<std::string, at::Tensor> sd;
+    for (const auto& [k, v] : data.state_dict) sd.insert(k, add(v));
+    d.insert("state_dict", sd);
+  }
   c10::List<at::Tensor> opts;
   for (const auto& s : data.optimizer_states) {
-    at::Tensor t = at::empty({static_cast<int64_t>(s.size())}, at::kByte);
-    if (!s.empty()) std::memcpy(t.data_ptr<uint8_t>(), s.data(), s.size());
-    opts.push_back(t);
+    at::Tensor t = at::from_blob(const_cast<char*>(s.data()), {static_cast<int64_t>(s.size())}, at::kByte);
+    opts.push_back(add(t));
   }
   c10::Dict<std::string, std::string> hp;
   for (const auto& [k, v] : data.hparams) hp.insert(k, v);
-  c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-  d.insert("state_dict", sd);
   d.insert("optimizer_states", opts);
   d.insert("epoch", data.epoch);
   d.insert("global_step", data.global_step);
   d.insert("batch_in_epoch", data.batch_in_epoch);
   d.insert("world_size", data.world_size);
   d.insert("strategy", data.strategy);
-  d.insert("rng_state", data.rng_state.defined() ? data.rng_state.cpu() : at::empty({0}, at::kByte));
+  d.insert("rng_state", add(data.rng_state.defined() ? data.rng_state : at::empty({0}, at::kByte)));
   d.insert("hparams", hp);
-  if (!data.optimizer_full.empty()) {
+  if (!streamed_optimizer_full.isNone()) {
+    d.insert("optimizer_full", streamed_optimizer_full);
+  } else if (!data.optimizer_full.empty()) {
     c10::impl::GenericDict state(c10::StringType::get(), c10::AnyType::get());
     for (const auto& [name, keys] : data.optimizer_full.state) {
       c10::Dict<std::string, at::Tensor> ks;
-      for (const auto& [k, t] : keys) ks.insert(k, t.detach().cpu().contiguous());
+      for (const auto& [k, t] : keys) ks.insert(k, add(t));
       state.insert(name, ks);
     }
     c10::Dict<std::string, int64_t> steps;
@@ -165,22 +171,18 @@ void SaveCheckpoint(const std::string& path, const CheckpointData& data) {
     d.insert("callbacks", cbs);
   }
   if (data.grad_scaler) d.insert("grad_scaler", GradScalerStateToIValue(*data.grad_scaler));
-  WriteFileAtomically(path, PickleSavePlain(c10::IValue(d)));
+  w.Finish(c10::IValue(d));
+}
+
+void SaveCheckpoint(const std::string& path, const CheckpointData& data) {
+  ArchiveWriter w(path);
+  FinishCheckpoint(w, data, c10::IValue(), c10::IValue());
 }
 
 CheckpointData LoadCheckpoint(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in.good()) ST_THROW(Error, "cannot open checkpoint '", path, "'");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue v;
-  try {
-    v = torch::jit::pickle_load(bytes);
-  } catch (const std::exception& e) {
-    std::string what = e.what();
-    what = what.substr(0, what.find('\n'));
-    ST_THROW(Error, "checkpoint '", path, "' is truncated or corrupt (", bytes.size(),
-             " bytes; cannot be read: ", what, ")");
-  }
+  // Tensors are views of the mapped file: a loader that copies only its
+  // slice of each tensor reads only those pages.
+  c10::IValue v = MapArchive(path);
   if (!v.isGenericDict()) ST_THROW(Error, "checkpoint '", path, "' is not a ShardTrain checkpoint (not a dict)");
   auto d = v.toGenericDict();
   auto need = [&](const char* key) {

@@ -9,10 +9,14 @@
 // LibTorch's torch::pickle_load reads it too. It is a dict:
 //   "state_dict"        {name: tensor}  the model's full (unsharded) state dict
 //   "optimizer_states"  [uint8 tensor]  one serialized LibTorch optimizer
-//                                       archive per rank (sharded strategies
-//                                       keep per-shard state: loaded into the
-//                                       same strategy at the same world size;
-//                                       elsewhere "optimizer_full" is used)
+//                                       archive per rank, only for optimizers
+//                                       "optimizer_full" cannot restore (not
+//                                       Adam, AdamW or SGD); empty otherwise.
+//                                       Sharded strategies keep per-shard
+//                                       state: such a file then resumes only
+//                                       the same strategy at the same world
+//                                       size. (Files of earlier versions hold
+//                                       both forms.)
 //   "epoch", "global_step", "batch_in_epoch", "world_size"  ints
 //   "strategy"          str
 //   "rng_state"         uint8 tensor (CPU generator state)
@@ -52,6 +56,8 @@ struct IValue;
 
 namespace shardtrain::trainer {
 
+class ArchiveWriter;
+
 // Optimizer state by parameter name, unsharded. Supported optimizers: Adam and
 // AdamW (keys exp_avg, exp_avg_sq, max_exp_avg_sq with amsgrad; a step per
 // parameter) and SGD (momentum_buffer).
@@ -78,10 +84,21 @@ struct CheckpointData {
 };
 
 // Writes atomically; throws shardtrain::Error on I/O failure (the previous file
-// at `path`, if any, is untouched then).
+// at `path`, if any, is untouched then). Each tensor is written as it is
+// reached (trainer/archive.h): no copy of the whole state is made.
 void SaveCheckpoint(const std::string& path, const CheckpointData& data);
 
-// Reads and validates a checkpoint. A missing, truncated or corrupt file, or
+// Adds the entries of `data` to `writer` and finishes the file. Where
+// `streamed_state_dict` / `streamed_optimizer_full` are not None they are
+// the "state_dict" / "optimizer_full" entries, built from placeholders
+// already added to `writer` (tensors streamed one unit at a time), and
+// data.state_dict / data.optimizer_full are not used.
+void FinishCheckpoint(ArchiveWriter& writer, const CheckpointData& data, const c10::IValue& streamed_state_dict,
+                      const c10::IValue& streamed_optimizer_full);
+
+
+// Reads and validates a checkpoint; its tensors are zero-copy views of the
+// memory-mapped file (MapArchive), read from disk only where touched. A missing, truncated or corrupt file, or
 // one without the expected entries, throws shardtrain::Error naming the path.
 CheckpointData LoadCheckpoint(const std::string& path);
 

@@ -278,6 +278,182 @@ FullOptimizerState GatherFullOptimizerState(strategies::Strategy& s, torch::opti
   return out;
 }
 
+namespace {
+
+// Rank 0's side of StreamFullState: adds tensors to the writer until the
+// first error, then only records it.
+struct StreamSink {
+  ArchiveWriter* writer;
+  std::string error;
+  at::Tensor Add(const at::Tensor& t) {
+    if (!writer || !error.empty()) return at::Tensor();
+    try {
+      return writer->Add(t);
+    } catch (const std::exception& e) {
+      error = e.what();
+      return at::Tensor();
+    }
+  }
+};
+
+c10::IValue OptimizerFullToIValue(const std::string& kind,
+                                  const std::map<std::string, std::map<std::string, at::Tensor>>& state,
+                                  const std::map<std::string, int64_t>& step) {
+  c10::impl::GenericDict st(c10::StringType::get(), c10::AnyType::get());
+  for (const auto& [name, keys] : state) {
+    c10::Dict<std::string, at::Tensor> ks;
+    for (const auto& [k, t] : keys) ks.insert(k, t);
+    st.insert(name, ks);
+  }
+  c10::Dict<std::string, int64_t> steps;
+  for (const auto& [name, n] : step) steps.insert(name, n);
+  c10::impl::GenericDict of(c10::StringType::get(), c10::AnyType::get());
+  of.insert("kind", kind);
+  of.insert("state", st);
+  of.insert("step", steps);
+  return of;
+}
+
+// Parameters and buffers of a replicated strategy's module, float32 like
+// ModuleStateDict, each tensor once however many names it has.
+void StreamReplicated(strategies::Strategy& s, torch::optim::Optimizer& opt, const std::string& kind,
+                      StreamSink& sink, c10::Dict<std::string, at::Tensor>& sd,
+                      std::map<std::string, std::map<std::string, at::Tensor>>& ostate,
+                      std::map<std::string, int64_t>& osteps) {
+  std::unordered_map<const void*, at::Tensor> written;
+  auto add_named = [&](const std::string& name, const at::Tensor& v) {
+    auto it = written.find(v.unsafeGetTensorImpl());
+    if (it == written.end()) {
+      at::Tensor t = v.detach();
+      if (at::isFloatingType(t.scalar_type())) t = t.to(at::kFloat);
+      it = written.emplace(v.unsafeGetTensorImpl(), sink.Add(t)).first;
+    }
+    sd.insert(name, it->second);
+  };
+  for (const auto& item : s.module().named_parameters(true)) add_named(item.key(), item.value());
+  for (const auto& item : s.module().named_buffers(true)) add_named(item.key(), item.value());
+  if (kind.empty()) return;
+  std::unordered_map<const void*, std::string> names;
+  for (const auto& [n, t] : s.named_parameters()) names[t.unsafeGetTensorImpl()] = n;
+  for (const auto& p : OptimizerParams(opt)) {
+    auto st = GetState(opt, p);
+    auto it = names.find(p.unsafeGetTensorImpl());
+    if (!st || it == names.end()) continue;
+    for (const auto& [k, t] : st->tensors) ostate[it->second][k] = sink.Add(t.detach());
+    if (st->step >= 0) osteps[it->second] = st->step;
+  }
+}
+
+// One unit's state tensor `key` laid out like the unit's shard: the state
+// tensor itself when one optimized tensor covers the whole shard (no copy),
+// else assembled (zeros where no optimized tensor has the key).
+at::Tensor UnitStateShard(const std::vector<at::Tensor>& params, const std::vector<Loc>& locs,
+                          const std::vector<std::optional<TensorState>>& states, int unit, int64_t shard_numel,
+                          const std::string& key, const at::TensorOptions& options) {
+  at::Tensor out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (locs[i].unit != unit || !states[i]) continue;
+    auto it = states[i]->tensors.find(key);
+    if (it == states[i]->tensors.end()) continue;
+    if (locs[i].offset == 0 && locs[i].len == shard_numel && !out.defined()) {
+      return it->second.detach().reshape({-1});
+    }
+    if (!out.defined()) out = at::zeros({shard_numel}, options);
+    out.narrow(0, locs[i].offset, locs[i].len).copy_(it->second.detach().reshape({-1}));
+  }
+  return out.defined() ? out : at::zeros({shard_numel}, options);
+}
+
+}  // namespace
+
+StreamedState StreamFullState(strategies::Strategy& s, torch::optim::Optimizer& opt, ArchiveWriter* writer) {
+  at::NoGradGuard no_grad;
+  StreamSink sink{writer, ""};
+  const bool root = s.rank() == 0;
+  const std::string kind = OptimizerKind(opt);
+  c10::Dict<std::string, at::Tensor> sd;
+  std::map<std::string, std::map<std::string, at::Tensor>> ostate;
+  std::map<std::string, int64_t> osteps;
+  sharding::ShardedModel* sm = s.sharded_model_or_null();
+  if (!sm) {
+    if (root) StreamReplicated(s, opt, kind, sink, sd, ostate, osteps);
+  } else {
+    // Parameters, one unit at a time; a tied weight's names share one record.
+    at::Tensor last_full, last_written;
+    sm->ForEachFullUnit(nullptr, 0, [&](const std::string& name, const at::Tensor& full) {
+      if (!last_full.defined() || !last_full.is_same(full)) {
+        last_full = full;
+        last_written = sink.Add(full);
+      }
+      sd.insert(name, last_written);
+    });
+    last_full = last_written = at::Tensor();
+    if (root) {
+      for (const auto& item : s.module().named_buffers(true)) {
+        at::Tensor b = item.value().detach();
+        if (at::isFloatingType(b.scalar_type())) b = b.to(at::kFloat);
+        sd.insert(item.key(), sink.Add(b));
+      }
+    }
+    if (!kind.empty()) {
+      const auto units = sm->units();
+      const auto params = OptimizerParams(opt);
+      const auto locs = Locate(*sm, params);
+      std::vector<std::optional<TensorState>> states;
+      for (const auto& p : params) states.push_back(GetState(opt, p));
+      const auto& keys = AllKeys();
+      const int64_t U = static_cast<int64_t>(units.size()), K = static_cast<int64_t>(keys.size());
+      // Agree on which (unit, key) pairs exist anywhere and on the steps: every
+      // rank must run the same gathers.
+      at::Tensor flags = at::zeros({U * K + U}, at::kDouble);
+      flags.narrow(0, U * K, U).fill_(-1.0);
+      auto fa = flags.accessor<double, 1>();
+      for (size_t i = 0; i < params.size(); ++i) {
+        if (!states[i]) continue;
+        const int u = locs[i].unit;
+        for (int64_t k = 0; k < K; ++k) {
+          if (states[i]->tensors.count(keys[k])) fa[u * K + k] = 1.0;
+        }
+        fa[U * K + u] = std::max(fa[U * K + u], static_cast<double>(states[i]->step));
+      }
+      if (s.world() && s.world()->size() > 1) HostAllReduce(*s.world(), flags, comm::ReduceOp::kMax);
+      auto acc = flags.accessor<double, 1>();
+      std::map<std::string, int> unit_of;
+      for (size_t u = 0; u < units.size(); ++u) {
+        for (const auto& n : units[u].param_names) unit_of[n] = static_cast<int>(u);
+      }
+      const auto options = at::TensorOptions().dtype(at::kFloat).device(
+          s.parameters().empty() ? c10::Device(c10::kCPU) : s.parameters().front().device());
+      for (int64_t k = 0; k < K; ++k) {
+        bool any = false;
+        for (int64_t u = 0; u < U; ++u) any = any || acc[u * K + k] > 0;
+        if (!any) continue;
+        sm->ForEachFullUnit(
+            [&](int u) { return UnitStateShard(params, locs, states, u, units[u].shard_numel, keys[k], options); }, 0,
+            [&](const std::string& name, const at::Tensor& full) {
+              auto it = unit_of.find(name);  // aliases of tied weights are not optimizer state names
+              if (it == unit_of.end() || acc[it->second * K + k] <= 0) return;
+              ostate[name][keys[k]] = sink.Add(full);
+            });
+      }
+      for (int64_t u = 0; u < U; ++u) {
+        const auto step = static_cast<int64_t>(acc[U * K + u]);
+        bool has = false;
+        for (int64_t k = 0; k < K; ++k) has = has || acc[u * K + k] > 0;
+        if (has && step >= 0) {
+          for (const auto& n : units[u].param_names) osteps[n] = step;
+        }
+      }
+    }
+  }
+  StreamedState out;
+  if (!root) return out;
+  out.error = sink.error;
+  out.state_dict = sd;
+  if (!kind.empty()) out.optimizer_full = OptimizerFullToIValue(kind, ostate, osteps);
+  return out;
+}
+
 ShardedPiece MakeShardedPiece(strategies::Strategy& s, torch::optim::Optimizer& opt) {
   sharding::ShardedModel* sm = s.sharded_model_or_null();
   ST_CHECK_ARG(sm != nullptr, "strategy '", s.name(), "' is not sharded: it cannot write sharded checkpoints");
@@ -412,8 +588,11 @@ std::function<void()> PrepareOptimizerLoad(strategies::Strategy& s, torch::optim
       if (!has[loc.unit]) continue;
       TensorState st;
       for (const auto& [k, per_unit] : shards) {
-        st.tensors[k] =
-            per_unit[loc.unit].narrow(0, loc.offset, loc.len).reshape(params[i].sizes()).to(params[i].options()).clone();
+        // ShardsFromFull made fresh tensors: a state covering a whole unit
+        // shard takes it as is (no second copy of the optimizer state).
+        at::Tensor v = per_unit[loc.unit].narrow(0, loc.offset, loc.len).reshape(params[i].sizes());
+        const bool whole = loc.offset == 0 && loc.len == per_unit[loc.unit].numel();
+        st.tensors[k] = whole ? v.to(params[i].options()) : v.to(params[i].options()).clone();
       }
       st.step = unit_step[loc.unit];
       states[i] = std::move(st);

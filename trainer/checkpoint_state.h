@@ -14,7 +14,10 @@
 #include <functional>
 #include <string>
 
+#include <ATen/core/ivalue.h>
+
 #include "strategies/strategy.h"
+#include "trainer/archive.h"
 #include "trainer/checkpoint.h"
 #include "trainer/sharded_checkpoint.h"
 
@@ -35,6 +38,23 @@ void LoadOptimizerArchive(torch::optim::Optimizer& opt, const std::string& bytes
 // strategies: every rank calls; every rank gets the result. Empty kind for
 // unsupported optimizers.
 FullOptimizerState GatherFullOptimizerState(strategies::Strategy& strategy, torch::optim::Optimizer& opt);
+
+// The "state_dict" and "optimizer_full" entries of a full checkpoint, their
+// tensors already written to the archive (placeholders), on rank 0; None
+// elsewhere. `error` is rank 0's first write error ("" when none).
+struct StreamedState {
+  c10::IValue state_dict;
+  c10::IValue optimizer_full;  // None for optimizers other than Adam, AdamW, SGD
+  std::string error;
+};
+
+// Writes the full (unsharded) model state and optimizer state by name into
+// `writer` (rank 0's; nullptr on other ranks), one tensor at a time: sharded
+// strategies gather one unit at a time (ShardedModel::ForEachFullUnit), each
+// full tensor is written and dropped before the next unit is gathered.
+// Collective for sharded strategies. A write error on rank 0 stops its
+// writing but not its part in the collectives (returned in `error`).
+StreamedState StreamFullState(strategies::Strategy& strategy, torch::optim::Optimizer& opt, ArchiveWriter* writer);
 
 // This rank's piece of a sharded checkpoint (no communication). The strategy
 // must be sharded (sharded_model_or_null() != nullptr).

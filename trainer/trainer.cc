@@ -292,10 +292,28 @@ void Trainer::SaveCheckpoint(const std::string& path, CheckpointFormat format) {
 }
 
 void Trainer::SaveFull(const std::string& path) {
+  // Streamed: rank 0 opens the file, every rank takes part in gathering one
+  // unit at a time, rank 0 writes each tensor as it arrives and drops it.
+  const std::string what = "saving checkpoint '" + path + "'";
+  std::unique_ptr<ArchiveWriter> writer;
+  {
+    bool failed = false;
+    std::string msg;
+    if (rank() == 0) {
+      try {
+        writer = std::make_unique<ArchiveWriter>(path);
+      } catch (const std::exception& e) {
+        failed = true;
+        msg = e.what();
+      }
+    }
+    AgreeOrThrow(failed, msg, what);
+  }
   CheckpointData data;
-  data.state_dict = strategy_->FullStateDict();
-  data.optimizer_states = GatherOptimizerStates();
-  data.optimizer_full = internal::GatherFullOptimizerState(*strategy_, *opt_.optimizer);
+  // The per-rank LibTorch archives only where "optimizer_full" cannot
+  // restore the optimizer (then the file resumes at this world size only).
+  if (internal::OptimizerKind(*opt_.optimizer).empty()) data.optimizer_states = GatherOptimizerStates();
+  internal::StreamedState streamed = internal::StreamFullState(*strategy_, *opt_.optimizer, writer.get());
   data.epoch = epoch_;
   data.global_step = global_step_;
   data.batch_in_epoch = batch_in_epoch_;
@@ -309,13 +327,15 @@ void Trainer::SaveFull(const std::string& path) {
   std::string msg;
   if (rank() == 0) {
     try {
-      trainer::SaveCheckpoint(path, data);
+      if (!streamed.error.empty()) throw Error(streamed.error);
+      FinishCheckpoint(*writer, data, streamed.state_dict, streamed.optimizer_full);
     } catch (const std::exception& e) {
       failed = true;
       msg = e.what();
     }
+    writer.reset();  // after a failure: removes the temporary file
   }
-  AgreeOrThrow(failed, msg, "saving checkpoint '" + path + "'");
+  AgreeOrThrow(failed, msg, what);
 }
 
 void Trainer::SaveSharded(const std::string& path) {

@@ -9,6 +9,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
 #include <torch/optim/sgd.h>
 
 #include <cstdlib>
@@ -62,7 +63,7 @@ inline std::shared_ptr<TensorDataset> MakeData(int64_t n, uint64_t seed) {
 }
 
 struct ClassifierConfig {
-  std::string optimizer = "adam";  // adam, adamw, sgd (momentum 0.9)
+  std::string optimizer = "adam";  // adam, adamw, sgd (momentum 0.9), rmsprop
   bool lr_schedule = true;
   int64_t classes = 3;
   bool log_accuracy = false;        // log("acc", ...) in training_step
@@ -98,6 +99,8 @@ class Classifier : public TrainingModule {
     OptimizerConfig c;
     if (c_.optimizer == "adamw") {
       c.optimizer = std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(2e-2).weight_decay(0.1));
+    } else if (c_.optimizer == "rmsprop") {
+      c.optimizer = std::make_shared<torch::optim::RMSprop>(params, torch::optim::RMSpropOptions(1e-2));
     } else if (c_.optimizer == "sgd") {
       c.optimizer = std::make_shared<torch::optim::SGD>(params, torch::optim::SGDOptions(0.1).momentum(0.9));
     } else {

@@ -102,7 +102,8 @@ TEST(Checkpoint, FitWritesItsStateAndATruncatedCopyFailsClearly) {
   EXPECT_EQ(d.epoch, 1);
   EXPECT_EQ(d.world_size, 2);
   EXPECT_EQ(d.strategy, "fsdp");
-  EXPECT_EQ(d.optimizer_states.size(), 2u);
+  EXPECT_TRUE(d.optimizer_states.empty()) << "Adam state is stored once, by name (optimizer_full)";
+  EXPECT_EQ(d.optimizer_full.kind, "Adam");
   EXPECT_EQ(d.hparams.at("model"), "mlp");
   EXPECT_EQ(d.state_dict.count("b1.fc.weight"), 1u);
   EXPECT_EQ(d.state_dict.at("b1.fc.weight").sizes(), (std::vector<int64_t>{16, 8}));
@@ -126,6 +127,37 @@ TEST(Checkpoint, FitWritesItsStateAndATruncatedCopyFailsClearly) {
   }
   EXPECT_THROW(Fit(2, o, bad), Error);
   EXPECT_THROW(LoadCheckpoint(bad + ".missing"), Error);
+}
+
+// An optimizer "optimizer_full" cannot hold (RMSprop) is saved as the
+// per-rank LibTorch archives: the file resumes exactly at the same world
+// size, and at another one fails naming both world sizes.
+TEST(Checkpoint, OtherOptimizersKeepPerRankArchivesAndResumeAtTheSameWorldSize) {
+  fixtures::ClassifierConfig c;
+  c.optimizer = "rmsprop";
+  TrainerOptions o = BaseOptions(TmpDir("rms_full"));
+  o.strategy = "fsdp";
+  o.max_epochs = 2;
+  FitResult full = fixtures::Fit(2, o, "", c);
+  TrainerOptions first = BaseOptions(TmpDir("rms_a"));
+  first.strategy = "fsdp";
+  first.max_steps = 6;
+  FitResult a = fixtures::Fit(2, first, "", c);
+  CheckpointData d = LoadCheckpoint(a.last_ckpt);
+  EXPECT_EQ(d.optimizer_states.size(), 2u);
+  EXPECT_TRUE(d.optimizer_full.empty());
+  TrainerOptions second = BaseOptions(TmpDir("rms_b"));
+  second.strategy = "fsdp";
+  second.max_epochs = 2;
+  FitResult b = fixtures::Fit(2, second, a.last_ckpt, c);
+  ASSERT_EQ(b.losses.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(b.losses[i], full.losses[6 + i], 1e-6) << "step " << 6 + i;
+  try {
+    fixtures::Fit(1, BaseOptions(TmpDir("rms_c")), a.last_ckpt, c);
+    ADD_FAILURE() << "no error resuming RMSprop archives of 2 ranks at world size 1";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer state of 2 ranks"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CsvLogger, LightningLayout) {
