@@ -39,6 +39,8 @@
 # (unshare, nsenter). Namespaces are named stc<owner>-<random>-hN and -sw, where
 # the owner is the pid of the process that called `up` (or of `with`).
 set -u
+# ip, munged, slurmd... live in sbin, which Bazel's test PATH leaves out.
+export PATH="$PATH:/usr/sbin:/sbin"
 
 CLUSTER_SUBNET="10.77.0"
 MAX_HOSTS=8

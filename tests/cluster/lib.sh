@@ -11,6 +11,7 @@
 #   fail MSG / finish          count a failure / exit 1 if any, else 0
 
 TEST_NAME="$1"
+export PATH="$PATH:/usr/sbin:/sbin"  # ip, munged, slurmctld, slurmd (Bazel's test PATH has no sbin)
 CLUSTER_DIR="$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")" && pwd)"
 REPO_ROOT="$(cd "$CLUSTER_DIR/../.." && pwd)"
 HOSTS_SH="$CLUSTER_DIR/hosts.sh"
