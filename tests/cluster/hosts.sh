@@ -136,9 +136,12 @@ cmd_run() {
   local host="${1:-}"; shift || true
   local i; i="$(host_index "$host")" || exit 2
   [[ $# -ge 1 ]] || die "run: usage: hosts.sh run HOST CMD..."
-  # ip netns exec gives the command a mount namespace of its own, in which the
-  # cluster's hosts file is bound over /etc/hosts (invisible outside).
-  exec ip netns exec "$PREFIX-h$i" nsenter --uts="$SHARDTRAIN_CLUSTER/uts-h$i" -- \
+  # The host's network and UTS namespaces, and a mount namespace of the
+  # command's own in which the cluster's hosts file is bound over /etc/hosts
+  # (invisible outside). Not `ip netns exec`: it mounts a fresh /sys, which
+  # hides /sys/fs/cgroup (slurmd needs it).
+  exec nsenter --net="/run/netns/$PREFIX-h$i" --uts="$SHARDTRAIN_CLUSTER/uts-h$i" -- \
+    unshare --mount --propagation slave \
     /bin/sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$SHARDTRAIN_CLUSTER/hosts" "$@"
 }
 
@@ -197,10 +200,12 @@ cmd_gc() {
     fi
   done
   # UTS bind mounts of such clusters.
-  awk '$2 ~ /shardtrain-cluster\.[^/]*\/uts-h[0-9]+$/ {print $2}' /proc/self/mounts | while read -r m; do
-    local dir; dir="$(dirname "$m")"
-    local p; p="$(sed -n 's/^PREFIX=stc\([0-9]*\)-.*/\1/p' "$dir/cluster" 2>/dev/null)"
-    if [[ -z "$p" ]] || ! kill -0 "$p" 2>/dev/null; then umount "$m" 2>/dev/null && rm -rf "$dir"; fi
+  local dir p m
+  for dir in $(awk '$2 ~ /shardtrain-cluster\.[^/]*\/uts-h[0-9]+$/ {print $2}' /proc/self/mounts | xargs -r -n1 dirname | sort -u); do
+    p="$(sed -n 's/^PREFIX=stc\([0-9]*\)-.*/\1/p' "$dir/cluster" 2>/dev/null)"
+    [[ -n "$p" ]] && kill -0 "$p" 2>/dev/null && continue
+    for m in $(awk -v d="$dir/" 'index($2, d) == 1 {print $2}' /proc/self/mounts); do umount "$m" 2>/dev/null; done
+    rm -rf "$dir"
   done
 }
 

@@ -52,6 +52,20 @@ EOF
   exit 0
 }
 
+# Ends process PID (TERM; KILL after 5 s) and reaps it if it is our child.
+stop_pid() {
+  local pid="$1" t st
+  kill -TERM "$pid" 2>/dev/null
+  for ((t = 0; t < 50; ++t)); do
+    st="$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)"
+    [[ -z "$st" || "$st" == Z ]] && break
+    sleep 0.1
+  done
+  [[ -n "$st" && "$st" != Z ]] && kill -KILL "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  return 0
+}
+
 EXIT_HOOKS=()
 on_exit() { EXIT_HOOKS+=("$*"); }
 run_exit_hooks() {

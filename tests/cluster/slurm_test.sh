@@ -28,9 +28,12 @@ shm_snapshot "$OUT/shm.before"
 cluster_start 2
 source "$CLUSTER_DIR/gpt_runs.sh"
 
-S="$OUT/slurm"
+# A short path: munged's socket path must fit in 108 bytes, which Bazel's
+# TEST_TMPDIR does not leave room for.
+S="$(mktemp -d /tmp/shardtrain-slurm.XXXXXX)" || die "mktemp failed"
+on_exit "rm -rf '$S'"
 mkdir -p "$S/munge" "$S/ctl/state" "$S/h0/spool" "$S/h1/spool"
-chmod 700 "$S/munge"
+chmod 755 "$S" "$S/munge"
 mungekey --create --keyfile="$S/munge/munge.key" || die "mungekey failed"
 chmod 400 "$S/munge/munge.key"
 MUNGE_SOCKET="$S/munge/munge.socket"
@@ -78,12 +81,13 @@ export SLURM_CONF="$S/ctl/slurm.conf"
 
 # Daemons in the foreground, in the background of this script, so their pids
 # are known; each stops on any exit (and `hosts.sh down` kills what is left).
+DAEMONS=()  # name:pid
 start_daemon() {  # name, host, command...
   local name="$1" host="$2"; shift 2
-  H run "$host" "$@" >"$S/$name.out" 2>&1 &
+  "$HOSTS_SH" run "$host" "$@" >"$S/$name.out" 2>&1 &  # not via H(): $! must be the daemon
   local pid=$!
-  echo "$pid" >"$S/$name.daemon"
-  on_exit "kill -TERM $pid; for i in \$(seq 50); do kill -0 $pid || break; sleep 0.1; done; kill -KILL $pid"
+  DAEMONS+=("$name:$pid")
+  on_exit "stop_pid $pid"
 }
 start_daemon munged h0 munged --foreground --force --socket="$MUNGE_SOCKET" --key-file="$S/munge/munge.key" \
   --log-file="$S/munge/munged.log" --pid-file="$S/munge/munged.pid" --seed-file="$S/munge/munged.seed"
@@ -94,8 +98,9 @@ for h in h0 h1; do start_daemon "slurmd.$h" "$h" slurmd -D -N "$h" -f "$S/$h/slu
 
 # Wait until both nodes are idle.
 idle=0
-for ((t = 0; t < 300; ++t)); do
-  states="$(H run h0 sinfo -h -N -o '%N %t' 2>/dev/null | sort -u | tr '\n' ' ')"
+deadline=$((SECONDS + 30))
+while ((SECONDS < deadline)); do
+  states="$(H run h0 timeout 5 sinfo -h -N -o '%N %t' 2>/dev/null | sort -u | tr '\n' ' ')"
   [[ "$states" == "h0 idle h1 idle " ]] && { idle=1; break; }
   sleep 0.1
 done
@@ -138,10 +143,12 @@ compare_pairs "${PAIRS[@]}"
 # Stop the daemons (slurmds, slurmctld, munged) now and check that they went.
 run_exit_hooks
 trap 'run_exit_hooks' EXIT
-for f in "$S"/*.daemon; do
-  pid="$(cat "$f")"
-  kill -0 "$pid" 2>/dev/null && fail "$(basename "$f" .daemon) (pid $pid) still runs after being stopped"
+for d in "${DAEMONS[@]}"; do
+  pid="${d#*:}"
+  [[ -e "/proc/$pid" ]] && fail "${d%%:*} (pid $pid) still exists after being stopped: $(cat "/proc/$pid/stat")"
 done
+((${#DAEMONS[@]} == 4)) || fail "expected 4 daemons (munged, slurmctld, 2 slurmd), started: ${DAEMONS[*]}"
+[[ ! -e "$S" ]] || fail "the SLURM directory $S is left"
 leaks="$(shm_leaks "$OUT/shm.before")"
 [[ -z "$leaks" ]] || fail "/dev/shm segments left behind: $leaks"
 finish
