@@ -88,7 +88,16 @@ std::string Id() {
   char host[256] = {0};
   if (gethostname(host, sizeof(host) - 1) != 0) std::strcpy(host, "unknown");
   std::string id = host;
-  for (const char* ns : {"/proc/self/ns/pid", "/proc/self/ns/ipc"}) {
+  // The kernel's boot id tells machines apart where host names collide (cloned
+  // images, "localhost") and namespace inode numbers do (the initial
+  // namespaces have the same numbers on every machine). The network namespace
+  // tells apart hosts that share one kernel but not a network (namespace hosts,
+  // containers): ranks there talk over TCP as on separate machines.
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string boot_id;
+  if (!boot || !std::getline(boot, boot_id) || boot_id.empty()) boot_id = "?";
+  id += "/boot:" + boot_id;
+  for (const char* ns : {"/proc/self/ns/net", "/proc/self/ns/pid", "/proc/self/ns/ipc"}) {
     char link[128] = {0};
     const ssize_t len = readlink(ns, link, sizeof(link) - 1);
     id += "/" + (len > 0 ? std::string(link, len) : std::string("?"));

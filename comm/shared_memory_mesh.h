@@ -62,8 +62,8 @@ class SharedMemoryMesh {
  public:
   // Collective over the `size` ranks (each calls it, `wanted` or not).
   // Returns null, with the reason in `why_not`, on every rank when any rank
-  // does not want it, the ranks are not all on this host (same host name and
-  // pid/IPC namespaces) or ask for different ring sizes, or any rank could not
+  // does not want it, the ranks are not all on this host (same
+  // local_host::Id()) or ask for different ring sizes, or any rank could not
   // create or map its segment. `ring_bytes` (a multiple of 4096) is the
   // capacity of each ring.
   static std::unique_ptr<SharedMemoryMesh> Connect(const MeshRendezvous& store, int rank, int size, bool wanted,
@@ -129,8 +129,10 @@ class SharedMemoryMesh {
 };
 
 namespace local_host {
-// Identifies this machine and its pid and IPC namespaces: processes with the
-// same id can check each other's pid and share POSIX shared memory.
+// Identifies this host: its host name, the kernel's boot id and the network,
+// pid and IPC namespaces of this process. Processes with the same id run on one
+// machine in one network (not in two namespace hosts or containers of it), can
+// check each other's pid and share POSIX shared memory.
 std::string Id();
 // True when process `pid` of this host no longer runs (or is a zombie).
 bool ProcessGone(int64_t pid);
