@@ -3,6 +3,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
@@ -12,6 +13,7 @@ namespace {
 
 struct ThreadCounter {
   std::atomic<int64_t> live{0};
+  std::atomic<int64_t> peak{0};  // raised only by the owning thread (allocations)
 };
 
 // Leaked on purpose: storage may be freed after its allocating thread ended.
@@ -55,7 +57,8 @@ class CountingAllocator final : public c10::Allocator {
     c10::DeleterFnPtr deleter = inner.get_deleter();
     void* context = inner.release_context();
     ThreadCounter* owner = MyCounter();
-    owner->live += static_cast<int64_t>(n);
+    const int64_t now = owner->live += static_cast<int64_t>(n);
+    if (now > owner->peak.load()) owner->peak.store(now);
     {
       std::lock_guard<std::mutex> lock(g_mu);
       (*g_allocations)[ptr] = Allocation{context, deleter, static_cast<int64_t>(n), owner};
@@ -82,5 +85,9 @@ void InstallCountingCpuAllocator() {
 }
 
 int64_t LiveCpuBytesOfThisThread() { return MyCounter()->live.load(); }
+
+void ResetPeakCpuBytesOfThisThread() { MyCounter()->peak.store(MyCounter()->live.load()); }
+
+int64_t PeakCpuBytesOfThisThread() { return std::max(MyCounter()->peak.load(), MyCounter()->live.load()); }
 
 }  // namespace shardtrain::testing

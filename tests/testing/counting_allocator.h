@@ -18,6 +18,12 @@ void InstallCountingCpuAllocator();
 // are still alive.
 int64_t LiveCpuBytesOfThisThread();
 
+// The most live bytes (as LiveCpuBytesOfThisThread counts them) the calling
+// thread reached since its last ResetPeakCpuBytesOfThisThread(), which sets
+// the peak to the bytes live now.
+void ResetPeakCpuBytesOfThisThread();
+int64_t PeakCpuBytesOfThisThread();
+
 }  // namespace shardtrain::testing
 
 #endif  // SHARDTRAIN_TESTS_TESTING_COUNTING_ALLOCATOR_H_
