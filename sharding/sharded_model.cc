@@ -227,6 +227,16 @@ ShardedModel::ShardedModel(std::shared_ptr<torch::nn::Module> module, comm::Comm
     }
     for (const auto& m : module_->modules()) g_sharded_modules.insert(m.get());
   }
+  // Should the constructor throw below, the destructor does not run: unregister here.
+  struct Unregister {
+    torch::nn::Module* root;
+    bool armed = true;
+    ~Unregister() {
+      if (!armed) return;
+      std::lock_guard<std::mutex> lock(g_sharded_modules_mu);
+      for (const auto& m : root->modules()) g_sharded_modules.erase(m.get());
+    }
+  } unregister{module_.get()};
   const auto& mp = options_.mixed_precision;
   param_dtype_ = mp.param_dtype.value_or(at::kFloat);
   reduce_dtype_ = options_.fp32_reduce_scatter ? at::kFloat : mp.reduce_dtype.value_or(param_dtype_);
@@ -278,6 +288,7 @@ ShardedModel::ShardedModel(std::shared_ptr<torch::nn::Module> module, comm::Comm
     }
   }
   BuildUnits(policy, checkpoint);
+  unregister.armed = false;
 }
 
 ShardedModel::~ShardedModel() {

@@ -21,6 +21,9 @@
 #include "strategies/registry.h"
 #include "tests/testing/counting_allocator.h"
 #include "tests/testing/multi_rank.h"
+#include "trainer/data.h"
+#include "trainer/trainer.h"
+#include "trainer/training_module.h"
 
 namespace shardtrain::sharding {
 namespace {
@@ -120,6 +123,22 @@ TEST(ShardedInit, SameWeightsAsPlainConstructionAtW124) {
       ExpectBitEqual(sd, want);
     });
   }
+}
+
+// HYBRID_SHARD: the scope made from the world and the options shards over the
+// same 2-rank groups as the ShardedModel.
+TEST(ShardedInit, SameWeightsWithHybridShardAtW4) {
+  RunRanks(4, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
+    ShardingOptions options;
+    options.sharding_strategy = ShardingStrategy::kHybridShard;
+    options.hybrid_shard_group_size = 2;
+    auto plain = BuildLocked<NetImpl>(6, nullptr);
+    auto scoped = BuildLocked<NetImpl>(6, [&] { return std::make_unique<ShardedInitScope>(*comm, options); });
+    ShardedModel sm(scoped, comm, options);
+    EXPECT_EQ(sm.shard_group()->size(), 2);
+    EXPECT_EQ(sm.units()[1].shard_numel, (sm.units()[1].numel + 1) / 2);
+    ExpectBitEqual(sm.FullStateDict(false), Values(*plain));
+  });
 }
 
 TEST(ShardedInit, TrainsLikePlainConstructionAtW2) {
@@ -303,6 +322,63 @@ TEST(ShardedInit, StrategyConstructionScope) {
       if (rank == 0) ExpectBitEqual(sd, want);
     }
   });
+}
+
+// Through the Trainer: the strategy's scope is held around configure_model.
+class NetModule : public trainer::TrainingModule {
+ public:
+  std::shared_ptr<torch::nn::Module> configure_model() override {
+    // Every rank thread has passed the Trainer's at::manual_seed, which would
+    // otherwise reseed the shared generator while another rank constructs.
+    comm->Barrier()->Wait();
+    net_ = BuildLocked<NetImpl>(8, nullptr);  // inside the Trainer's scope, if any
+    built_sharded = StorageIsFreed(net_->b0->inner->a->weight);
+    return net_;
+  }
+  at::Tensor training_step(const trainer::Batch& b, int64_t) override {
+    return (forward([&] { return net_->forward(b.inputs); }) - b.targets).pow(2).mean();
+  }
+  trainer::OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
+    return {std::make_shared<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2))};
+  }
+  std::shared_ptr<NetImpl> net_;
+  bool built_sharded = false;
+  comm::CommunicatorPtr comm;
+};
+
+TEST(ShardedInit, TrainerHoldsTheScopeAroundConfigureModel) {
+  auto g = at::detail::createCPUGenerator(31);
+  trainer::TensorDataset data(at::randn({16, 8}, g), at::randn({16}, g));
+  std::map<std::string, at::Tensor> final_state[2];
+  std::vector<double> losses[2];
+  for (int on : {0, 1}) {
+    RunRanks(2, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
+      trainer::TrainerOptions o;
+      o.default_root_dir = ::testing::TempDir() + "/sharded_init_trainer";
+      o.max_steps = 3;
+      o.batch_size = 4;
+      o.shuffle = false;
+      o.enable_checkpointing = false;
+      o.enable_logger = false;
+      o.enable_progress_bar = false;
+      auto s = strategies::StrategyRegistry::Create("fsdp_native");
+      dynamic_cast<strategies::ShardedStrategyBase&>(*s).set_sharded_construction(on == 1);
+      o.strategy_object = s;
+      NetModule module;
+      module.comm = comm;
+      trainer::Trainer t(o, comm);
+      t.Fit(module, data);
+      EXPECT_EQ(module.built_sharded, on == 1);
+      auto sd = t.strategy().FullStateDict();
+      if (rank == 0) {
+        final_state[on] = sd;
+        losses[on] = t.step_losses();
+      }
+    });
+  }
+  EXPECT_EQ(losses[0].size(), 3u);
+  EXPECT_EQ(losses[1], losses[0]);
+  ExpectBitEqual(final_state[1], final_state[0]);
 }
 
 }  // namespace
