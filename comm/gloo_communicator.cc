@@ -163,7 +163,7 @@ class GlooPeerMonitor : public std::enable_shared_from_this<GlooPeerMonitor> {
     const bool fresh = FreshRead(lock, &snap);
     std::vector<std::string> findings;
     std::vector<int> reached, alive;
-    Judge(snap, fresh, seq, issued_ms, op, &findings, &reached, &alive);
+    Judge(snap, fresh, seq, issued_ms, op, timed_out, &findings, &reached, &alive);
     if (findings.empty() && !timed_out && fresh && snap.ok) {
       // A connection failed, yet every peer looks alive: a peer that died a
       // moment ago still has a fresh heartbeat. Look again once it would have
@@ -318,8 +318,11 @@ class GlooPeerMonitor : public std::enable_shared_from_this<GlooPeerMonitor> {
 
   // Sorts the peers: `findings` explain the failure (closed, dead, silent,
   // behind); the others are listed in `reached` (issued #seq) or `alive`
-  // (their latest heartbeat predates #seq, so their progress is unknown).
-  void Judge(const Snapshot& snap, bool fresh, int64_t seq, int64_t issued_ms, const char* op,
+  // (their latest heartbeat predates #seq, so their progress is unknown; or
+  // behind in a failure that is no timeout: a peer that closed or died caused
+  // it, and a rank a moment behind, or one that issued #seq since its
+  // heartbeat, is not at fault).
+  void Judge(const Snapshot& snap, bool fresh, int64_t seq, int64_t issued_ms, const char* op, bool timed_out,
              std::vector<std::string>* findings, std::vector<int>* reached, std::vector<int>* alive) const {
     const bool have = fresh && snap.ok;
     for (int r = 0; r < size_; ++r) {
@@ -343,7 +346,7 @@ class GlooPeerMonitor : public std::enable_shared_from_this<GlooPeerMonitor> {
                                              h->Progress(), ")"));
       } else if (h->issued >= seq) {
         reached->push_back(r);
-      } else if (h->wall_ms < issued_ms) {  // (wall clocks of different hosts: NTP's skew is far below a period)
+      } else if (h->wall_ms < issued_ms || !timed_out) {  // (hosts' wall clocks: NTP's skew is far below a period)
         alive->push_back(r);
       } else {
         findings->push_back(internal::StrCat(Rank(r), " is alive (heartbeat ", Seconds(std::max<int64_t>(age, 0)),

@@ -263,22 +263,45 @@ void SharedMemoryMesh::Ring(int peer) {
   if (h->sleepers.load(std::memory_order_seq_cst) > 0) Futex(&h->doorbell, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
-std::optional<SharedMemoryError> SharedMemoryMesh::CheckPeers(const std::vector<bool>& pending, bool check_pids) {
+std::optional<SharedMemoryError> SharedMemoryMesh::CheckPeers(const std::vector<Outstanding>& owed, bool check_pids) {
   if (aborted_.load()) {
     return SharedMemoryError(SharedMemoryError::Kind::kPeerClosed, -1,
                              "this rank's communicator was destroyed during the collective");
   }
   const int64_t self = getpid();
   for (int p = 0; p < size_; ++p) {
-    if (p == rank_ || !pending[p]) continue;
-    if (Segment::Header(maps_[p])->closed.load(std::memory_order_acquire)) {
-      return SharedMemoryError(SharedMemoryError::Kind::kPeerClosed, p,
-                               "rank " + std::to_string(p) + " left the shared memory mesh (closed its communicator)");
+    const Outstanding& o = owed[p];
+    if (p == rank_ || (o.recv == 0 && o.send == 0)) continue;
+    // Acquire: whatever p wrote to the rings before it set its flag (or
+    // before it died) is visible to the loads below.
+    const bool closed = Segment::Header(maps_[p])->closed.load(std::memory_order_acquire);
+    const bool died = !closed && check_pids && pids_[p] != self && local_host::ProcessGone(pids_[p]);
+    if (!closed && !died) continue;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    // A peer that left is a failure only if this rank still needs bytes from
+    // it that are not in the ring, or still has bytes for it that the ring
+    // cannot take. A peer that finished its part and left (the end of a job)
+    // has written everything this rank needs, and read everything it sent.
+    RingHeader* in = Segment::Ring(maps_[p], p, rank_, ring_bytes_);
+    RingHeader* out = Segment::Ring(maps_[rank_], rank_, p, ring_bytes_);
+    const int64_t in_ring =
+        static_cast<int64_t>(in->head.load(std::memory_order_acquire) - in->tail.load(std::memory_order_relaxed));
+    const int64_t room = ring_bytes_ - static_cast<int64_t>(out->head.load(std::memory_order_relaxed) -
+                                                             out->tail.load(std::memory_order_acquire));
+    if (in_ring >= o.recv && room >= o.send) continue;
+    const std::string who = "rank " + std::to_string(p) +
+                            (closed ? " left the shared memory mesh (closed its communicator)"
+                                    : " (pid " + std::to_string(pids_[p]) + ") has died");
+    std::string what;
+    if (in_ring < o.recv) {
+      const int64_t written = o.recv_total - std::max<int64_t>(0, o.recv_payload - in_ring);
+      what = " having written " + std::to_string(written) + " of the " + std::to_string(o.recv_total) +
+             " bytes this rank needs from it";
+    } else {
+      what = " with " + std::to_string(o.send) + " bytes this rank still has to send it: they would never be read";
     }
-    if (check_pids && pids_[p] != self && local_host::ProcessGone(pids_[p])) {
-      return SharedMemoryError(SharedMemoryError::Kind::kPeerDied, p,
-                               "rank " + std::to_string(p) + " (pid " + std::to_string(pids_[p]) + ") has died");
-    }
+    return SharedMemoryError(closed ? SharedMemoryError::Kind::kPeerClosed : SharedMemoryError::Kind::kPeerDied, p,
+                             who + what);
   }
   return std::nullopt;
 }
@@ -295,6 +318,7 @@ void SharedMemoryMesh::Exchange(const std::vector<PeerTraffic>& traffic, const C
     int64_t received = 0;  // bytes consumed
     int64_t recv_total = 0;
     int64_t skip = 0;      // padding bytes still to skip after the received bytes
+    int64_t unsent = 0;    // bytes still to send, padding included
   };
   std::vector<Progress> prog(size_);
   for (int p = 0; p < size_; ++p) {
@@ -302,14 +326,15 @@ void SharedMemoryMesh::Exchange(const std::vector<PeerTraffic>& traffic, const C
     int64_t sent = 0;
     for (const auto& piece : traffic[p].send) sent += piece.second;
     prog[p].pad = (kStreamAlign - sent % kStreamAlign) % kStreamAlign;
+    prog[p].unsent = sent + prog[p].pad;
     prog[p].recv_total = traffic[p].recv_bytes;
     prog[p].skip = (kStreamAlign - traffic[p].recv_bytes % kStreamAlign) % kStreamAlign;
   }
   SegmentHeader* me = Segment::Header(maps_[rank_]);
   std::vector<bool> pending(size_, false);
+  std::vector<Outstanding> owed(size_);
   auto spin_until = SteadyClock::now() + kSpin;
   auto next_pid_check = SteadyClock::now() + kPidCheckPeriod;
-  bool gone_seen = false;
   for (;;) {
     // Read before looking at the rings: news that lands after the look changes it.
     const uint32_t bell = me->doorbell.load(std::memory_order_seq_cst);
@@ -331,6 +356,7 @@ void SharedMemoryMesh::Exchange(const std::vector<PeerTraffic>& traffic, const C
         const uint8_t* src = padding ? kZeros : static_cast<const uint8_t*>(pieces[g.piece].first) + g.offset;
         std::memcpy(Segment::Data(out) + pos, src, k);
         head += k;
+        g.unsent -= k;
         out->head.store(head, std::memory_order_release);
         Ring(p);
         progressed = true;
@@ -364,6 +390,7 @@ void SharedMemoryMesh::Exchange(const std::vector<PeerTraffic>& traffic, const C
         progressed = true;
       }
       pending[p] = g.piece < pieces.size() || g.pad > 0 || g.received < g.recv_total || g.skip > 0;
+      owed[p] = {g.recv_total - g.received + g.skip, g.recv_total - g.received, g.recv_total, g.unsent};
       done = done && !pending[p];
     }
     if (done) return;
@@ -378,14 +405,7 @@ void SharedMemoryMesh::Exchange(const std::vector<PeerTraffic>& traffic, const C
     }
     const bool check_pids = now >= next_pid_check;
     if (check_pids) next_pid_check = now + kPidCheckPeriod;
-    if (auto gone = CheckPeers(pending, check_pids)) {
-      // A peer that finished its part and left a moment ago wrote its last
-      // bytes before it set its closed flag: look at the rings once more
-      // (this pass's look may predate them) before calling it a failure.
-      if (gone_seen || gone->peer() < 0) throw *gone;
-      gone_seen = true;
-      continue;
-    }
+    if (auto gone = CheckPeers(owed, check_pids)) throw *gone;
     if (now >= deadline) {
       std::string waiting;
       int first = -1;

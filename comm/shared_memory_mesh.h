@@ -11,8 +11,12 @@
 // nothing is left in /dev/shm when a process dies.
 //
 // Faults: a waiting rank notices a peer that closed its mesh (destructor) at
-// once, and a peer process that died (pid check, every 50 ms of waiting); both,
-// and the deadline, end Exchange() with SharedMemoryError naming the peer.
+// once, and a peer process that died (pid check, every 50 ms of waiting). That
+// is a failure only if the peer left owing this rank bytes (not all it sends
+// is in the ring, or it did not read what this rank sends): a peer that
+// finished its part and left is not, even while its bytes wait in the ring for
+// this rank's consumer. Failures and the deadline end Exchange() with
+// SharedMemoryError naming the peer.
 //
 // Thread-safety: one thread calls Exchange() at a time (GlooCommunicator's
 // issuing thread). Plain C++: no torch headers.
@@ -92,7 +96,7 @@ class SharedMemoryMesh {
 
   // Sends and receives traffic[p] with every peer p != rank() at once, until
   // all is sent and received. Throws SharedMemoryError at `deadline`, or when a
-  // peer with traffic pending closed its mesh or died.
+  // peer closed its mesh or died owing this rank bytes (see Faults above).
   void Exchange(const std::vector<PeerTraffic>& traffic, const Consumer& consume,
                 std::chrono::steady_clock::time_point deadline);
 
@@ -100,9 +104,19 @@ class SharedMemoryMesh {
   struct Segment;
   SharedMemoryMesh(int rank, int size, int64_t ring_bytes);
   void Ring(int peer);  // bumps `peer`'s doorbell, waking it if it sleeps
-  // A peer with traffic pending that closed or died (pid check only with
-  // `check_pids`), or this rank aborted.
-  std::optional<SharedMemoryError> CheckPeers(const std::vector<bool>& pending, bool check_pids);
+  // What this rank still has to receive from one peer (`recv`: padding
+  // included; `recv_payload` of the `recv_total` bytes it wants) and to send
+  // it (`send`, padding included) in the Exchange() in progress.
+  struct Outstanding {
+    int64_t recv = 0;
+    int64_t recv_payload = 0;
+    int64_t recv_total = 0;
+    int64_t send = 0;
+  };
+  // This rank aborted, or a peer left (closed, or died: pid check only with
+  // `check_pids`) while this rank still needs bytes from it that are not in
+  // the ring or has bytes for it that the ring cannot take.
+  std::optional<SharedMemoryError> CheckPeers(const std::vector<Outstanding>& owed, bool check_pids);
 
   const int rank_;
   const int size_;

@@ -24,6 +24,7 @@
 #include "comm/logging.h"
 #include "sharding/flat_parameter.h"
 #include "sharding/grad_ready_hook.h"
+#include "sharding/shard_layout.h"
 #include "sharding/sharded_init.h"
 
 namespace shardtrain::sharding {
@@ -104,7 +105,6 @@ class ShardedUnit {
   at::Tensor reduce_in;
   at::Tensor reduce_out;
 
-  std::function<at::Tensor(const at::Tensor&)> checkpoint_fn;  // activation checkpointing
 };
 
 namespace {
@@ -1115,8 +1115,9 @@ ShardedStateDict ShardedModel::GetShardedStateDict() const {
   sd.shard_rank = shard_group_->rank();
   sd.shard_world = shard_group_->size();
   sd.units = units();
-  for (auto& u : units_) sd.shards.push_back(u->flat->shard().detach().cpu().clone());
-  for (const auto& item : module_->named_buffers(true)) sd.buffers[item.key()] = item.value().detach().cpu().clone();
+  // No copies: on the CPU these are the live tensors (the writer streams them).
+  for (auto& u : units_) sd.shards.push_back(u->flat->shard().detach().cpu());
+  for (const auto& item : module_->named_buffers(true)) sd.buffers[item.key()] = item.value().detach().cpu();
   return sd;
 }
 
@@ -1129,44 +1130,89 @@ void ShardedModel::LoadShardedStateDict(const std::vector<ShardedStateDict>& pie
                  " vs ", p.shard_world, ")");
     ST_CHECK_ARG(p.shard_rank >= 0 && p.shard_rank < old_world, "sharded checkpoint piece has rank ", p.shard_rank,
                  " outside [0, ", old_world, ")");
-    by_rank[p.shard_rank] = &p;
+    if (!by_rank[p.shard_rank]) by_rank[p.shard_rank] = &p;  // HYBRID_SHARD replicas hold equal shards
   }
   for (int r = 0; r < old_world; ++r) {
     ST_CHECK_ARG(by_rank[r] != nullptr, "sharded checkpoint is missing the shard of rank ", r, " (of ", old_world,
                  ")");
   }
-  const auto& meta = pieces.front().units;
-  // Rebuild full parameters by name from the old layout, then load as a full state dict.
-  std::map<std::string, at::Tensor> full;
-  for (size_t i = 0; i < meta.size(); ++i) {
-    std::vector<at::Tensor> parts;
-    for (int r = 0; r < old_world; ++r) {
-      ST_CHECK_ARG(by_rank[r]->shards.size() == meta.size(), "sharded checkpoint piece of rank ", r, " has ",
-                   by_rank[r]->shards.size(), " unit shards, expected ", meta.size());
-      parts.push_back(by_rank[r]->shards[i].reshape({-1}));
+  const ShardedStateDict& first = pieces.front();
+  const auto& meta = first.units;
+  ST_CHECK_ARG(first.param_shapes.empty() || first.param_shapes.size() == meta.size(),
+               "sharded checkpoint: parameter shapes for ", first.param_shapes.size(), " units, expected ", meta.size());
+  // The model's layout (destination) and the saved one (source).
+  std::map<std::string, int64_t> model_numel;
+  std::vector<FlatUnitLayout> dst;
+  for (auto& u : units_) {
+    FlatUnitLayout l{u->name, {}, {}, u->flat->shard_numel()};
+    for (auto& e : u->flat->entries()) {
+      l.param_names.push_back(e.name);
+      l.param_numels.push_back(e.numel);
+      model_numel[e.name] = e.numel;
     }
-    at::Tensor flat = at::cat(parts);
-    ST_CHECK_ARG(flat.numel() == meta[i].padded_numel, "sharded checkpoint: unit '", meta[i].name, "' has ",
-                 flat.numel(), " elements across shards, its metadata says ", meta[i].padded_numel);
-    // Offsets follow from the saved order; shapes come from this model where
-    // names match (LoadFullStateDict reports everything else).
-    int64_t offset = 0;
-    std::map<std::string, std::vector<int64_t>> shapes;
-    for (auto& u : units_)
-      for (auto& e : u->flat->entries()) shapes[e.name] = e.shape;
-    for (const auto& name : meta[i].param_names) {
-      auto it = shapes.find(name);
-      ST_CHECK_ARG(it != shapes.end(), "sharded checkpoint has parameter '", name, "' that the model does not have");
-      int64_t n = 1;
-      for (auto d : it->second) n *= d;
-      ST_CHECK_ARG(offset + n <= meta[i].numel, "sharded checkpoint: parameter '", name,
-                   "' does not fit in its unit's saved size (the model changed since the checkpoint)");
-      full[name] = flat.narrow(0, offset, n).view(it->second).clone();
-      offset += n;
+    dst.push_back(std::move(l));
+  }
+  std::vector<FlatUnitLayout> src;
+  std::ostringstream problems;
+  for (size_t i = 0; i < meta.size(); ++i) {
+    FlatUnitLayout l{meta[i].name, meta[i].param_names, {}, meta[i].shard_numel};
+    for (size_t k = 0; k < meta[i].param_names.size(); ++k) {
+      int64_t n = 0;
+      if (!first.param_shapes.empty() && k < first.param_shapes[i].size()) {
+        n = c10::multiply_integers(first.param_shapes[i][k]);
+      } else {
+        auto it = model_numel.find(meta[i].param_names[k]);
+        n = it == model_numel.end() ? 0 : it->second;
+      }
+      l.param_numels.push_back(n);
+    }
+    if (l.numel() != meta[i].numel || meta[i].shard_numel * old_world < meta[i].numel) {
+      problems << "\n  unit '" << meta[i].name << "' has " << meta[i].numel << " elements in " << old_world
+               << " shards of " << meta[i].shard_numel << ", its parameters " << l.numel();
+    }
+    for (int r = 0; r < old_world; ++r) {
+      if (by_rank[r]->shards.size() != meta.size() || by_rank[r]->shards[i].numel() != meta[i].shard_numel) {
+        problems << "\n  the piece of shard rank " << r << " does not hold unit '" << meta[i].name << "' ("
+                 << meta[i].shard_numel << " elements)";
+      }
+    }
+    src.push_back(std::move(l));
+  }
+  std::vector<std::vector<ShardCopy>> plans;
+  for (const auto& d : dst) {
+    std::vector<std::string> unit_problems;
+    plans.push_back(PlanShardCopies(src, old_world, d, shard_group_->rank(), &unit_problems));
+    for (const auto& p : unit_problems) problems << "\n  " << p;
+  }
+  for (const auto& p : UnexpectedParameters(src, dst)) problems << "\n  " << p;
+  std::vector<std::pair<at::Tensor, at::Tensor>> buffers;  // (model's, saved)
+  for (const auto& item : module_->named_buffers(true)) {
+    auto it = first.buffers.find(item.key());
+    if (it == first.buffers.end()) {
+      problems << "\n  missing buffer: '" << item.key() << "'";
+    } else if (it->second.sizes() != item.value().sizes()) {
+      problems << "\n  shape mismatch: buffer '" << item.key() << "' is " << it->second.sizes()
+               << " in the checkpoint, " << item.value().sizes() << " in the model";
+    } else {
+      buffers.emplace_back(item.value(), it->second);
     }
   }
-  for (auto& [k, v] : pieces.front().buffers) full[k] = v;
-  LoadFullStateDict(full);
+  if (!problems.str().empty()) {
+    ST_THROW(InvalidArgumentError, "sharded checkpoint does not match the model (nothing was loaded):",
+             problems.str());
+  }
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    at::Tensor shard = units_[i]->flat->shard().detach();
+    shard.zero_();  // the padding tail (and nothing else stays unwritten)
+    for (const auto& c : plans[i]) {
+      const at::Tensor& from = by_rank[c.src_rank]->shards[c.src_unit];
+      shard.narrow(0, c.dst_offset, c.len).copy_(from.reshape({-1}).narrow(0, c.src_offset, c.len));
+    }
+  }
+  for (auto& [b, saved] : buffers) b.copy_(saved);
+  // Gathered copies are stale now; aliased units (`full` is the shard) are current.
+  for (auto& u : units_) Reshard(u.get());
 }
 
 }  // namespace shardtrain::sharding

@@ -62,12 +62,18 @@ struct UnitInfo {
 
 // A rank's piece of a sharded checkpoint: its shard of every unit plus the
 // metadata needed to rebuild the full parameters at any world size.
+// GetShardedStateDict fills it without copies (on the CPU the shards and
+// buffers are the model's own tensors: copy them to keep them past the next
+// optimizer step); a loaded one may hold views of a mapped file.
 struct ShardedStateDict {
   int shard_rank = 0;
   int shard_world = 1;
   std::vector<UnitInfo> units;
   std::vector<at::Tensor> shards;                 // one per unit, float32
   std::map<std::string, at::Tensor> buffers;      // full buffers (replicated)
+  // Per unit, the saved shape of each parameter (in units[i].param_names
+  // order). Empty: the model's shapes are assumed.
+  std::vector<std::vector<std::vector<int64_t>>> param_shapes;
 };
 
 class ShardedModel {
@@ -150,7 +156,12 @@ class ShardedModel {
 
   ShardedStateDict GetShardedStateDict() const;
   // Loads from the pieces of all ranks of the run that saved them, at any
-  // world size (each rank passes all pieces).
+  // world size (each rank passes all pieces). Each rank copies into its
+  // shards only the ranges it owns, from the source shards that overlap them
+  // (sharding/shard_layout.h): no full parameter is built, and pieces mapped
+  // from files are read only where they overlap. Parameters are matched by
+  // unit and order, else by name; names, sizes and buffer shapes are checked
+  // first and on mismatch nothing changes and the error lists every problem.
   void LoadShardedStateDict(const std::vector<ShardedStateDict>& pieces);
 
   // For optimizer-state consolidation: turns per-unit tensors shaped like this

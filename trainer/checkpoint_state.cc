@@ -16,6 +16,7 @@
 #include <unordered_map>
 
 #include "comm/errors.h"
+#include "sharding/shard_layout.h"
 #include "sharding/sharded_model.h"
 #include "trainer/accelerator.h"
 
@@ -142,6 +143,35 @@ std::map<std::string, std::vector<int64_t>> ParamShapes(strategies::Strategy& s)
   return out;
 }
 
+// This rank's optimizer state of unit `unit` laid out like the unit's shard:
+// the state itself when one optimized tensor is the whole shard (no copy),
+// else a shard-sized copy. `step` gets the largest step (-1: none).
+std::map<std::string, at::Tensor> FlattenUnitState(const std::vector<sharding::UnitInfo>& units,
+                                                   const torch::optim::Optimizer& opt,
+                                                   const std::vector<at::Tensor>& params, const std::vector<Loc>& locs,
+                                                   int unit, int64_t* step) {
+  std::map<std::string, at::Tensor> out;
+  *step = -1;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const Loc& loc = locs[i];
+    if (loc.unit != unit) continue;
+    auto st = GetState(opt, params[i]);
+    if (!st) continue;
+    for (const auto& [k, t] : st->tensors) {
+      at::Tensor& dst = out[k];
+      if (!dst.defined() && loc.offset == 0 && loc.len == units[unit].shard_numel && t.scalar_type() == at::kFloat &&
+          t.is_contiguous()) {
+        dst = t.detach().reshape({-1});  // the unit's whole shard: the state itself
+        continue;
+      }
+      if (!dst.defined()) dst = at::zeros({units[unit].shard_numel}, at::kFloat);
+      dst.narrow(0, loc.offset, loc.len).copy_(t.detach().reshape({-1}));
+    }
+    *step = std::max(*step, st->step);
+  }
+  return out;
+}
+
 // This rank's optimizer state laid out per unit like the unit's shard.
 void FlattenOptimizerState(sharding::ShardedModel& sm, const torch::optim::Optimizer& opt,
                            std::vector<std::map<std::string, at::Tensor>>& units_out, std::vector<int64_t>& steps) {
@@ -150,16 +180,8 @@ void FlattenOptimizerState(sharding::ShardedModel& sm, const torch::optim::Optim
   steps.assign(units.size(), -1);
   const auto params = OptimizerParams(opt);
   const auto locs = Locate(sm, params);
-  for (size_t i = 0; i < params.size(); ++i) {
-    auto st = GetState(opt, params[i]);
-    if (!st) continue;
-    const Loc& loc = locs[i];
-    for (const auto& [k, t] : st->tensors) {
-      at::Tensor& dst = units_out[loc.unit][k];
-      if (!dst.defined()) dst = at::zeros({units[loc.unit].shard_numel}, at::kFloat);
-      dst.narrow(0, loc.offset, loc.len).copy_(t.detach().reshape({-1}));
-    }
-    steps[loc.unit] = std::max(steps[loc.unit], st->step);
+  for (size_t u = 0; u < units.size(); ++u) {
+    units_out[u] = FlattenUnitState(units, opt, params, locs, static_cast<int>(u), &steps[u]);
   }
 }
 
@@ -281,13 +303,26 @@ ShardedPiece MakeShardedPiece(strategies::Strategy& s, torch::optim::Optimizer& 
     su.shard_numel = u.shard_numel;
     piece.units.push_back(std::move(su));
   }
-  for (const auto& t : sd.shards) piece.shards.push_back(t.to(at::kFloat));
+  for (const auto& t : sd.shards) piece.shards.push_back(t.to(at::kFloat));  // float32 already: the live shard
   piece.buffers = sd.buffers;
   piece.optimizer_kind = OptimizerKind(opt);
   if (piece.optimizer_kind.empty()) {
     piece.optimizer_archive = SerializeOptimizer(opt);
   } else {
-    FlattenOptimizerState(*sm, opt, piece.optimizer_units, piece.optimizer_steps);
+    // Steps now; the state one unit at a time while the file is written
+    // (copies, where a unit's state is several tensors, never all alive).
+    const auto units = sm->units();
+    const auto params = OptimizerParams(opt);
+    const auto locs = Locate(*sm, params);
+    piece.optimizer_steps.assign(units.size(), -1);
+    for (size_t i = 0; i < params.size(); ++i) {
+      auto st = GetState(opt, params[i]);
+      if (st) piece.optimizer_steps[locs[i].unit] = std::max(piece.optimizer_steps[locs[i].unit], st->step);
+    }
+    piece.optimizer_unit_source = [units, params, locs, &opt](size_t u) {
+      int64_t step = -1;
+      return FlattenUnitState(units, opt, params, locs, static_cast<int>(u), &step);
+    };
   }
   return piece;
 }
@@ -385,6 +420,131 @@ std::function<void()> PrepareOptimizerLoad(strategies::Strategy& s, torch::optim
     }
   }
   return [&opt, kind, params, states = std::move(states)] {
+    for (size_t i = 0; i < params.size(); ++i) SetState(opt, kind, params[i], states[i]);
+  };
+}
+
+std::function<void()> PrepareShardedLoad(strategies::Strategy& s, torch::optim::Optimizer& opt,
+                                         const ShardedCheckpoint& ck, const std::string& path) {
+  sharding::ShardedModel* sm = s.sharded_model_or_null();
+  ST_CHECK_ARG(sm != nullptr, "strategy '", s.name(), "' is not sharded: it loads sharded checkpoints consolidated");
+  ST_CHECK_ARG(!ck.pieces.empty(), "sharded checkpoint '", path, "' has no rank files");
+  at::NoGradGuard no_grad;
+  const ShardedPiece& first = ck.pieces.front();
+  const int64_t old_world = first.shard_world;
+  std::vector<const ShardedPiece*> by(old_world, nullptr);  // HYBRID_SHARD replicas: the first
+  for (const auto& p : ck.pieces) {
+    if (!by[p.shard_rank]) by[p.shard_rank] = &p;
+  }
+  // Layouts: saved (source) and this model's (destination).
+  std::vector<sharding::FlatUnitLayout> src;
+  for (const auto& u : first.units) {
+    sharding::FlatUnitLayout l{u.name, u.param_names, {}, u.shard_numel};
+    for (const auto& shape : u.param_shapes) l.param_numels.push_back(c10::multiply_integers(shape));
+    src.push_back(std::move(l));
+  }
+  const auto shapes = ParamShapes(s);
+  const auto units = sm->units();
+  std::vector<sharding::FlatUnitLayout> dst;
+  for (const auto& u : units) {
+    sharding::FlatUnitLayout l{u.name, u.param_names, {}, u.shard_numel};
+    for (const auto& n : u.param_names) l.param_numels.push_back(c10::multiply_integers(shapes.at(n)));
+    dst.push_back(std::move(l));
+  }
+  const int64_t my_rank = sm->GetShardedStateDict().shard_rank;
+  std::ostringstream problems;
+  std::vector<std::vector<sharding::ShardCopy>> plans;
+  for (const auto& d : dst) {
+    std::vector<std::string> unit_problems;
+    plans.push_back(sharding::PlanShardCopies(src, old_world, d, my_rank, &unit_problems));
+    for (const auto& p : unit_problems) problems << "\n  " << p;
+  }
+  for (const auto& p : sharding::UnexpectedParameters(src, dst)) problems << "\n  " << p;
+  if (!problems.str().empty()) {
+    ST_THROW(Error, "checkpoint '", path, "' does not match the model (nothing was loaded):", problems.str());
+  }
+  // The parameters as pieces of the saved run (views of the mapped files).
+  std::vector<sharding::ShardedStateDict> pieces;
+  for (const auto& p : ck.pieces) {
+    sharding::ShardedStateDict sd;
+    sd.shard_rank = static_cast<int>(p.shard_rank);
+    sd.shard_world = static_cast<int>(p.shard_world);
+    for (const auto& u : p.units) {
+      sharding::UnitInfo info;
+      info.name = u.name;
+      info.param_names = u.param_names;
+      info.numel = u.numel;
+      info.padded_numel = u.padded_numel;
+      info.shard_numel = u.shard_numel;
+      sd.units.push_back(std::move(info));
+      sd.param_shapes.push_back(u.param_shapes);
+    }
+    sd.shards = p.shards;
+    sd.buffers = p.buffers;
+    pieces.push_back(std::move(sd));
+  }
+  auto load_params = [sm, pieces = std::move(pieces)] { sm->LoadShardedStateDict(pieces); };
+
+  // Optimizer state.
+  const std::string kind = OptimizerKind(opt);
+  const bool any_state = std::any_of(ck.pieces.begin(), ck.pieces.end(), [](const ShardedPiece& p) {
+    return std::any_of(p.optimizer_units.begin(), p.optimizer_units.end(), [](const auto& m) { return !m.empty(); });
+  });
+  const bool archives = std::all_of(ck.pieces.begin(), ck.pieces.end(),
+                                    [](const ShardedPiece& p) { return !p.optimizer_archive.empty(); });
+  if (first.optimizer_kind.empty() || !any_state) {
+    if (!archives || !first.optimizer_kind.empty()) return load_params;
+    // Only a LibTorch archive per rank: restores the same strategy at the same world size.
+    const int64_t W = s.world_size();
+    if (ck.meta.world_size != W || static_cast<int64_t>(ck.pieces.size()) != W || ck.meta.strategy != s.name()) {
+      ST_THROW(Error, "checkpoint '", path, "' holds optimizer state of ", ck.pieces.size(), " ranks (",
+               ck.meta.strategy, ") but this run has ", W, " (", s.name(),
+               "); only Adam, AdamW and SGD state is saved in a form that loads at another world size or strategy");
+    }
+    const std::string* bytes = &ck.pieces[s.rank()].optimizer_archive;
+    return [load_params, &opt, bytes, path] {
+      load_params();
+      LoadOptimizerArchive(opt, *bytes, path);
+    };
+  }
+  if (kind != first.optimizer_kind) {
+    ST_THROW(Error, "checkpoint '", path, "' holds ", first.optimizer_kind, " optimizer state but this run's optimizer is ",
+             kind.empty() ? "another kind" : kind, "; nothing was loaded");
+  }
+  // Per destination unit and key: this rank's range only, from the source
+  // shards that overlap it; then each optimized tensor's part. A unit's
+  // dense state is dropped before the next unit's is built.
+  const auto params = OptimizerParams(opt);
+  const auto locs = Locate(*sm, params);
+  std::vector<std::optional<TensorState>> states(params.size());
+  for (size_t u = 0; u < units.size(); ++u) {
+    std::map<std::string, at::Tensor> dense;
+    int64_t step = -1;
+    for (const auto& c : plans[u]) {
+      const ShardedPiece& p = *by[c.src_rank];
+      if (p.optimizer_units.empty()) continue;
+      step = std::max(step, p.optimizer_steps[c.src_unit]);
+      for (const auto& [k, t] : p.optimizer_units[c.src_unit]) {
+        at::Tensor& d = dense[k];
+        if (!d.defined()) d = at::zeros({units[u].shard_numel}, at::kFloat);
+        d.narrow(0, c.dst_offset, c.len).copy_(t.reshape({-1}).narrow(0, c.src_offset, c.len));
+      }
+    }
+    if (dense.empty()) continue;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const Loc& loc = locs[i];
+      if (loc.unit != static_cast<int>(u)) continue;
+      TensorState st;
+      for (const auto& [k, t] : dense) {
+        at::Tensor part = loc.offset == 0 && loc.len == t.numel() ? t : t.narrow(0, loc.offset, loc.len).clone();
+        st.tensors[k] = part.view(params[i].sizes()).to(params[i].options());
+      }
+      st.step = step;
+      states[i] = std::move(st);
+    }
+  }
+  return [load_params, &opt, kind, params, states = std::move(states)] {
+    load_params();
     for (size_t i = 0; i < params.size(); ++i) SetState(opt, kind, params[i], states[i]);
   };
 }

@@ -40,6 +40,16 @@ FullOptimizerState GatherFullOptimizerState(strategies::Strategy& strategy, torc
 // must be sharded (sharded_model_or_null() != nullptr).
 ShardedPiece MakeShardedPiece(strategies::Strategy& strategy, torch::optim::Optimizer& opt);
 
+// Loading a sharded checkpoint into a sharded strategy at any world size
+// without building the full model: checks the saved layout against the
+// model (names and sizes; the error lists every problem), computes this
+// rank's optimizer state from only the ranges of the (mapped) source shards
+// that overlap this rank's shards, and returns the function that installs
+// parameters, buffers and optimizer state. Throws shardtrain::Error naming
+// `path`, with nothing changed, when the checkpoint does not fit.
+std::function<void()> PrepareShardedLoad(strategies::Strategy& strategy, torch::optim::Optimizer& opt,
+                                         const ShardedCheckpoint& ckpt, const std::string& path);
+
 // Computes this rank's optimizer state from `state` (resharding for sharded
 // strategies, by name for replicated ones) and returns the function that
 // installs it. Throws shardtrain::Error naming `path`, with nothing changed,

@@ -11,10 +11,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <set>
 
 #include "comm/errors.h"
+#include "trainer/archive.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;
@@ -62,6 +64,23 @@ c10::impl::GenericDict ReadPickleDict(const std::string& path, const std::string
   return v.toGenericDict();
 }
 
+// A rank file mapped, not read: its tensors are views of the file's pages,
+// read only where a loader touches them.
+c10::impl::GenericDict MapPieceDict(const std::string& path) {
+  c10::IValue v;
+  try {
+    v = MapArchive(path);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    ST_THROW(Error, "sharded checkpoint file '", path, "' is truncated or corrupt (", ec ? 0 : size,
+             " bytes; cannot be read: ", msg.substr(0, msg.find('\n')), ")");
+  }
+  if (!v.isGenericDict()) ST_THROW(Error, "sharded checkpoint file '", path, "' is not a ShardTrain sharded checkpoint file");
+  return v.toGenericDict();
+}
+
 void FsyncDir(const fs::path& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd >= 0) {
@@ -72,7 +91,9 @@ void FsyncDir(const fs::path& dir) {
 
 fs::path ParentOf(const fs::path& p) { return p.has_parent_path() ? p.parent_path() : fs::path("."); }
 
-c10::IValue PieceToIValue(const ShardedPiece& p) {
+// The piece as the root object of its file; `add` turns each tensor into
+// what the root holds (ArchiveWriter::Add: written now, a placeholder kept).
+c10::IValue PieceToIValue(const ShardedPiece& p, const std::function<at::Tensor(const at::Tensor&)>& add) {
   auto d = NewDict();
   d.insert("rank", p.rank);
   d.insert("world_size", p.world_size);
@@ -95,22 +116,26 @@ c10::IValue PieceToIValue(const ShardedPiece& p) {
   }
   d.insert("units", units);
   c10::List<at::Tensor> shards;
-  for (const auto& s : p.shards) shards.push_back(s.detach().cpu().contiguous());
+  for (const auto& s : p.shards) shards.push_back(add(s.detach()));
   d.insert("shards", shards);
   c10::Dict<std::string, at::Tensor> buffers;
-  for (const auto& [k, v] : p.buffers) buffers.insert(k, v.detach().cpu().contiguous());
+  for (const auto& [k, v] : p.buffers) buffers.insert(k, add(v.detach()));
   d.insert("buffers", buffers);
   auto od = NewDict();
   od.insert("kind", p.optimizer_kind);
   c10::impl::GenericList ounits(c10::AnyType::get());
-  for (const auto& m : p.optimizer_units) {
+  const size_t n_units = p.optimizer_unit_source ? p.units.size() : p.optimizer_units.size();
+  for (size_t i = 0; i < n_units; ++i) {
+    // From the source: this unit's state lives only until its tensors are written.
+    const std::map<std::string, at::Tensor> m =
+        p.optimizer_unit_source ? p.optimizer_unit_source(i) : p.optimizer_units[i];
     c10::Dict<std::string, at::Tensor> md;
-    for (const auto& [k, v] : m) md.insert(k, v.detach().cpu().contiguous());
+    for (const auto& [k, v] : m) md.insert(k, add(v.detach()));
     ounits.push_back(md);
   }
   od.insert("units", ounits);
   od.insert("steps", c10::IValue(p.optimizer_steps));
-  od.insert("archive", BytesTensor(p.optimizer_archive));
+  od.insert("archive", add(BytesTensor(p.optimizer_archive)));
   d.insert("optimizer", od);
   return d;
 }
@@ -215,7 +240,10 @@ void WriteShardedPiece(const std::string& path, const ShardedPiece& piece) {
   if (!fs::is_directory(tmp)) {
     ST_THROW(Error, "sharded save of '", path, "': temporary directory '", tmp.string(), "' does not exist");
   }
-  WritePickle((tmp / ShardedPieceFileName(piece.rank)).string(), PieceToIValue(piece));
+  // Streamed: each tensor's bytes go to the file from the tensor itself (no
+  // copy of a CPU shard, no pickled copy of the whole file in memory).
+  ArchiveWriter writer((tmp / ShardedPieceFileName(piece.rank)).string());
+  writer.Finish(PieceToIValue(piece, [&](const at::Tensor& t) { return writer.Add(t); }));
 }
 
 void FinishShardedSave(const std::string& path, const CheckpointData& meta) {
@@ -346,7 +374,7 @@ ShardedCheckpoint LoadShardedCheckpoint(const std::string& path) {
   }
   for (int64_t r = 0; r < W; ++r) {
     const std::string f = (dir / files[r]).string();
-    ShardedPiece p = PieceFromDict(ReadPickleDict(f, "sharded checkpoint file"), f);
+    ShardedPiece p = PieceFromDict(MapPieceDict(f), f);
     auto bad = [&](const auto&... what) { ST_THROW(Error, "sharded checkpoint file '", f, "': ", what...); };
     if (p.rank != r || p.world_size != W) bad("holds rank ", p.rank, " of ", p.world_size, ", expected rank ", r, " of ", W);
     if (p.shard_world < 1 || p.shard_rank < 0 || p.shard_rank >= p.shard_world) {

@@ -27,7 +27,14 @@
 //
 // Every file is a torch.save-format archive without container type tags
 // (PickleSavePlain, trainer/checkpoint.h): Python's torch.load(f) reads it
-// with the default weights_only=True. Saving writes into a temporary sibling
+// with the default weights_only=True. A rank file is streamed
+// (trainer/archive.h ArchiveWriter): each tensor's bytes go to the file from
+// the live tensor, one at a time, so a save holds no copy of the shards or of
+// the file. LoadShardedCheckpoint maps the rank files (MapArchive): its
+// tensors are views of the files, read only where touched, so a rank that
+// loads (Trainer, trainer/checkpoint_state.h PrepareShardedLoad) reads only
+// the byte ranges of the source shards that overlap its own new shards
+// (sharding/shard_layout.h). Saving writes into a temporary sibling
 // directory, fsyncs every file, writes COMPLETE last and then swaps the
 // directory into place (renameat2 RENAME_EXCHANGE, or two renames where the
 // file system lacks it), so an interrupted save never destroys the previous
@@ -39,6 +46,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -73,6 +81,10 @@ struct ShardedPiece {
   std::string optimizer_kind;                  // "Adam", "AdamW", "SGD", or "" (none / archive)
   std::vector<std::map<std::string, at::Tensor>> optimizer_units;  // per unit; empty map: no state
   std::vector<int64_t> optimizer_steps;        // per unit; -1: none
+  // When set (a save), WriteShardedPiece takes each unit's optimizer state
+  // from here, one unit at a time, instead of from optimizer_units: state
+  // that must be copied into the shard layout is never all alive at once.
+  std::function<std::map<std::string, at::Tensor>(size_t unit)> optimizer_unit_source;
   std::string optimizer_archive;               // serialized LibTorch optimizer (unsupported kinds)
 };
 
@@ -100,12 +112,15 @@ void FinishShardedSave(const std::string& path, const CheckpointData& meta);
 // Single-process convenience: all three steps.
 void SaveShardedCheckpoint(const std::string& path, const ShardedCheckpoint& ckpt);
 
-// Reads and validates every file: a missing COMPLETE marker, metadata or rank
-// file, a truncated or corrupt file, or pieces that disagree with each other
-// throw shardtrain::Error naming the file.
+// Reads the metadata and maps every rank file (zero-copy: the pieces' tensors
+// are views of the files) and validates them: a missing COMPLETE marker,
+// metadata or rank file, a truncated or corrupt file, or pieces that
+// disagree with each other throw shardtrain::Error naming the file.
 ShardedCheckpoint LoadShardedCheckpoint(const std::string& path);
 
-// Consolidation (no model needed): the full parameters by name, float32.
+// Consolidation (no model needed; builds the full state in memory: for
+// //tools:consolidate and tests, not for loading into a sharded run): the
+// full parameters by name, float32.
 std::map<std::string, at::Tensor> ConsolidateParameters(const ShardedCheckpoint& ckpt);
 // The optimizer state by parameter name (empty kind when none was saved in
 // reshardable form).

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <sstream>
 
 #include "comm/cluster_environment.h"
@@ -354,8 +355,13 @@ void Trainer::SaveSharded(const std::string& path) {
 }
 
 void Trainer::LoadFrom(const std::string& path) {
-  CheckpointData ck = IsShardedCheckpoint(path) ? ConsolidateShardedCheckpoint(LoadShardedCheckpoint(path))
-                                                : LoadCheckpoint(path);
+  // A sharded checkpoint into a sharded strategy: every rank maps the rank
+  // files and reads only the ranges of its own new shards (no full model).
+  // Replicated strategies need the full model anyway: they load it consolidated.
+  std::optional<ShardedCheckpoint> sharded;
+  if (IsShardedCheckpoint(path)) sharded = LoadShardedCheckpoint(path);
+  const bool direct = sharded && strategy_->sharded_model_or_null() != nullptr;
+  CheckpointData ck = direct ? sharded->meta : sharded ? ConsolidateShardedCheckpoint(*sharded) : LoadCheckpoint(path);
   const int W = world_size();
   // The per-rank LibTorch archives restore everything (including parameter
   // group options) but only into the same strategy at the same world size;
@@ -363,7 +369,10 @@ void Trainer::LoadFrom(const std::string& path) {
   const bool archives = static_cast<int>(ck.optimizer_states.size()) == W && ck.world_size == W &&
                         ck.strategy == strategy_->name();
   std::function<void()> apply_optimizer;
-  if (!archives) {
+  std::function<void()> apply_sharded;  // parameters, buffers and optimizer state
+  if (direct) {
+    apply_sharded = internal::PrepareShardedLoad(*strategy_, *opt_.optimizer, *sharded, path);
+  } else if (!archives) {
     if (!ck.optimizer_full.empty()) {
       apply_optimizer = internal::PrepareOptimizerLoad(*strategy_, *opt_.optimizer, ck.optimizer_full, path);
     } else if (!ck.optimizer_states.empty()) {
@@ -381,11 +390,15 @@ void Trainer::LoadFrom(const std::string& path) {
       ST_THROW(Error, "checkpoint '", path, "': ", e.what());
     }
   }
-  strategy_->LoadFullStateDict(ck.state_dict);  // checks everything before changing anything
-  if (archives) {
-    internal::LoadOptimizerArchive(*opt_.optimizer, ck.optimizer_states[rank()], path);
-  } else if (apply_optimizer) {
-    apply_optimizer();
+  if (apply_sharded) {
+    apply_sharded();  // checks everything before changing anything
+  } else {
+    strategy_->LoadFullStateDict(ck.state_dict);  // checks everything before changing anything
+    if (archives) {
+      internal::LoadOptimizerArchive(*opt_.optimizer, ck.optimizer_states[rank()], path);
+    } else if (apply_optimizer) {
+      apply_optimizer();
+    }
   }
   if (ck.rng_state.defined() && ck.rng_state.numel() > 0) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();

@@ -324,6 +324,45 @@ TEST(GlooErrors, DeadPeerFailsSurvivor) {
       std::chrono::milliseconds(3000));
 }
 
+// A collective that fails because a peer closed names that peer; a live
+// peer that has not issued the collective yet is only listed as alive (in a
+// failure that is no timeout, being behind is no fault: the ranks' skew, or a
+// heartbeat older than the peer's issue, would name a rank that did no wrong).
+TEST(GlooErrors, PeerBehindIsNoCulpritWhenAnotherClosed) {
+  std::atomic<bool> rank0_done{false};
+  RunRanksWithOptions(
+      3,
+      [](int) {
+        GlooOptions o;
+        o.timeout = std::chrono::milliseconds(5000);
+        o.heartbeat_period = std::chrono::milliseconds(100);  // stale (dead or hung) after 300 ms
+        return o;
+      },
+      [&](int rank, auto comm) {
+        comm->Barrier()->Wait();
+        if (rank == 1) {  // alive, heartbeats fresh, never issues collective #2
+          while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          return;
+        }
+        if (rank == 2) {  // closes 500 ms after rank 0 issued #2: rank 1's heartbeats postdate the issue
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          return;
+        }
+        try {
+          comm->AllReduce(at::ones({1024}))->Wait();
+          ADD_FAILURE() << "expected CommError";
+        } catch (const CommTimeoutError& e) {
+          ADD_FAILURE() << "expected no timeout: " << e.what();
+        } catch (const CommError& e) {
+          const std::string msg = e.what();
+          EXPECT_NE(msg.find("rank 2 of group 'world' has closed its communicator"), std::string::npos) << msg;
+          EXPECT_NE(msg.find("rank 1 of group 'world' is alive"), std::string::npos) << msg;
+          EXPECT_EQ(msg.find("has not reached"), std::string::npos) << msg;
+        }
+        rank0_done = true;
+      });
+}
+
 // Sub-groups publish heartbeats under their own names; with heartbeats off,
 // errors still name operation and group.
 TEST(GlooErrors, SubgroupPeerIsNamedAndHeartbeatsCanBeOff) {
@@ -531,6 +570,37 @@ TEST(GlooSharedMemory, DestroyingWithACollectiveInFlightReturnsPromptly) {
           EXPECT_NE(msg.find("Shared memory: rank 0 left the shared memory mesh"), std::string::npos) << msg;
         }
       });
+}
+
+// The end of a job: every rank destroys its communicator right after its
+// last collective (a W=4 16-bit reduce-scatter, whose ordered sum takes a
+// peer's bytes only after the lower ranks'), the last rank starting late.
+// A peer that closed after finishing is no failure on a slower rank. Small
+// rings make the ranks trade many chunks, so the last ones often meet a
+// closing peer; over TCP (the tcp variant) Gloo sees the closes instead.
+TEST(GlooSharedMemory, PeersClosingRightAfterTheirLastCollectiveFailNoRank) {
+  constexpr int kWorld = 4;
+  const int64_t n = 8192;
+  for (int i = 0; i < 6; ++i) {
+    const at::ScalarType dtype = i % 2 ? at::kBFloat16 : at::kHalf;
+    RunRanksWithOptions(
+        kWorld,
+        [](int) {
+          GlooOptions o;
+          o.shared_memory_ring_bytes = 4096;
+          return o;
+        },
+        [&](int rank, auto comm) {
+          if (rank == kWorld - 1) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          at::Tensor shard = at::empty({n}, dtype);
+          comm->ReduceScatter(Pattern(kWorld * n, rank, dtype), shard)->Wait();
+          comm.reset();  // at once, as a rank that finished training
+          at::Tensor expected = at::zeros({n}, at::kDouble);
+          for (int r = 0; r < kWorld; ++r)
+            expected += Pattern(kWorld * n, r, at::kDouble).slice(0, rank * n, (rank + 1) * n);
+          EXPECT_TRUE(at::equal(shard, expected.to(dtype))) << "iteration " << i << " rank " << rank;
+        });
+  }
 }
 
 }  // namespace

@@ -283,7 +283,9 @@ TEST(WrapPolicies, StrategyOptionsMapToThePolicies) {
             (Names{"c", ""}));
   EXPECT_EQ(StrategyLayout("fsdp_native", {{"auto_wrap_policy", "type:BigImpl, SmallImpl"}}).names,
             (Names{"a", "b", "c.inner", ""}));
-  EXPECT_EQ(StrategyLayout("fsdp", {}).names, (Names{""}));  // min_num_params 1e8
+  // Default min_num_params 0: every Sharded<> wrap point is a unit (fairscale's wrap()).
+  EXPECT_EQ(StrategyLayout("fsdp", {}).names, (Names{"a", "b", "c", "c.inner", ""}));
+  EXPECT_EQ(StrategyLayout("fsdp", {{"min_num_params", "100000000"}}).names, (Names{""}));
   EXPECT_EQ(StrategyLayout("fsdp", {{"min_num_params", "100"}}).names, (Names{"b", "c.inner", ""}));
   EXPECT_EQ(StrategyLayout("fsdp", {{"min_num_params", "0"}}).names, (Names{"a", "b", "c", "c.inner", ""}));
 }

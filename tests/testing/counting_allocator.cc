@@ -13,7 +13,7 @@ namespace {
 
 struct ThreadCounter {
   std::atomic<int64_t> live{0};
-  std::atomic<int64_t> peak{0};  // raised only by the owning thread (allocations)
+  std::atomic<int64_t> peak{0};  // written by the owning thread only
 };
 
 // Leaked on purpose: storage may be freed after its allocating thread ended.
@@ -58,7 +58,7 @@ class CountingAllocator final : public c10::Allocator {
     void* context = inner.release_context();
     ThreadCounter* owner = MyCounter();
     const int64_t now = owner->live += static_cast<int64_t>(n);
-    if (now > owner->peak.load()) owner->peak.store(now);
+    if (now > owner->peak.load()) owner->peak = now;
     {
       std::lock_guard<std::mutex> lock(g_mu);
       (*g_allocations)[ptr] = Allocation{context, deleter, static_cast<int64_t>(n), owner};
@@ -86,8 +86,11 @@ void InstallCountingCpuAllocator() {
 
 int64_t LiveCpuBytesOfThisThread() { return MyCounter()->live.load(); }
 
-void ResetPeakCpuBytesOfThisThread() { MyCounter()->peak.store(MyCounter()->live.load()); }
+void ResetPeakCpuBytesOfThisThread() { MyCounter()->peak = MyCounter()->live.load(); }
 
-int64_t PeakCpuBytesOfThisThread() { return std::max(MyCounter()->peak.load(), MyCounter()->live.load()); }
+int64_t PeakCpuBytesOfThisThread() {
+  ThreadCounter* c = MyCounter();
+  return std::max(c->peak.load(), c->live.load());
+}
 
 }  // namespace shardtrain::testing

@@ -18,9 +18,9 @@ void InstallCountingCpuAllocator();
 // are still alive.
 int64_t LiveCpuBytesOfThisThread();
 
-// The most live bytes (as LiveCpuBytesOfThisThread counts them) the calling
-// thread reached since its last ResetPeakCpuBytesOfThisThread(), which sets
-// the peak to the bytes live now.
+// The most live bytes the calling thread reached (counted when it allocates)
+// since the install or the last reset; a reset starts from the current live
+// bytes. For "peak during this phase" checks.
 void ResetPeakCpuBytesOfThisThread();
 int64_t PeakCpuBytesOfThisThread();
 

@@ -68,6 +68,36 @@ TEST(ShardedCheckpoint, UseOrigParamsReshards) {
   ResumeAtOtherWorldSizes("adamw", {{"use_orig_params", "true"}}, {1, 4});
 }
 
+// Saved with every wrap point a unit (W=2), loaded into one root unit (W=4,
+// auto_wrap_policy=never): each rank takes its ranges parameter by parameter
+// from the saved units. The state is exactly the saved one, and training
+// continues like the uninterrupted run.
+TEST(ShardedCheckpoint, LoadsIntoAnotherWrapping) {
+  FitResult full = Fit(2, Sharded(TmpDir("wrap_full"), 2));
+  TrainerOptions first = Sharded(TmpDir("wrap_a"), 2);
+  first.max_steps = 6;
+  FitResult a = Fit(2, first);
+  TrainerOptions load = Sharded(TmpDir("wrap_b"), 4, {{"auto_wrap_policy", "never"}});
+  load.max_steps = 6;  // loads, then stops
+  const std::string again = (fs::path(TmpDir("wrap_again")) / "ckpt").string();
+  Fit(4, load, a.last_ckpt, {}, [&](int, Trainer& t, Classifier&) { t.SaveCheckpoint(again, CheckpointFormat::kSharded); });
+  const ShardedCheckpoint before = LoadShardedCheckpoint(a.last_ckpt), after = LoadShardedCheckpoint(again);
+  EXPECT_EQ(before.pieces.front().units.size(), 3u);
+  EXPECT_EQ(after.pieces.front().units.size(), 1u);
+  const auto pb = ConsolidateParameters(before), pa = ConsolidateParameters(after);
+  ASSERT_EQ(pb.size(), pa.size());
+  for (const auto& [k, v] : pb) EXPECT_TRUE(v.equal(pa.at(k))) << k;
+  const auto ob = ConsolidateOptimizerState(before), oa = ConsolidateOptimizerState(after);
+  EXPECT_EQ(ob.kind, "Adam");
+  EXPECT_EQ(ob.step, oa.step);
+  ASSERT_EQ(ob.state.size(), pb.size());
+  for (const auto& [name, keys] : ob.state) {
+    for (const auto& [k, v] : keys) EXPECT_TRUE(v.equal(oa.state.at(name).at(k))) << name << " " << k;
+  }
+  FitResult b = Fit(4, Sharded(TmpDir("wrap_c"), 4, {{"auto_wrap_policy", "never"}}), a.last_ckpt);
+  ExpectContinues(b.losses, full.losses, 6, 1e-5);
+}
+
 TEST(ShardedCheckpoint, FullCheckpointResumesAtOtherWorldSizeAndStrategy) {
   // Full checkpoints carry the optimizer state by parameter name as well.
   FitResult full = Fit(2, [] {

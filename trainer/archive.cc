@@ -1,0 +1,260 @@
+#include "trainer/archive.h"
+
+#include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/read_adapter_interface.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <torch/csrc/jit/serialization/pickler.h>
+#include <torch/csrc/jit/serialization/unpickler.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <unordered_map>
+#include <vector>
+
+#include "comm/errors.h"
+
+namespace shardtrain::trainer {
+namespace fs = std::filesystem;
+namespace {
+
+// Lists with a specialized element type (int, tensor, ...) are pickled as
+// torch.jit._pickle.build_* calls even without type tags, which Python's
+// weights_only unpickler rejects; as lists of Any they are plain pickle lists.
+// Dicts are plain once untagged.
+c10::IValue Plain(const c10::IValue& v) {
+  if (v.isList()) {
+    c10::impl::GenericList out(c10::AnyType::get());
+    for (const c10::IValue& e : v.toListRef()) out.push_back(Plain(e));
+    return out;
+  }
+  if (v.isGenericDict()) {
+    const auto in = v.toGenericDict();
+    c10::impl::GenericDict out(in.keyType(), c10::AnyType::get());
+    for (const auto& e : in) out.insert(e.key(), Plain(e.value()));
+    return out;
+  }
+  return v;
+}
+
+// A tensor with dtype, shape and a storage of the right size but no data:
+// what the pickler needs to describe a record already written.
+at::Tensor Placeholder(c10::ScalarType dtype, c10::IntArrayRef sizes, size_t nbytes) {
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, c10::DataPtr(nullptr, c10::Device(c10::kCPU)),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                     c10::scalarTypeToTypeMeta(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  return t;
+}
+
+std::string ErrnoText(int err) { return err ? std::strerror(err) : "short write"; }
+
+void FsyncDir(const fs::path& dir) {
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+// A read-only private mapping of a whole file; unmapped when the last
+// storage that points into it goes.
+struct Mapping {
+  void* base = MAP_FAILED;
+  size_t size = 0;
+  ~Mapping() {
+    if (base != MAP_FAILED) ::munmap(base, size);
+  }
+};
+
+class MappingReader final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit MappingReader(std::shared_ptr<Mapping> m) : m_(std::move(m)) {}
+  size_t size() const override { return m_->size; }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= m_->size) return 0;
+    n = std::min<size_t>(n, m_->size - pos);
+    std::memcpy(buf, static_cast<const char*>(m_->base) + pos, n);
+    return n;
+  }
+
+ private:
+  std::shared_ptr<Mapping> m_;
+};
+
+void ReleaseMapping(void* ctx) { delete static_cast<std::shared_ptr<Mapping>*>(ctx); }
+
+std::string FirstLine(const std::exception& e) {
+  std::string what = e.what();
+  return what.substr(0, what.find('\n'));
+}
+
+}  // namespace
+
+struct ArchiveWriter::State {
+  std::string tmp;
+  int fd = -1;
+  int err = 0;             // errno of the first failed write
+  bool abandoned = false;  // writes become no-ops (the temporary file is going)
+  bool finished = false;
+  std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> zip;
+  std::unordered_map<const void*, std::string> keys;  // placeholder storage -> record key
+  std::vector<at::Tensor> placeholders;               // keeps the keys' storages unique
+};
+
+ArchiveWriter::ArchiveWriter(std::string path) : path_(std::move(path)), state_(std::make_unique<State>()) {
+  static std::atomic<int64_t> counter{0};
+  fs::path p(path_);
+  ST_CHECK_ARG(p.has_filename(), "ArchiveWriter: '", path_, "' names no file (give a file path, not a directory)");
+  fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  state_->tmp = (dir / ("." + p.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
+                        std::to_string(counter++)))
+                    .string();
+  state_->fd = ::open(state_->tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (state_->fd < 0) ST_THROW(Error, "cannot create '", state_->tmp, "': ", std::strerror(errno));
+  State* s = state_.get();
+  state_->zip = std::make_unique<caffe2::serialize::PyTorchStreamWriter>([s](const void* data, size_t n) -> size_t {
+    if (s->abandoned) return n;
+    if (s->err) return 0;
+    const char* p = static_cast<const char*>(data);
+    size_t off = 0;
+    while (off < n) {
+      ssize_t w = ::write(s->fd, p + off, n - off);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) {
+        s->err = w < 0 ? errno : EIO;
+        return off;
+      }
+      off += static_cast<size_t>(w);
+    }
+    return n;
+  });
+}
+
+ArchiveWriter::~ArchiveWriter() {
+  if (!state_ || state_->finished) return;
+  state_->abandoned = true;
+  try {
+    if (!state_->zip->finalized()) state_->zip->writeEndOfFile();
+  } catch (...) {
+  }
+  state_->zip.reset();
+  if (state_->fd >= 0) ::close(state_->fd);
+  ::unlink(state_->tmp.c_str());
+}
+
+at::Tensor ArchiveWriter::Add(const at::Tensor& t) {
+  ST_CHECK_ARG(!state_->finished, "ArchiveWriter::Add after Finish ('", path_, "')");
+  ST_CHECK_ARG(t.defined(), "ArchiveWriter::Add: undefined tensor ('", path_, "')");
+  ST_CHECK_ARG(t.layout() == at::kStrided && !t.is_quantized(),
+               "ArchiveWriter::Add: only dense (strided, not quantized) tensors can be written, got layout ",
+               t.layout(), " ('", path_, "')");
+  at::Tensor c = t.detach();
+  if (!c.device().is_cpu()) c = c.cpu();
+  c = c.resolve_conj().resolve_neg().contiguous();
+  const size_t nbytes = static_cast<size_t>(c.numel()) * c.element_size();
+  const std::string key = std::to_string(state_->placeholders.size());
+  static const char kEmpty = 0;
+  try {
+    state_->zip->writeRecord("data/" + key, nbytes ? c.data_ptr() : &kEmpty, nbytes);
+  } catch (const c10::Error& e) {
+    ST_THROW(Error, "failed writing '", state_->tmp, "': ", state_->err ? ErrnoText(state_->err) : FirstLine(e));
+  }
+  at::Tensor ph = Placeholder(c.scalar_type(), c.sizes(), nbytes);
+  state_->keys[ph.storage().unsafeGetStorageImpl()] = key;
+  state_->placeholders.push_back(ph);
+  return ph;
+}
+
+void ArchiveWriter::Finish(const c10::IValue& root) {
+  ST_CHECK_ARG(!state_->finished, "ArchiveWriter::Finish called twice ('", path_, "')");
+  std::vector<char> pickled;
+  auto key_of = [&](const at::Tensor& t) -> std::string {
+    auto it = state_->keys.find(t.storage().unsafeGetStorageImpl());
+    if (it == state_->keys.end()) {
+      ST_THROW(InvalidArgumentError, "ArchiveWriter::Finish: the root object holds a tensor (", t.scalar_type(), " ",
+               t.sizes(), ") that Add() did not return; pass only the placeholders Add() returns ('", path_, "')");
+    }
+    return it->second;
+  };
+  torch::jit::Pickler pickler([&](const char* data, size_t n) { pickled.insert(pickled.end(), data, data + n); },
+                              /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
+                              key_of, /*tag_aggregates=*/false);
+  pickler.protocol();
+  pickler.pushIValue(Plain(root));
+  pickler.stop();
+  try {
+    state_->zip->writeRecord("data.pkl", pickled.data(), pickled.size());
+    state_->zip->writeEndOfFile();
+  } catch (const c10::Error& e) {
+    ST_THROW(Error, "failed writing '", state_->tmp, "': ", state_->err ? ErrnoText(state_->err) : FirstLine(e));
+  }
+  if (::fsync(state_->fd) != 0 || ::close(state_->fd) != 0) {
+    state_->fd = -1;
+    ST_THROW(Error, "failed flushing '", state_->tmp, "': ", std::strerror(errno));
+  }
+  state_->fd = -1;
+  if (::rename(state_->tmp.c_str(), path_.c_str()) != 0) {
+    ST_THROW(Error, "cannot rename '", state_->tmp, "' to '", path_, "': ", std::strerror(errno));
+  }
+  state_->finished = true;
+  fs::path p(path_);
+  FsyncDir(p.has_parent_path() ? p.parent_path() : fs::path("."));
+}
+
+c10::IValue MapArchive(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) ST_THROW(Error, "cannot open checkpoint '", path, "': ", std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    ST_THROW(Error, "cannot stat '", path, "': ", std::strerror(err));
+  }
+  auto m = std::make_shared<Mapping>();
+  m->size = static_cast<size_t>(st.st_size);
+  if (m->size > 0) m->base = ::mmap(nullptr, m->size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+  const int map_err = errno;
+  ::close(fd);
+  if (m->size == 0) ST_THROW(Error, "checkpoint '", path, "' is empty (0 bytes; not a torch.save archive)");
+  if (m->base == MAP_FAILED) ST_THROW(Error, "cannot map '", path, "': ", std::strerror(map_err));
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MappingReader>(m));
+    auto [pickle_ptr, pickle_size] = reader.getRecord("data.pkl");
+    const char* pickle = static_cast<const char*>(pickle_ptr.get());
+    size_t pos = 0;
+    auto read = [&](char* buf, size_t n) -> size_t {
+      n = std::min(n, pickle_size - pos);
+      std::memcpy(buf, pickle + pos, n);
+      pos += n;
+      return n;
+    };
+    auto read_record = [&](const std::string& key) -> at::DataPtr {
+      const std::string name = "data/" + key;
+      const size_t size = reader.getRecordSize(name);
+      const size_t offset = reader.getRecordOffset(name);
+      if (offset + size > m->size) ST_THROW(Error, "checkpoint '", path, "': record '", name, "' lies past the end of the file");
+      char* data = static_cast<char*>(m->base) + offset;
+      return at::DataPtr(data, new std::shared_ptr<Mapping>(m), &ReleaseMapping, c10::Device(c10::kCPU));
+    };
+    torch::jit::Unpickler unpickler(read, /*type_resolver=*/nullptr, /*obj_loader=*/nullptr, read_record,
+                                    /*device=*/std::nullopt);
+    unpickler.set_version(reader.version());
+    return unpickler.parse_ivalue();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    ST_THROW(Error, "checkpoint '", path, "' is truncated or corrupt (", m->size,
+             " bytes; cannot be read: ", FirstLine(e), ")");
+  }
+}
+
+}  // namespace shardtrain::trainer

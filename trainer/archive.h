@@ -1,0 +1,68 @@
+// torch.save-format archives without holding their tensors in memory.
+//
+// The format is the zip archive torch.save writes: one record per tensor
+// storage ("<archive>/data/<key>", stored uncompressed, 64-byte aligned) and a
+// pickle ("<archive>/data.pkl") of the root object whose tensors refer to
+// those records by key. Lists and dicts are pickled without LibTorch's
+// container type tags, so Python's torch.load(path, weights_only=True) reads
+// the file, and so do torch::pickle_load and MapArchive.
+//
+// ArchiveWriter streams: each tensor's bytes go to the file when Add() is
+// called, so a caller can gather, add and drop tensors one at a time.
+// MapArchive maps a file and hands out tensors that are views of the mapping:
+// only the pages a reader touches are read.
+#ifndef SHARDTRAIN_TRAINER_ARCHIVE_H_
+#define SHARDTRAIN_TRAINER_ARCHIVE_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+
+namespace c10 {
+struct IValue;
+}
+
+namespace shardtrain::trainer {
+
+// Streams a torch.save-format zip archive into a file: each tensor's bytes
+// are written as a record when Add() is called; Finish() pickles the root
+// object (whose tensors are the placeholders Add returned), writes data.pkl,
+// the end of the archive, fsyncs and renames the temporary file into place.
+// The file appears at `path` only when Finish() succeeds (a previous file
+// there stays untouched until then). I/O errors throw shardtrain::Error
+// naming the file.
+class ArchiveWriter {
+ public:
+  explicit ArchiveWriter(std::string path);
+  ~ArchiveWriter();  // without Finish(): removes the temporary file
+  ArchiveWriter(const ArchiveWriter&) = delete;
+  ArchiveWriter& operator=(const ArchiveWriter&) = delete;
+
+  // Writes t's elements (not the rest of its storage; CUDA tensors are copied
+  // to the CPU first) now; returns a data-less placeholder with t's dtype and
+  // shape to put into the root object. Adding the same placeholder twice in
+  // the root (e.g. a tied weight under two names) stores it once.
+  at::Tensor Add(const at::Tensor& t);
+  // Root may hold placeholders only (no other tensors); throws
+  // shardtrain::InvalidArgumentError otherwise.
+  void Finish(const c10::IValue& root);
+
+  const std::string& path() const { return path_; }
+
+ private:
+  struct State;
+  std::string path_;
+  std::unique_ptr<State> state_;
+};
+
+// Opens a torch.save-format archive with every tensor a zero-copy view of
+// the memory-mapped file: bytes are read (and count as resident) only when
+// touched. The mapping lives as long as any of its tensors. The mapping is
+// private: writing into a tensor never changes the file. Throws
+// shardtrain::Error naming the file when it is missing or not such an archive.
+c10::IValue MapArchive(const std::string& path);
+
+}  // namespace shardtrain::trainer
+
+#endif  // SHARDTRAIN_TRAINER_ARCHIVE_H_
