@@ -8,7 +8,7 @@
 namespace shardtrain::sharding {
 
 FlatParameter::FlatParameter(std::string unit_name, std::vector<FlatParamEntry> entries, int shard_rank,
-                             int shard_world, bool offload_shard)
+                             int shard_world, NoValues)
     : unit_name_(std::move(unit_name)), entries_(std::move(entries)), shard_rank_(shard_rank), shard_world_(shard_world) {
   ST_CHECK_ARG(shard_world >= 1 && shard_rank >= 0 && shard_rank < shard_world, "FlatParameter: bad shard rank ",
                shard_rank, " of ", shard_world);
@@ -28,15 +28,42 @@ FlatParameter::FlatParameter(std::string unit_name, std::vector<FlatParamEntry> 
   }
   padded_numel_ = (numel_ + shard_world - 1) / shard_world * shard_world;
   shard_numel_ = padded_numel_ / shard_world;
+}
+
+FlatParameter::FlatParameter(std::string unit_name, std::vector<FlatParamEntry> entries, int shard_rank,
+                             int shard_world, bool offload_shard)
+    : FlatParameter(std::move(unit_name), std::move(entries), shard_rank, shard_world, NoValues{}) {
   std::vector<at::Tensor> data;
   for (const auto& e : entries_) data.push_back(e.param.detach());
   at::Tensor flat = Flatten(data, at::kFloat);
-  at::Tensor shard = flat.narrow(0, shard_offset(), shard_numel_);
+  SetShard(flat.narrow(0, shard_offset(), shard_numel_), offload_shard, /*adopt=*/false);
+}
+
+std::unique_ptr<FlatParameter> FlatParameter::FromShard(std::string unit_name, std::vector<FlatParamEntry> entries,
+                                                        at::Tensor shard, int shard_rank, int shard_world,
+                                                        bool offload_shard) {
+  std::unique_ptr<FlatParameter> f(
+      new FlatParameter(std::move(unit_name), std::move(entries), shard_rank, shard_world, NoValues{}));
+  ST_CHECK_ARG(shard.defined() && shard.scalar_type() == at::kFloat && shard.dim() == 1 &&
+                   shard.numel() == f->shard_numel_,
+               "unit '", f->unit_name_, "': the adopted shard must be a float32 vector of ", f->shard_numel_,
+               " elements (", f->numel_, " parameters padded to a multiple of ", shard_world, ", split ", shard_world,
+               " ways), got ", shard.defined() ? shard.sizes() : c10::IntArrayRef{}, " ",
+               shard.defined() ? shard.scalar_type() : at::kFloat);
+  f->SetShard(shard, offload_shard, /*adopt=*/true);
+  return f;
+}
+
+void FlatParameter::SetShard(at::Tensor shard, bool offload_shard, bool adopt) {
   if (offload_shard && !device_.is_cpu()) {
     shard_ = at::empty({shard_numel_}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true));
     shard_.copy_(shard);
+  } else if (adopt && !shard.is_view() && !shard.requires_grad() && shard.is_contiguous() &&
+             shard.storage_offset() == 0 && shard.storage().nbytes() == shard.nbytes() &&
+             shard.device() == device_) {
+    shard_ = shard;  // owns exactly its bytes already: no copy
   } else {
-    shard_ = shard.clone();
+    shard_ = shard.to(device_).clone();  // a clone owns exactly its bytes
   }
   shard_.set_requires_grad(true);
 }

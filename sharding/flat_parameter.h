@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,13 @@ class FlatParameter {
   // state) lives in CPU memory (pinned when the parameters are on CUDA).
   FlatParameter(std::string unit_name, std::vector<FlatParamEntry> entries, int shard_rank, int shard_world,
                 bool offload_shard = false);
+  // Adopts `shard` (float32, this rank's block of the padded flat buffer) as
+  // the unit's shard without reading the parameters' values, which may be
+  // freed: ShardedInitScope (sharding/sharded_init.h) computes it while the
+  // module is constructed. Entries are laid out as by the constructor.
+  static std::unique_ptr<FlatParameter> FromShard(std::string unit_name, std::vector<FlatParamEntry> entries,
+                                                  at::Tensor shard, int shard_rank, int shard_world,
+                                                  bool offload_shard = false);
 
   const std::string& unit_name() const { return unit_name_; }
   const std::vector<FlatParamEntry>& entries() const { return entries_; }
@@ -62,6 +70,12 @@ class FlatParameter {
   std::vector<at::Tensor> Views(const at::Tensor& flat) const;
 
  private:
+  struct NoValues {};
+  FlatParameter(std::string unit_name, std::vector<FlatParamEntry> entries, int shard_rank, int shard_world,
+                NoValues);
+  // Keeps `shard` itself when `adopt` and it owns exactly its bytes, else a copy.
+  void SetShard(at::Tensor shard, bool offload_shard, bool adopt);
+
   std::string unit_name_;
   std::vector<FlatParamEntry> entries_;
   int shard_rank_;

@@ -25,6 +25,7 @@
 #include "sharding/flat_parameter.h"
 #include "sharding/grad_ready_hook.h"
 #include "sharding/shard_layout.h"
+#include "sharding/sharded_init.h"
 
 namespace shardtrain::sharding {
 
@@ -226,6 +227,16 @@ ShardedModel::ShardedModel(std::shared_ptr<torch::nn::Module> module, comm::Comm
     }
     for (const auto& m : module_->modules()) g_sharded_modules.insert(m.get());
   }
+  // Should the constructor throw below, the destructor does not run: unregister here.
+  struct Unregister {
+    torch::nn::Module* root;
+    bool armed = true;
+    ~Unregister() {
+      if (!armed) return;
+      std::lock_guard<std::mutex> lock(g_sharded_modules_mu);
+      for (const auto& m : root->modules()) g_sharded_modules.erase(m.get());
+    }
+  } unregister{module_.get()};
   const auto& mp = options_.mixed_precision;
   param_dtype_ = mp.param_dtype.value_or(at::kFloat);
   reduce_dtype_ = options_.fp32_reduce_scatter ? at::kFloat : mp.reduce_dtype.value_or(param_dtype_);
@@ -277,6 +288,7 @@ ShardedModel::ShardedModel(std::shared_ptr<torch::nn::Module> module, comm::Comm
     }
   }
   BuildUnits(policy, checkpoint);
+  unregister.armed = false;
 }
 
 ShardedModel::~ShardedModel() {
@@ -292,7 +304,36 @@ void ShardedModel::SyncModuleStates() {
   if (world_->size() == 1) return;
   at::NoGradGuard no_grad;
   std::vector<comm::WorkPtr> works;
-  for (auto& p : module_->parameters()) works.push_back(world_->Broadcast(p.detach(), 0));
+  // Parameters sharded at construction (ShardedInitScope) hold no values to
+  // broadcast: every rank computed them from the same seed, which is checked.
+  std::vector<double> checksums;
+  std::vector<std::string> prebuilt_paths;
+  for (const auto& item : module_->named_modules()) {
+    auto* wp = dynamic_cast<WrapPoint*>(item.value().get());
+    if (wp && wp->prebuilt_) {
+      checksums.push_back(wp->prebuilt_->checksum);
+      prebuilt_paths.push_back(item.key());
+    }
+  }
+  if (!checksums.empty()) {
+    const int64_t n = static_cast<int64_t>(checksums.size());
+    at::Tensor mine = at::tensor(checksums, at::kDouble);
+    at::Tensor both = at::cat({mine, -mine, at::tensor({static_cast<double>(n), -static_cast<double>(n)}, at::kDouble)});
+    world_->AllReduce(both, {comm::ReduceOp::kMax})->Wait();
+    ST_CHECK_ARG(both[2 * n].item<double>() == n && -both[2 * n + 1].item<double>() == n,
+                 "sync_module_states: ranks sharded different numbers of wrap points at construction "
+                 "(ShardedInitScope); construct the model the same way on every rank");
+    for (int64_t i = 0; i < n; ++i) {
+      ST_CHECK_ARG(both[i].item<double>() == checksums[i] && -both[n + i].item<double>() == checksums[i],
+                   "sync_module_states: wrap point '", prebuilt_paths[i],
+                   "' was sharded at construction (ShardedInitScope) with different initial values on different "
+                   "ranks; seed every rank alike (at::manual_seed) before constructing the model, or construct it "
+                   "without the scope so that rank 0's values are broadcast");
+    }
+  }
+  for (auto& p : module_->parameters()) {
+    if (!StorageIsFreed(p)) works.push_back(world_->Broadcast(p.detach(), 0));
+  }
   for (auto& b : module_->buffers()) {
     if (b.is_contiguous()) works.push_back(world_->Broadcast(b, 0));
   }
@@ -347,6 +388,60 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
     std::stable_partition(entries.begin(), entries.end(), [](const FlatParamEntry& e) { return e.requires_grad; });
     return entries;
   };
+  // Shards made at construction (ShardedInitScope): adopted as they are when
+  // the unit built here has the same parameters in the same order, else
+  // gathered back (one unit at a time) so the unit is built as usual.
+  std::unordered_map<const at::TensorImpl*, std::pair<WrapPoint*, std::string>> prebuilt_owner;
+  for (const auto& [path, m] : modules) {
+    auto* wp = dynamic_cast<WrapPoint*>(m.get());
+    if (!wp || !wp->prebuilt_) continue;
+    const auto& place = wp->prebuilt_->place;
+    ST_CHECK_ARG(place.rank == shard_group_->rank() && place.size == shard_group_->size(), "wrap point '", path,
+                 "' was sharded at construction for shard rank ", place.rank, " of ", place.size,
+                 ", but this ShardedModel's shard group makes this rank ", shard_group_->rank(), " of ",
+                 shard_group_->size(), "; make the ShardedInitScope from the same world, sharding options and ",
+                 "local world size as the ShardedModel");
+    for (const auto& e : wp->prebuilt_->entries) prebuilt_owner[e.param.unsafeGetTensorImpl()] = {wp, path};
+  }
+  auto restore = [&](WrapPoint* wp, const std::string& path) {
+    auto pre = std::move(wp->prebuilt_);
+    at::NoGradGuard no_grad;
+    at::Tensor full = at::empty({pre->padded_numel}, pre->shard.options());
+    if (shard_group_->size() == 1) {
+      full.copy_(pre->shard);
+    } else {
+      shard_group_->AllGather(pre->shard, full)->Wait();
+    }
+    int64_t offset = 0;
+    for (const auto& e : pre->entries) {
+      e.param.set_data(full.narrow(0, offset, e.numel).view(e.shape));
+      offset += e.numel;
+    }
+    ST_LOG(INFO) << "ShardedModel: wrap point '" << path << "' was sharded at construction, but the unit built here "
+                 << "holds other parameters (a weight tied or frozen after construction, or another wrap policy); "
+                 << "gathered its " << pre->numel << " parameters to build the unit";
+  };
+  // Gives values back to parameters whose shard was made elsewhere before they are flattened.
+  auto materialise = [&](const std::vector<FlatParamEntry>& entries) {
+    for (const auto& e : entries) {
+      if (!StorageIsFreed(e.param)) continue;
+      auto it = prebuilt_owner.find(e.param.unsafeGetTensorImpl());
+      ST_CHECK_ARG(it != prebuilt_owner.end() && it->second.first->prebuilt_, "parameter '", e.name,
+                   "' holds no values (its storage is freed) and no wrap point sharded it at construction; "
+                   "a module can be wrapped by a ShardedModel only once");
+      restore(it->second.first, it->second.second);
+    }
+  };
+  auto matches = [](const std::vector<FlatParamEntry>& entries, const internal::PrebuiltUnit& pre) {
+    if (entries.size() != pre.entries.size()) return false;
+    for (size_t k = 0; k < entries.size(); ++k) {
+      if (entries[k].param.unsafeGetTensorImpl() != pre.entries[k].param.unsafeGetTensorImpl() ||
+          entries[k].requires_grad != pre.entries[k].requires_grad) {
+        return false;
+      }
+    }
+    return true;
+  };
   // Deepest wrap points first so nested units take their parameters before parents.
   for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
     auto* wp = dynamic_cast<WrapPoint*>(it->second.get());
@@ -355,13 +450,23 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
     auto entries = unit_params(*it->second, it->first);
     int64_t numel = 0;
     for (auto& e : entries) numel += e.param.numel();
-    if (entries.empty() || !policy.should_wrap(*wp, numel)) continue;
+    const bool wrap = !entries.empty() && policy.should_wrap(*wp, numel);
+    std::shared_ptr<internal::PrebuiltUnit> adopt;
+    if (wp->prebuilt_ && wrap && matches(entries, *wp->prebuilt_)) adopt = std::move(wp->prebuilt_);
+    if (wp->prebuilt_) restore(wp, it->first);
+    if (!wrap) continue;
     auto u = std::make_unique<ShardedUnit>();
     u->name = it->first;
     u->checkpoint = checkpoint && checkpoint(*wp);
     for (auto& e : entries) taken.insert(e.param.unsafeGetTensorImpl());
-    u->flat = std::make_unique<FlatParameter>(u->name, std::move(entries), shard_group_->rank(), shard_group_->size(),
-                                              options_.offload_params);
+    if (adopt) {
+      u->flat = FlatParameter::FromShard(u->name, std::move(entries), adopt->shard, shard_group_->rank(),
+                                         shard_group_->size(), options_.offload_params);
+    } else {
+      materialise(entries);
+      u->flat = std::make_unique<FlatParameter>(u->name, std::move(entries), shard_group_->rank(),
+                                                shard_group_->size(), options_.offload_params);
+    }
     wp->unit_ = u.get();
     units_.push_back(std::move(u));
   }
@@ -370,7 +475,12 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
   auto root = std::make_unique<ShardedUnit>();
   root->is_root = true;
   root->name = "";
-  root->flat = std::make_unique<FlatParameter>("<root>", unit_params(*module_, ""), shard_group_->rank(),
+  auto root_entries = unit_params(*module_, "");
+  materialise(root_entries);
+  for (const auto& [path, m] : modules) {  // shards of parameters no unit holds any more
+    if (auto* wp = dynamic_cast<WrapPoint*>(m.get())) wp->prebuilt_.reset();
+  }
+  root->flat = std::make_unique<FlatParameter>("<root>", std::move(root_entries), shard_group_->rank(),
                                                shard_group_->size(), options_.offload_params);
   root_ = root.get();
   units_.push_back(std::move(root));

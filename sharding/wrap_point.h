@@ -22,11 +22,20 @@
 #include <type_traits>
 #include <typeinfo>
 #include <utility>
+#include <memory>
 #include <vector>
+
+namespace torch::nn {
+class Module;
+}
 
 namespace shardtrain::sharding {
 
 class ShardedUnit;
+class ShardedInitScope;
+namespace internal {
+struct PrebuiltUnit;
+}
 
 class WrapPoint {
  public:
@@ -57,11 +66,21 @@ class WrapPoint {
 
  private:
   friend class ShardedModel;
+  friend class ShardedInitScope;
   ShardedUnit* unit_ = nullptr;
+  // This rank's shard made at construction by a ShardedInitScope, until a
+  // ShardedModel adopts it as the unit's FlatParameter.
+  std::shared_ptr<internal::PrebuiltUnit> prebuilt_;
 };
 
 namespace internal {
 std::string Demangle(const char* name);
+// Hands a just-constructed wrap point to the thread's active ShardedInitScope
+// (does nothing when none is active). Defined in sharded_init.cc.
+void OnWrapPointConstructed(WrapPoint& point, torch::nn::Module& module);
+
+template <typename Self, typename... Args>
+inline constexpr bool kIsCopyOf = sizeof...(Args) == 1 && (std::is_base_of_v<Self, std::decay_t<Args>> && ...);
 
 inline void CollectTensors(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
 inline void CollectTensors(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
@@ -133,7 +152,12 @@ void PutTensor(T& arg, const std::vector<at::Tensor>& in, size_t& next) {
 template <typename Impl>
 class Sharded : public Impl, public WrapPoint {
  public:
-  using Impl::Impl;
+  // Impl's constructors, followed by the hand-over to an active ShardedInitScope.
+  template <typename... Args>
+    requires(std::is_constructible_v<Impl, Args && ...> && !internal::kIsCopyOf<Sharded, Args...>)
+  explicit Sharded(Args&&... args) : Impl(std::forward<Args>(args)...) {
+    internal::OnWrapPointConstructed(*this, *this);
+  }
 
   std::string WrapTypeName() const override { return internal::Demangle(typeid(Impl).name()); }
 

@@ -9,6 +9,7 @@
 
 #include "comm/errors.h"
 #include "comm/logging.h"
+#include "sharding/sharded_init.h"
 
 namespace shardtrain::strategies {
 
@@ -55,6 +56,25 @@ void ShardedStrategyBase::WrapModel(std::shared_ptr<torch::nn::Module> module) {
   sm_ = std::make_unique<sharding::ShardedModel>(module, world_, options, policy_, checkpoint_,
                                                  cluster_.local_world_size);
   module_ = std::move(module);
+}
+
+namespace {
+class InitScopeHolder : public Strategy::ConstructionScope {
+ public:
+  InitScopeHolder(sharding::ShardGroupPlace place, sharding::WrapPolicy policy) : scope_(place, std::move(policy)) {}
+
+ private:
+  sharding::ShardedInitScope scope_;
+};
+}  // namespace
+
+std::unique_ptr<Strategy::ConstructionScope> ShardedStrategyBase::MakeConstructionScope() {
+  CheckSetUp("MakeConstructionScope");
+  if (!sharded_construction_ || sm_ || world_ == nullptr || !device_.is_cpu()) return nullptr;
+  const auto place = sharding::ShardGroupOf(world_->rank(), world_->size(), ResolvedShardingOptions(),
+                                            cluster_.local_world_size);
+  if (place.size == 1) return nullptr;
+  return std::make_unique<InitScopeHolder>(place, policy_);
 }
 
 sharding::ShardedModel& ShardedStrategyBase::sharded_model() {

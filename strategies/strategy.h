@@ -76,6 +76,18 @@ class Strategy {
   void SetDevice(const c10::Device& device);
   const c10::Device& device() const { return device_; }
 
+  // Held around the model's construction (the Trainer holds it around
+  // configure_model) so that building the model follows the strategy's memory
+  // plan; destroying it ends that.
+  class ConstructionScope {
+   public:
+    virtual ~ConstructionScope() = default;
+  };
+  // The strategy's construction scope, or nullptr when it has none or it is
+  // off (the default: replicated strategies hold the whole model anyway).
+  // Call after Setup and SetDevice, on the thread that constructs the model.
+  virtual std::unique_ptr<ConstructionScope> MakeConstructionScope() { return nullptr; }
+
   // Takes the model (built by the user, e.g. in configure_model) and wraps it.
   virtual void WrapModel(std::shared_ptr<torch::nn::Module> module) = 0;
   bool wrapped() const { return module_ != nullptr; }

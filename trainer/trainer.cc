@@ -187,10 +187,15 @@ void Trainer::SetupModel(TrainingModule& module) {
   if (options_.precision == "16-mixed" && options_.grad_scaler.enabled) {
     scaler_ = std::make_unique<GradScaler>(options_.grad_scaler);
   }
-  auto model = module.configure_model();
+  strategy_->SetDevice(device_);
+  std::shared_ptr<torch::nn::Module> model;
+  {
+    // A sharded strategy may build the model shard by shard (its construction scope).
+    auto construction = strategy_->MakeConstructionScope();
+    model = module.configure_model();
+  }
   ST_CHECK_ARG(model != nullptr, "configure_model returned no module");
   if (device_.is_cuda()) model->to(device_);
-  strategy_->SetDevice(device_);
   strategy_->WrapModel(model);
   opt_ = module.configure_optimizers(strategy_->parameters());
   ST_CHECK_ARG(opt_.optimizer != nullptr, "configure_optimizers returned no optimizer");

@@ -1,0 +1,130 @@
+#include "sharding/sharded_init.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/StorageImpl.h>
+#include <torch/nn/module.h>
+
+#include <algorithm>
+
+#include "comm/errors.h"
+
+namespace shardtrain::sharding {
+namespace {
+thread_local ShardedInitScope* g_active = nullptr;
+
+std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) {
+    strides[i] = strides[i + 1] * std::max<int64_t>(shape[i + 1], 1);
+  }
+  return strides;
+}
+}  // namespace
+
+ShardGroupPlace ShardGroupOf(int world_rank, int world_size, const ShardingOptions& options, int local_world_size) {
+  ST_CHECK_ARG(world_size >= 1 && world_rank >= 0 && world_rank < world_size, "ShardGroupOf: rank ", world_rank,
+               " is not in a world of ", world_size);
+  switch (options.sharding_strategy) {
+    case ShardingStrategy::kFullShard:
+    case ShardingStrategy::kShardGradOp:
+      return {world_rank, world_size};
+    case ShardingStrategy::kNoShard:
+      return {0, 1};
+    case ShardingStrategy::kHybridShard: {
+      const int s = options.hybrid_shard_group_size > 0 ? options.hybrid_shard_group_size
+                    : local_world_size > 0              ? local_world_size
+                                                        : world_size;
+      ST_CHECK_ARG(world_size % s == 0, "HYBRID_SHARD: shard group size ", s, " must divide the world size ",
+                   world_size);
+      return {world_rank % s, s};
+    }
+  }
+  return {world_rank, world_size};
+}
+
+ShardedInitScope::ShardedInitScope(ShardGroupPlace place, WrapPolicy policy)
+    : place_(place), policy_(std::move(policy)), previous_(g_active) {
+  ST_CHECK_ARG(place_.size >= 1 && place_.rank >= 0 && place_.rank < place_.size, "ShardedInitScope: shard rank ",
+               place_.rank, " is not in a shard group of ", place_.size, " (valid: 0..size-1, size >= 1)");
+  ST_CHECK_ARG(policy_.should_wrap != nullptr, "ShardedInitScope: the wrap policy has no should_wrap function");
+  g_active = this;
+}
+
+ShardedInitScope::ShardedInitScope(const comm::Communicator& world, const ShardingOptions& options, WrapPolicy policy,
+                                   int local_world_size)
+    : ShardedInitScope(ShardGroupOf(world.rank(), world.size(), options, local_world_size), std::move(policy)) {}
+
+ShardedInitScope::~ShardedInitScope() { g_active = previous_; }
+
+ShardedInitScope* ShardedInitScope::Active() { return g_active; }
+
+void ShardedInitScope::Take(WrapPoint& point, torch::nn::Module& module) {
+  at::NoGradGuard no_grad;
+  // The subtree's parameters that no nested wrap point took, once each, in
+  // registration order; trainable first, as ShardedModel lays out a unit.
+  std::vector<FlatParamEntry> entries;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const at::Tensor& p = item.value();
+    const c10::TensorImpl* impl = p.unsafeGetTensorImpl();
+    if (taken_.count(impl) || !seen.insert(impl).second || StorageIsFreed(p)) continue;
+    ST_CHECK_ARG(p.scalar_type() == at::kFloat, "ShardedInitScope: parameter '", item.key(), "' of wrap point ",
+                 point.WrapTypeName(), " is ", p.scalar_type(),
+                 "; sharded parameters must be float32 (lower precision is set with mixed_precision.param_dtype)");
+    FlatParamEntry e;
+    e.name = item.key();
+    e.param = p;
+    e.requires_grad = p.requires_grad();
+    e.shape = p.sizes().vec();
+    e.numel = p.numel();
+    entries.push_back(std::move(e));
+  }
+  std::stable_partition(entries.begin(), entries.end(), [](const FlatParamEntry& e) { return e.requires_grad; });
+  int64_t numel = 0;
+  for (const auto& e : entries) numel += e.numel;
+  if (entries.empty() || !policy_.should_wrap(point, numel)) return;  // the parent (or the root) takes them
+
+  const c10::Device device = entries.front().param.device();
+  const int64_t padded = (numel + place_.size - 1) / place_.size * place_.size;
+  const int64_t shard_numel = padded / place_.size;
+  const int64_t lo = place_.rank * shard_numel, hi = lo + shard_numel;
+  auto pre = std::make_shared<internal::PrebuiltUnit>();
+  pre->shard = at::zeros({shard_numel}, at::TensorOptions().dtype(at::kFloat).device(device));  // padding stays 0
+  pre->place = place_;
+  pre->numel = numel;
+  pre->padded_numel = padded;
+  // A buffer with the unit's size but no bytes: parameters become views of it
+  // (views are made while its size is set, for bounds checks), then it is
+  // marked freed, as ShardedModel leaves a resharded unit.
+  at::Tensor base = at::empty({0}, pre->shard.options());
+  base.storage().unsafeGetStorageImpl()->set_nbytes(static_cast<size_t>(padded) * sizeof(float));
+  int64_t offset = 0;
+  for (auto& e : entries) {
+    ST_CHECK_ARG(e.param.device() == device, "ShardedInitScope: wrap point ", point.WrapTypeName(),
+                 " has parameters on different devices: '", entries.front().name, "' on ", device, " and '", e.name,
+                 "' on ", e.param.device(), "; construct the model on one device");
+    at::Tensor flat = e.param.detach().reshape({-1});
+    pre->checksum += flat.sum().item<double>();
+    const int64_t b = std::max(lo, offset), end = std::min(hi, offset + e.numel);
+    if (b < end) pre->shard.narrow(0, b - lo, end - b).copy_(flat.narrow(0, b - offset, end - b));
+    at::Tensor view = at::empty({0}, pre->shard.options());
+    view.set_(base.storage(), offset, e.shape, ContiguousStrides(e.shape));
+    e.param.set_data(view);  // the full values are released here (unless held elsewhere)
+    e.offset = offset;
+    offset += e.numel;
+    taken_.insert(e.param.unsafeGetTensorImpl());
+  }
+  FreeStorage(base);
+  pre->entries = std::move(entries);
+  point.prebuilt_ = std::move(pre);
+  ++units_built_;
+  shard_bytes_ += shard_numel * static_cast<int64_t>(sizeof(float));
+}
+
+namespace internal {
+void OnWrapPointConstructed(WrapPoint& point, torch::nn::Module& module) {
+  if (g_active != nullptr) g_active->Take(point, module);
+}
+}  // namespace internal
+
+}  // namespace shardtrain::sharding

@@ -1,0 +1,385 @@
+// ShardedInitScope: a model built under the scope never holds more than this
+// rank's shards plus one unit, has the same weights as one built plainly from
+// the same seed, and trains exactly like it. Threads-as-ranks over real Gloo.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/nn/module.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adam.h>
+
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "sharding/sharded_init.h"
+#include "sharding/sharded_model.h"
+#include "strategies/sharded_strategy_base.h"
+#include "strategies/registry.h"
+#include "tests/testing/counting_allocator.h"
+#include "tests/testing/multi_rank.h"
+#include "trainer/data.h"
+#include "trainer/trainer.h"
+#include "trainer/training_module.h"
+
+namespace shardtrain::sharding {
+namespace {
+
+using shardtrain::testing::RunRanks;
+constexpr int64_t kWidth = 16;
+
+class LayerImpl : public torch::nn::Module {
+ public:
+  LayerImpl() {
+    a = register_module("a", torch::nn::Linear(kWidth, 2 * kWidth));
+    b = register_module("b", torch::nn::Linear(2 * kWidth, kWidth));
+  }
+  at::Tensor forward(const at::Tensor& x) { return b->forward(at::relu(a->forward(x))); }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+};
+
+// A unit with a nested unit, a weight tied with its sibling (so its own shard
+// made at construction does not fit the unit ShardedModel builds: gathered
+// back), and optionally a parameter frozen in its constructor.
+class BlockImpl : public torch::nn::Module {
+ public:
+  BlockImpl(const at::Tensor& shared_weight, bool with_frozen) {
+    inner = register_module("inner", std::make_shared<Sharded<LayerImpl>>());
+    proj = register_module("proj", torch::nn::Linear(kWidth, kWidth));
+    shared = register_parameter("shared", shared_weight);
+    if (with_frozen) proj->bias.set_requires_grad(false);
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor h = inner->forward(x);
+    return proj->forward(h) + at::matmul(h, shared) * 0.1;
+  }
+  std::shared_ptr<Sharded<LayerImpl>> inner;
+  torch::nn::Linear proj{nullptr};
+  at::Tensor shared;
+};
+
+// Root parameters (emb, the tied weight) around two wrap points with nested ones.
+class NetImpl : public torch::nn::Module {
+ public:
+  NetImpl() {
+    emb = register_module("emb", torch::nn::Linear(8, kWidth));
+    at::Tensor w = register_parameter("w", at::randn({kWidth, kWidth}) * 0.2);
+    b0 = register_module("b0", std::make_shared<Sharded<BlockImpl>>(w, /*with_frozen=*/true));
+    b1 = register_module("b1", std::make_shared<Sharded<BlockImpl>>(w, /*with_frozen=*/false));
+  }
+  at::Tensor forward(const at::Tensor& x) { return b1->forward(b0->forward(emb->forward(x))).sum(1); }
+  torch::nn::Linear emb{nullptr};
+  std::shared_ptr<Sharded<BlockImpl>> b0, b1;
+};
+
+// Rank threads build concurrently and share the global generator: build one at
+// a time, each from the same seed (construction under the scope communicates
+// nothing, so this is allowed).
+template <typename M>
+std::shared_ptr<M> BuildLocked(uint64_t seed, const std::function<std::unique_ptr<ShardedInitScope>()>& scope) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  at::manual_seed(seed);
+  auto s = scope ? scope() : nullptr;
+  return std::make_shared<M>();
+}
+
+std::map<std::string, at::Tensor> Values(torch::nn::Module& m) {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& item : m.named_parameters()) out[item.key()] = item.value().detach().clone();
+  return out;
+}
+
+void ExpectBitEqual(const std::map<std::string, at::Tensor>& got, const std::map<std::string, at::Tensor>& want) {
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, t] : want) {
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_TRUE(got.at(name).equal(t)) << name << " differs";
+  }
+}
+
+TEST(ShardedInit, SameWeightsAsPlainConstructionAtW124) {
+  for (int W : {1, 2, 4}) {
+    RunRanks(W, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
+      auto plain = BuildLocked<NetImpl>(5, nullptr);
+      auto scoped = BuildLocked<NetImpl>(5, [&] {
+        auto s = std::make_unique<ShardedInitScope>(*comm, ShardingOptions{});
+        return s;
+      });
+      // While unadopted, wrapped parameters hold no values; root ones do.
+      EXPECT_TRUE(StorageIsFreed(scoped->b0->inner->a->weight));
+      EXPECT_TRUE(StorageIsFreed(scoped->b1->proj->weight));
+      EXPECT_FALSE(StorageIsFreed(scoped->emb->weight));
+      ShardedModel sm(scoped, comm, ShardingOptions{});
+      std::vector<std::string> names;
+      for (const auto& u : sm.units()) names.push_back(u.name);
+      EXPECT_EQ(names, (std::vector<std::string>{"b0", "b0.inner", "b1", "b1.inner", ""}));
+      auto sd = sm.FullStateDict(/*rank0_only=*/false);
+      auto want = Values(*plain);
+      want["b0.shared"] = want["b1.shared"] = want["w"];
+      ExpectBitEqual(sd, want);
+    });
+  }
+}
+
+// HYBRID_SHARD: the scope made from the world and the options shards over the
+// same 2-rank groups as the ShardedModel.
+TEST(ShardedInit, SameWeightsWithHybridShardAtW4) {
+  RunRanks(4, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
+    ShardingOptions options;
+    options.sharding_strategy = ShardingStrategy::kHybridShard;
+    options.hybrid_shard_group_size = 2;
+    auto plain = BuildLocked<NetImpl>(6, nullptr);
+    auto scoped = BuildLocked<NetImpl>(6, [&] { return std::make_unique<ShardedInitScope>(*comm, options); });
+    ShardedModel sm(scoped, comm, options);
+    EXPECT_EQ(sm.shard_group()->size(), 2);
+    EXPECT_EQ(sm.units()[1].shard_numel, (sm.units()[1].numel + 1) / 2);
+    ExpectBitEqual(sm.FullStateDict(false), Values(*plain));
+  });
+}
+
+TEST(ShardedInit, TrainsLikePlainConstructionAtW2) {
+  RunRanks(2, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
+    std::vector<double> losses[2];
+    std::map<std::string, at::Tensor> final_state[2];
+    for (int scoped : {0, 1}) {
+      auto net = BuildLocked<NetImpl>(9, scoped ? std::function<std::unique_ptr<ShardedInitScope>()>([&] {
+        return std::make_unique<ShardedInitScope>(*comm, ShardingOptions{});
+      })
+                                                : nullptr);
+      ShardedModel sm(net, comm, ShardingOptions{});
+      torch::optim::Adam opt(sm.parameters(), torch::optim::AdamOptions(1e-2));
+      auto g = at::detail::createCPUGenerator(100 + rank);
+      for (int step = 0; step < 4; ++step) {
+        at::Tensor x = at::randn({4, 8}, g);
+        at::Tensor y = at::randn({4}, g);
+        opt.zero_grad();
+        at::Tensor loss = (sm.Forward([&] { return net->forward(x); }) - y).pow(2).mean();
+        loss.backward();
+        opt.step();
+        losses[scoped].push_back(loss.item<double>());
+      }
+      final_state[scoped] = sm.FullStateDict(/*rank0_only=*/false);
+    }
+    EXPECT_EQ(losses[0], losses[1]);
+    ExpectBitEqual(final_state[1], final_state[0]);
+  });
+}
+
+// Parameters frozen after construction, or a ShardedModel with another wrap
+// policy: the prebuilt shards do not fit the units built, which are gathered
+// back and built as usual; the weights stay those of plain construction.
+TEST(ShardedInit, UnitsThatChangedAfterConstructionAreGatheredBack) {
+  RunRanks(2, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
+    auto plain = BuildLocked<NetImpl>(3, nullptr);
+    auto want = Values(*plain);
+    want["b0.shared"] = want["b1.shared"] = want["w"];
+    auto make_scope = [&] { return std::make_unique<ShardedInitScope>(*comm, ShardingOptions{}); };
+    {
+      auto net = BuildLocked<NetImpl>(3, make_scope);
+      net->b1->proj->weight.set_requires_grad(false);
+      ShardedModel sm(net, comm, ShardingOptions{});
+      ExpectBitEqual(sm.FullStateDict(false), want);
+      ASSERT_EQ(sm.units()[2].name, "b1");
+      EXPECT_EQ(sm.units()[2].param_names, (std::vector<std::string>{"b1.proj.bias", "b1.proj.weight"}))
+          << "the weight frozen after construction is laid out after the trainable bias";
+    }
+    {
+      auto net = BuildLocked<NetImpl>(3, make_scope);
+      ShardedModel sm(net, comm, ShardingOptions{}, WrapPolicy::Never());
+      EXPECT_EQ(sm.num_units(), 1);
+      ExpectBitEqual(sm.FullStateDict(false), want);
+    }
+  });
+}
+
+std::string ErrorOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(ShardedInit, ClearErrors) {
+  RunRanks(2, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
+    // Ranks that built different weights are named by wrap point.
+    auto net = BuildLocked<NetImpl>(20 + rank, [&] { return std::make_unique<ShardedInitScope>(*comm, ShardingOptions{}); });
+    std::string msg = ErrorOf([&] { ShardedModel sm(net, comm, ShardingOptions{}); });
+    EXPECT_NE(msg.find("wrap point 'b0' was sharded at construction (ShardedInitScope) with different initial "
+                       "values"),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("at::manual_seed"), std::string::npos) << msg;
+    // A scope for another shard group than the ShardedModel's.
+    auto other = BuildLocked<NetImpl>(1, [&] { return std::make_unique<ShardedInitScope>(ShardGroupPlace{0, 1}); });
+    ShardingOptions no_sync;
+    no_sync.sync_module_states = false;
+    msg = ErrorOf([&] { ShardedModel sm(other, comm, no_sync); });
+    EXPECT_NE(msg.find("wrap point 'b0' was sharded at construction for shard rank 0 of 1, but this ShardedModel's "
+                       "shard group makes this rank " +
+                       std::to_string(rank) + " of 2"),
+              std::string::npos)
+        << msg;
+    msg = ErrorOf([&] { ShardedInitScope bad(ShardGroupPlace{2, 2}); });
+    EXPECT_NE(msg.find("shard rank 2 is not in a shard group of 2 (valid: 0..size-1"), std::string::npos) << msg;
+  });
+}
+
+// N identical units: the peak memory budget of construction.
+class UnitImpl : public torch::nn::Module {
+ public:
+  UnitImpl() { fc = register_module("fc", torch::nn::Linear(256, 256)); }
+  at::Tensor forward(const at::Tensor& x) { return fc->forward(x); }
+  torch::nn::Linear fc{nullptr};
+};
+constexpr int kUnits = 16;
+class StackImpl : public torch::nn::Module {
+ public:
+  StackImpl() {
+    for (int i = 0; i < kUnits; ++i) {
+      units.push_back(register_module("u" + std::to_string(i), std::make_shared<Sharded<UnitImpl>>()));
+    }
+  }
+  std::vector<std::shared_ptr<Sharded<UnitImpl>>> units;
+};
+
+TEST(ShardedInit, PeakWhileConstructingIsShardsPlusOneUnit) {
+  shardtrain::testing::InstallCountingCpuAllocator();
+  constexpr int W = 4;
+  constexpr int64_t kUnitNumel = 256 * 256 + 256;
+  constexpr int64_t kShardBytes = (kUnitNumel + W - 1) / W * 4;
+  constexpr int64_t kBound = static_cast<int64_t>((kUnits * kShardBytes + kUnitNumel * 4) * 1.15) + 64 * 1024;
+  RunRanks(W, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
+    using shardtrain::testing::LiveCpuBytesOfThisThread;
+    using shardtrain::testing::PeakCpuBytesOfThisThread;
+    using shardtrain::testing::ResetPeakCpuBytesOfThisThread;
+    int64_t base = LiveCpuBytesOfThisThread();
+    ResetPeakCpuBytesOfThisThread();
+    std::shared_ptr<StackImpl> scoped;
+    {
+      ShardedInitScope scope(*comm, ShardingOptions{});
+      scoped = std::make_shared<StackImpl>();
+      EXPECT_EQ(scope.units_built(), kUnits);
+      EXPECT_EQ(scope.shard_bytes(), kUnits * kShardBytes);
+    }
+    const int64_t scoped_peak = PeakCpuBytesOfThisThread() - base;
+    {
+      ShardingOptions options;
+      options.sync_module_states = false;  // rank threads built concurrently: their weights differ
+      ShardedModel sm(scoped, comm, options);  // adopts the shards
+      EXPECT_LE(PeakCpuBytesOfThisThread() - base, kBound) << "construction + ShardedModel";
+    }
+    base = LiveCpuBytesOfThisThread();
+    ResetPeakCpuBytesOfThisThread();
+    auto plain = std::make_shared<StackImpl>();
+    const int64_t plain_peak = PeakCpuBytesOfThisThread() - base;
+    if (rank == 0) {
+      std::printf("W=%d, %d units of %lld bytes: construction peak %lld bytes under ShardedInitScope, %lld without; "
+                  "bound (own shards + one unit) x 1.15 + 64 KiB = %lld\n",
+                  W, kUnits, static_cast<long long>(kUnitNumel * 4), static_cast<long long>(scoped_peak),
+                  static_cast<long long>(plain_peak), static_cast<long long>(kBound));
+    }
+    EXPECT_LE(scoped_peak, kBound);
+    EXPECT_GT(plain_peak, kBound) << "the bound must be able to fail: plain construction holds the whole model";
+  });
+}
+
+// The strategies offer the scope (off by default) for the Trainer to hold
+// around configure_model.
+TEST(ShardedInit, StrategyConstructionScope) {
+  RunRanks(2, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
+    for (const char* name : {"fsdp_native", "fsdp"}) {
+      auto s = strategies::StrategyRegistry::Create(name);
+      auto* base = dynamic_cast<strategies::ShardedStrategyBase*>(s.get());
+      ASSERT_NE(base, nullptr);
+      ClusterInfo ci;
+      ci.rank = rank;
+      ci.world_size = 2;
+      ci.local_world_size = 2;
+      s->Setup(comm, ci);
+      EXPECT_EQ(s->MakeConstructionScope(), nullptr) << name << ": off by default";
+      base->set_sharded_construction(true);
+      std::shared_ptr<NetImpl> net;
+      {
+        static std::mutex mu;
+        std::lock_guard<std::mutex> lock(mu);
+        at::manual_seed(4);
+        auto scope = s->MakeConstructionScope();
+        ASSERT_NE(scope, nullptr) << name;
+        net = std::make_shared<NetImpl>();
+      }
+      EXPECT_TRUE(StorageIsFreed(net->b0->inner->a->weight)) << name;
+      s->WrapModel(net);
+      auto plain = BuildLocked<NetImpl>(4, nullptr);
+      auto want = Values(*plain);
+      want["b0.shared"] = want["b1.shared"] = want["w"];
+      auto sd = s->FullStateDict();
+      if (rank == 0) ExpectBitEqual(sd, want);
+    }
+  });
+}
+
+// Through the Trainer: the strategy's scope is held around configure_model.
+class NetModule : public trainer::TrainingModule {
+ public:
+  std::shared_ptr<torch::nn::Module> configure_model() override {
+    // Every rank thread has passed the Trainer's at::manual_seed, which would
+    // otherwise reseed the shared generator while another rank constructs.
+    comm->Barrier()->Wait();
+    net_ = BuildLocked<NetImpl>(8, nullptr);  // inside the Trainer's scope, if any
+    built_sharded = StorageIsFreed(net_->b0->inner->a->weight);
+    return net_;
+  }
+  at::Tensor training_step(const trainer::Batch& b, int64_t) override {
+    return (forward([&] { return net_->forward(b.inputs); }) - b.targets).pow(2).mean();
+  }
+  trainer::OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
+    return {std::make_shared<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2))};
+  }
+  std::shared_ptr<NetImpl> net_;
+  bool built_sharded = false;
+  comm::CommunicatorPtr comm;
+};
+
+TEST(ShardedInit, TrainerHoldsTheScopeAroundConfigureModel) {
+  auto g = at::detail::createCPUGenerator(31);
+  trainer::TensorDataset data(at::randn({16, 8}, g), at::randn({16}, g));
+  std::map<std::string, at::Tensor> final_state[2];
+  std::vector<double> losses[2];
+  for (int on : {0, 1}) {
+    RunRanks(2, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
+      trainer::TrainerOptions o;
+      o.default_root_dir = ::testing::TempDir() + "/sharded_init_trainer";
+      o.max_steps = 3;
+      o.batch_size = 4;
+      o.shuffle = false;
+      o.enable_checkpointing = false;
+      o.enable_logger = false;
+      o.enable_progress_bar = false;
+      auto s = strategies::StrategyRegistry::Create("fsdp_native");
+      dynamic_cast<strategies::ShardedStrategyBase&>(*s).set_sharded_construction(on == 1);
+      o.strategy_object = s;
+      NetModule module;
+      module.comm = comm;
+      trainer::Trainer t(o, comm);
+      t.Fit(module, data);
+      EXPECT_EQ(module.built_sharded, on == 1);
+      auto sd = t.strategy().FullStateDict();
+      if (rank == 0) {
+        final_state[on] = sd;
+        losses[on] = t.step_losses();
+      }
+    });
+  }
+  EXPECT_EQ(losses[0].size(), 3u);
+  EXPECT_EQ(losses[1], losses[0]);
+  ExpectBitEqual(final_state[1], final_state[0]);
+}
+
+}  // namespace
+}  // namespace shardtrain::sharding
