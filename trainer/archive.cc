@@ -23,25 +23,6 @@ namespace shardtrain::trainer {
 namespace fs = std::filesystem;
 namespace {
 
-// Lists with a specialized element type (int, tensor, ...) are pickled as
-// torch.jit._pickle.build_* calls even without type tags, which Python's
-// weights_only unpickler rejects; as lists of Any they are plain pickle lists.
-// Dicts are plain once untagged.
-c10::IValue Plain(const c10::IValue& v) {
-  if (v.isList()) {
-    c10::impl::GenericList out(c10::AnyType::get());
-    for (const c10::IValue& e : v.toListRef()) out.push_back(Plain(e));
-    return out;
-  }
-  if (v.isGenericDict()) {
-    const auto in = v.toGenericDict();
-    c10::impl::GenericDict out(in.keyType(), c10::AnyType::get());
-    for (const auto& e : in) out.insert(e.key(), Plain(e.value()));
-    return out;
-  }
-  return v;
-}
-
 // A tensor with dtype, shape and a storage of the right size but no data:
 // what the pickler needs to describe a record already written.
 at::Tensor Placeholder(c10::ScalarType dtype, c10::IntArrayRef sizes, size_t nbytes) {
@@ -96,6 +77,25 @@ std::string FirstLine(const std::exception& e) {
 }
 
 }  // namespace
+
+// Lists with a specialized element type (int, tensor, ...) are pickled as
+// torch.jit._pickle.build_* calls even without type tags, which Python's
+// weights_only unpickler rejects; as lists of Any they are plain pickle lists.
+// Dicts are plain once untagged.
+c10::IValue PlainForPickle(const c10::IValue& v) {
+  if (v.isList()) {
+    c10::impl::GenericList out(c10::AnyType::get());
+    for (const c10::IValue& e : v.toListRef()) out.push_back(PlainForPickle(e));
+    return out;
+  }
+  if (v.isGenericDict()) {
+    const auto in = v.toGenericDict();
+    c10::impl::GenericDict out(in.keyType(), c10::AnyType::get());
+    for (const auto& e : in) out.insert(e.key(), PlainForPickle(e.value()));
+    return out;
+  }
+  return v;
+}
 
 struct ArchiveWriter::State {
   std::string tmp;
@@ -189,7 +189,7 @@ void ArchiveWriter::Finish(const c10::IValue& root) {
                               /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
                               key_of, /*tag_aggregates=*/false);
   pickler.protocol();
-  pickler.pushIValue(Plain(root));
+  pickler.pushIValue(PlainForPickle(root));
   pickler.stop();
   try {
     state_->zip->writeRecord("data.pkl", pickled.data(), pickled.size());

@@ -63,6 +63,11 @@ class ArchiveWriter {
 // shardtrain::Error naming the file when it is missing or not such an archive.
 c10::IValue MapArchive(const std::string& path);
 
+// `v` with every list and dict retyped to hold Any: LibTorch pickles lists of
+// a specialized element type (int, tensor, ...) as torch.jit._pickle.build_*
+// calls, which Python's weights_only unpickler rejects; plain ones it reads.
+c10::IValue PlainForPickle(const c10::IValue& v);
+
 }  // namespace shardtrain::trainer
 
 #endif  // SHARDTRAIN_TRAINER_ARCHIVE_H_

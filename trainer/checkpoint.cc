@@ -17,28 +17,6 @@
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;
-namespace {
-
-// Lists with a specialized element type (int, tensor, ...) are pickled as
-// torch.jit._pickle.build_* calls even without type tags; as lists of Any
-// they are plain pickle lists. Dicts are plain once untagged.
-c10::IValue Plain(const c10::IValue& v) {
-  if (v.isList()) {
-    c10::impl::GenericList out(c10::AnyType::get());
-    for (const c10::IValue& e : v.toListRef()) out.push_back(Plain(e));
-    return out;
-  }
-  if (v.isGenericDict()) {
-    const auto in = v.toGenericDict();
-    c10::impl::GenericDict out(in.keyType(), c10::AnyType::get());
-    for (const auto& e : in) out.insert(e.key(), Plain(e.value()));
-    return out;
-  }
-  return v;
-}
-
-}  // namespace
-
 c10::IValue GradScalerStateToIValue(const GradScalerState& s) {
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
   d.insert("scale", s.scale);
@@ -66,7 +44,7 @@ std::string PickleSavePlain(const c10::IValue& value) {
                               /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
                               /*get_tensor_id=*/nullptr, /*tag_aggregates=*/false);
   pickler.protocol();
-  pickler.pushIValue(Plain(value));
+  pickler.pushIValue(PlainForPickle(value));
   pickler.stop();
   std::string out;
   out.reserve(pickled.size());
