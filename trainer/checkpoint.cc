@@ -17,6 +17,7 @@
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;
+
 c10::IValue GradScalerStateToIValue(const GradScalerState& s) {
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
   d.insert("scale", s.scale);
