@@ -185,6 +185,16 @@ std::unordered_set<const torch::nn::Module*> g_sharded_modules;
 
 bool IsFloating(const at::Tensor& t) { return at::isFloatingType(t.scalar_type()); }
 
+// A separate tensor (not an autograd view) over [offset, offset + len) of
+// `base`'s elements, sharing its storage: optimizer leaves over parts of a
+// shard, and their gradients over parts of the shard's gradient.
+at::Tensor AliasRange(const at::Tensor& base, int64_t offset, int64_t len, bool requires_grad = false) {
+  at::Tensor v = at::empty({0}, base.options().requires_grad(false));
+  v.set_(base.storage(), base.storage_offset() + offset, {len}, {1});
+  if (requires_grad) v.set_requires_grad(true);
+  return v;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -515,9 +525,7 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
       u->opt_param = u->flat->shard();
     } else {
       const int64_t n = std::clamp<int64_t>(trainable_numel - u->flat->shard_offset(), 0, u->flat->shard_numel());
-      u->opt_param = at::empty({0}, u->flat->shard().options().requires_grad(false));
-      u->opt_param.set_(u->flat->shard().storage(), u->flat->shard().storage_offset(), {n}, {1});
-      u->opt_param.set_requires_grad(true);
+      u->opt_param = AliasRange(u->flat->shard(), 0, n, /*requires_grad=*/true);
     }
   }
   if (options_.use_orig_params) {
@@ -526,10 +534,8 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
       for (const auto& e : u->flat->entries()) {
         const int64_t b = std::max(lo, e.offset), end = std::min(hi, e.offset + e.numel);
         if (end <= b || !e.requires_grad) continue;
-        at::Tensor view = at::empty({0}, u->flat->shard().options().requires_grad(false));
-        view.set_(u->flat->shard().storage(), b - lo, {end - b}, {1});
-        view.set_requires_grad(true);
-        orig_param_views_.emplace_back(e.name, view);
+        orig_param_views_.emplace_back(e.name,
+                                       AliasRange(u->flat->shard(), b - lo, end - b, /*requires_grad=*/true));
         orig_view_ranges_.push_back({u->index, {b - lo, end - b}});
       }
     }
@@ -892,10 +898,7 @@ void ShardedModel::FinishBackward() {
     }
     if (!u->opt_param.is_same(shard)) {
       // The optimizer's view of the trainable prefix sees that part of the shard's gradient.
-      const at::Tensor& sg = shard.grad();
-      at::Tensor v = at::empty({0}, sg.options());
-      v.set_(sg.storage(), sg.storage_offset(), {u->opt_param.numel()}, {1});
-      u->opt_param.mutable_grad() = v;
+      u->opt_param.mutable_grad() = AliasRange(shard.grad(), 0, u->opt_param.numel());
     }
     u->reduce_out = at::Tensor();
   }
@@ -937,9 +940,7 @@ void ShardedModel::RealiasOrigParamGrads() {
     const auto& [unit, range] = orig_view_ranges_[i];
     at::Tensor g = units_[unit]->flat->shard().grad();
     if (!g.defined()) continue;
-    at::Tensor v = at::empty({0}, g.options());
-    v.set_(g.storage(), g.storage_offset() + range.first, {range.second}, {1});
-    orig_param_views_[i].second.mutable_grad() = v;
+    orig_param_views_[i].second.mutable_grad() = AliasRange(g, range.first, range.second);
   }
 }
 
