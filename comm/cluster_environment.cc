@@ -278,6 +278,12 @@ ClusterInfo FromMpiLike(const EnvReader& env, const std::string& source, const s
     c.num_nodes = CeilDiv(c.world_size, c.local_world_size);
     c.node_rank = c.rank / c.local_world_size;
   }
+  // MPI launchers do not export where rank 0 runs: 127.0.0.1 is right only
+  // when every rank is on this host.
+  ST_CHECK_ARG(env.Str("MASTER_ADDR") || c.local_world_size >= c.world_size, "MASTER_ADDR is not set, but the ",
+               source, " job spans more than one host (", local_size_var, "=", c.local_world_size, " < ", size_var,
+               "=", c.world_size, "): set MASTER_ADDR to the host name or address of rank 0's node (mpirun -x "
+               "MASTER_ADDR=<node0>); the 127.0.0.1 default is valid only on a single host");
   MasterFromEnv(env, c);
   Validate(c,
            {rank_var, size_var, local_rank_var, local_size_var,

@@ -61,11 +61,13 @@ Env OpenMpi() {
   return {{"OMPI_COMM_WORLD_RANK", "6"},
           {"OMPI_COMM_WORLD_SIZE", "8"},
           {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
-          {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}};
+          {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+          {"MASTER_ADDR", "node0"}};
 }
 
 Env Pmi() {
-  return {{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}};
+  return {{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"},
+          {"MASTER_ADDR", "node0"}};
 }
 
 Env Merge(Env a, const Env& b) {
@@ -245,8 +247,27 @@ TEST(ClusterEnvironmentTest, OpenMpi) {
   EXPECT_EQ(c.master_addr, "mpihead");
   EXPECT_EQ(c.master_port, 4000);
   ClusterInfo d = Detect(OpenMpi());
-  EXPECT_EQ(d.master_addr, "127.0.0.1");
+  EXPECT_EQ(d.master_addr, "node0");
   EXPECT_EQ(d.master_port, 29500);
+}
+
+// Open MPI does not export where rank 0 runs: without MASTER_ADDR, 127.0.0.1
+// is right on one host only, and an error across hosts.
+TEST(ClusterEnvironmentTest, MpiWithoutMasterAddr) {
+  Env one_host = {{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}};
+  ClusterInfo c = Detect(one_host);
+  EXPECT_EQ(c.num_nodes, 1);
+  EXPECT_EQ(c.master_addr, "127.0.0.1");
+  Env no_local_size = one_host;  // nothing says the ranks span hosts
+  no_local_size.erase("OMPI_COMM_WORLD_LOCAL_SIZE");
+  EXPECT_EQ(Detect(no_local_size).master_addr, "127.0.0.1");
+  Env two_hosts = OpenMpi();
+  two_hosts.erase("MASTER_ADDR");
+  ExpectInvalid(two_hosts, {"MASTER_ADDR is not set", "OMPI_COMM_WORLD_LOCAL_SIZE=4 < OMPI_COMM_WORLD_SIZE=8",
+                            "valid only on a single host"});
+  Env pmi_two_hosts = Pmi();
+  pmi_two_hosts.erase("MASTER_ADDR");
+  ExpectInvalid(pmi_two_hosts, {"MASTER_ADDR is not set", "MPI_LOCALNRANKS=2 < PMI_SIZE=4"});
 }
 
 TEST(ClusterEnvironmentTest, OpenMpiBadValues) {
@@ -264,7 +285,7 @@ TEST(ClusterEnvironmentTest, Pmi) {
   EXPECT_EQ(c.local_world_size, 2);
   EXPECT_EQ(c.node_rank, 1);
   EXPECT_EQ(c.num_nodes, 2);
-  EXPECT_EQ(c.master_addr, "127.0.0.1");
+  EXPECT_EQ(c.master_addr, "node0");
   EXPECT_EQ(c.master_port, 29500);
   ExpectInvalid(Merge(Pmi(), {{"PMI_RANK", "4"}}), {"PMI_RANK=4", "PMI_SIZE=4"});
   ExpectInvalid(Merge(Pmi(), {{"MPI_LOCALRANKID", "1.5"}}), {"MPI_LOCALRANKID", "'1.5'"});
