@@ -26,6 +26,10 @@
 #                               (for tc: `hosts.sh run h0 tc qdisc add dev eth0 ...`
 #                               shapes h0's egress; `ip netns exec <ns> tc ... dev <port>`
 #                               its ingress)
+#   hosts.sh shape RATE|off     limits every host's eth0 egress to RATE (tc's
+#                               units: 1gbit, 25gbit; a token bucket, tbf, with a
+#                               1 ms burst) or removes the limit; both directions
+#                               of every link are then limited (full duplex)
 #   hosts.sh down               ends every process inside the hosts (TERM, then
 #                               KILL after 3 s), deletes the namespaces, the switch
 #                               and the state directory; safe to call twice
@@ -145,6 +149,26 @@ cmd_run() {
     /bin/sh -c 'mount --bind "$0" /etc/hosts && exec "$@"' "$SHARDTRAIN_CLUSTER/hosts" "$@"
 }
 
+# Token bucket on each host's egress. tbf, not netem: netem (which could add
+# delay too) is not in every kernel (not in this machine's).
+cmd_shape() {
+  need_state
+  local rate="${1:-}" i
+  if [[ "$rate" == off ]]; then
+    for ((i = 0; i < N; ++i)); do cmd_run_quiet "$i" tc qdisc del dev eth0 root 2>/dev/null; done
+    return 0
+  fi
+  [[ "$rate" =~ ^([0-9]+)(mbit|gbit)$ ]] || die "shape: RATE must be <number>mbit or <number>gbit (e.g. 10gbit) or off, got '$rate'"
+  local unit=1000000; [[ "${BASH_REMATCH[2]}" == gbit ]] && unit=1000000000
+  local bits=$((BASH_REMATCH[1] * unit))
+  local burst=$((bits / 8 / 1000)); ((burst < 262144)) && burst=262144  # 1 ms of traffic, at least 256 KiB
+  for ((i = 0; i < N; ++i)); do
+    cmd_run_quiet "$i" tc qdisc replace dev eth0 root tbf rate "$rate" burst "$burst" latency 20ms ||
+      die "shape: tc qdisc replace on h$i's eth0 failed"
+  done
+}
+cmd_run_quiet() { nsenter --net="/run/netns/$PREFIX-h$1" -- "${@:2}"; }
+
 cmd_addr() { need_state; local i; i="$(host_index "${1:-}")" || exit 2; echo "$CLUSTER_SUBNET.$((i + 1))"; }
 cmd_hosts() { need_state; local i; for ((i = 0; i < N; ++i)); do echo "h$i"; done; }
 cmd_link() { need_state; local i; i="$(host_index "${1:-}")" || exit 2; echo "eth0 h$i $PREFIX-sw"; }
@@ -239,10 +263,11 @@ main() {
     addr) cmd_addr "$@" ;;
     hosts) cmd_hosts ;;
     link) cmd_link "$@" ;;
+    shape) cmd_shape "$@" ;;
     down) cmd_down ;;
     with) cmd_with "$@" ;;
     gc) cmd_gc ;;
-    *) die "unknown command '$cmd'; valid: check, up N, run HOST CMD..., addr HOST, hosts, link HOST, down, with N -- CMD..., gc" ;;
+    *) die "unknown command '$cmd'; valid: check, up N, run HOST CMD..., addr HOST, hosts, link HOST, shape RATE|off, down, with N -- CMD..., gc" ;;
   esac
 }
 

@@ -6,7 +6,8 @@
 #
 # 1. Three hosts: own host names (h0..h2, not this machine's), own addresses
 #    on eth0, names resolve inside, TCP from h1 and h2 to a listener on h0
-#    works, and nothing of the cluster is in this machine's network namespace.
+#    works, nothing of the cluster is in this machine's network namespace, and
+#    `hosts.sh shape RATE` limits a transfer between hosts (off lifts it).
 # 2. Same host decision (shm_probe under torchrun --no-python):
 #    - 2 ranks on h0: the world uses shared memory;
 #    - 2 hosts x 2 ranks: the world and the replicate groups do not, each
@@ -59,6 +60,36 @@ for _ in range(50):
   [[ "$got" == "hello 10.77.0.$((i + 1))" ]] || fail "h$i -> h0:7000 got '$got'"
 done
 wait "$LISTENER" || fail "the listener on h0 failed"
+# `hosts.sh shape`: 4 MiB from h1 to h0 at 80 Mbit/s take >= 0.35 s (tbf on h1's
+# egress); after `shape off` the same transfer is not limited.
+timed_transfer() {  # prints the seconds 4 MiB take from h1 to h0 (acknowledged by h0)
+  H run h0 python3 -c '
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("h0", 7001)); s.listen(1); c, _ = s.accept(); n = 0
+while n < 4 << 20: n += len(c.recv(1 << 20))
+c.sendall(b"k"); c.close()
+' &
+  local listener=$!
+  H run h1 python3 -c '
+import socket, time
+for _ in range(50):
+    try: c = socket.create_connection(("h0", 7001), timeout=30); break
+    except ConnectionRefusedError: time.sleep(0.1)
+t0 = time.time(); c.sendall(bytes(4 << 20)); c.recv(1); print(f"{time.time() - t0:.3f}")
+'
+  wait "$listener"
+}
+H shape 80mbit || fail "hosts.sh shape 80mbit failed"
+H run h1 tc qdisc show dev eth0 | grep -q "tbf .*rate 80Mbit" || fail "h1's eth0 has no 80 Mbit/s tbf: $(H run h1 tc qdisc show dev eth0)"
+shaped="$(timed_transfer)"
+H shape off
+unshaped="$(timed_transfer)"
+echo "4 MiB h1 -> h0: ${shaped} s at 80 Mbit/s, ${unshaped} s unshaped"
+awk -v t="$shaped" 'BEGIN { exit !(t >= 0.35) }' || fail "4 MiB at 80 Mbit/s took ${shaped} s, expected >= 0.35 s ((4 MiB - the 256 KiB burst) / 80 Mbit/s = 0.39 s)"
+awk -v t="$unshaped" -v s="$shaped" 'BEGIN { exit !(t < s / 2) }' || fail "after shape off 4 MiB took ${unshaped} s (shaped: ${shaped} s)"
+H shape 3x 2>"$OUT/shape.err" && fail "hosts.sh shape 3x succeeded"
+grep -q "RATE must be <number>mbit or <number>gbit" "$OUT/shape.err" || fail "shape 3x: $(cat "$OUT/shape.err")"
 echo "hosts: ok ($(elapsed) s)"
 
 # --- 2. Same host decision.
