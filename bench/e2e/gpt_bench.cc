@@ -14,6 +14,7 @@
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -122,6 +123,36 @@ int Dump() {
   return 0;
 }
 
+// Bytes this network namespace sent on eth0 (/proc/self/net/dev is per
+// namespace): what crossed the link between namespace hosts. 0 without eth0.
+double Eth0TxBytes() {
+  std::ifstream in("/proc/self/net/dev");
+  std::string line;
+  while (std::getline(in, line)) {
+    auto colon = line.find(':');
+    if (colon == std::string::npos || line.substr(0, colon).find("eth0") == std::string::npos) continue;
+    std::istringstream fields(line.substr(colon + 1));
+    double v = 0;
+    for (int i = 0; i < 9; ++i) fields >> v;  // rx: 8 fields, then tx bytes
+    return v;
+  }
+  return 0;
+}
+
+// Bytes sent per link class by the distinct communicators in `groups`:
+// [0] through shared memory, [1] over TCP (inside a host or across).
+std::array<double, 2> BytesByLinkClass(const std::vector<comm::CommunicatorPtr>& groups) {
+  std::array<double, 2> out{0, 0};
+  std::vector<comm::Communicator*> seen;
+  for (const auto& g : groups) {
+    if (!g || std::find(seen.begin(), seen.end(), g.get()) != seen.end()) continue;
+    seen.push_back(g.get());
+    auto* gloo = dynamic_cast<comm::GlooCommunicator*>(g.get());
+    out[gloo && gloo->uses_shared_memory() ? 0 : 1] += static_cast<double>(g->stats().TotalBytesSent());
+  }
+  return out;
+}
+
 int Bench() {
   if (!std::getenv("RANK") && FLAGS_devices > 1) {
     LaunchOptions lo;
@@ -141,7 +172,8 @@ int Bench() {
     ro.master_addr = info.master_addr;
     ro.master_port = info.master_port;
     comm::GlooOptions go;
-    go.hostname = "127.0.0.1";
+    // One host: loopback. Across hosts (bench/cluster): the host's own address.
+    go.hostname = info.num_nodes > 1 ? "" : "127.0.0.1";
     gloo = comm::GlooCommunicator::Create(comm::CreateStore(ro), info.rank, info.world_size, go);
   } else {
     gloo = comm::GlooCommunicator::Create(comm::CreateHashStore(), 0, 1);
@@ -189,9 +221,17 @@ int Bench() {
     return r.ru_utime.tv_sec + r.ru_stime.tv_sec + 1e-6 * (r.ru_utime.tv_usec + r.ru_stime.tv_usec);
   };
   double cpu_start = 0;
+  double wire_start = 0;
+  std::vector<comm::CommunicatorPtr> groups = {world_comm};
+  if (auto* sm = strategy->sharded_model_or_null()) groups = {world_comm, sm->shard_group(), sm->replicate_group()};
   for (int s = 0; s < FLAGS_warmup + FLAGS_steps; ++s) {
     if (s == FLAGS_warmup) cpu_start = cpu_seconds();
-    if (s == FLAGS_warmup && gloo) gloo->ResetStats();
+    if (s == FLAGS_warmup && gloo) {
+      gloo->Barrier()->Wait();
+      wire_start = Eth0TxBytes();
+      for (auto& g : groups)
+        if (g) g->ResetStats();
+    }
     if (s == FLAGS_warmup && strategy->sharded_model_or_null()) strategy->sharded_model_or_null()->ResetCommTimes();
     at::Tensor x = data.at("x." + std::to_string(s)).slice(0, rank * per, (rank + 1) * per);
     at::Tensor y = data.at("y." + std::to_string(s)).slice(0, rank * per, (rank + 1) * per);
@@ -206,6 +246,20 @@ int Bench() {
     last_loss = l.item<double>();
     if (s >= FLAGS_warmup) times.push_back(dt);
   }
+  if (gloo) gloo->Barrier()->Wait();
+  // Per host and step: eth0 bytes (counted once per host, by local rank 0)
+  // and the communicators' bytes by link class (summed over the host's ranks);
+  // the sharding core's time blocked on collectives (mean over ranks).
+  const auto by_class = BytesByLinkClass(groups);
+  double waited = 0;
+  if (auto* sm = strategy->sharded_model_or_null()) waited = sm->comm_times().gather_wait_s + sm->comm_times().reduce_wait_s;
+  at::Tensor link = at::tensor({info.local_rank == 0 ? Eth0TxBytes() - wire_start : 0.0, by_class[0], by_class[1],
+                                waited / world},
+                               at::kDouble);
+  if (gloo) gloo->AllReduce(link, {comm::ReduceOp::kSum})->Wait();
+  link /= at::tensor({1.0 * std::max(1, info.num_nodes) * FLAGS_steps, 1.0 * std::max(1, info.num_nodes) * FLAGS_steps,
+                      1.0 * std::max(1, info.num_nodes) * FLAGS_steps, 1.0 * FLAGS_steps},
+                     at::kDouble);
   at::Tensor cpu = at::tensor({(cpu_seconds() - cpu_start) / FLAGS_steps}, at::kDouble);
   if (gloo) gloo->AllReduce(cpu, {comm::ReduceOp::kAvg})->Wait();
   std::sort(times.begin(), times.end());
@@ -238,10 +292,12 @@ int Bench() {
     std::printf(
         "{\"impl\": \"%s\", \"world\": %d, \"median_step_s\": %.4f, \"tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, "
         "\"bytes_sent_per_step\": %.0f, \"final_loss\": %.6f, \"persistent_mib\": %.2f, \"fsdp_bound_mib\": %.2f, "
-        "\"cpu_s_per_step\": %.3f}\n",
+        "\"cpu_s_per_step\": %.3f, \"wire_bytes_per_host_step\": %.0f, \"shm_bytes_per_host_step\": %.0f, "
+        "\"tcp_bytes_per_host_step\": %.0f, \"comm_wait_s\": %.4f, \"nodes\": %d}\n",
         (FLAGS_label.empty() ? FLAGS_strategy : FLAGS_label).c_str(), world, median,
         FLAGS_global_batch * FLAGS_block_size / median, rss.item<double>(), bytes, last_loss, persistent_mib,
-        largest > 0 ? bound_mib : 0.0, cpu.item<double>());
+        largest > 0 ? bound_mib : 0.0, cpu.item<double>(), link[0].item<double>(), link[1].item<double>(),
+        link[2].item<double>(), link[3].item<double>(), info.num_nodes);
     std::fflush(stdout);
   }
   if (gloo) gloo->Barrier()->Wait();

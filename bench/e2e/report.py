@@ -112,6 +112,13 @@ def main(results_path, params_path, md_path, png_path, command, model_flags):
             lines.append(f"| {r['impl']} | {r['world']} | {r['persistent_mib']:.1f} | {r['fsdp_bound_mib']:.1f} | "
                          f"{r['persistent_mib'] / r['fsdp_bound_mib']:.2f} |")
     lines += ["", f"![step time and memory]({png_path.split('/')[-1]})", ""]
+    # Keep the section bench/cluster/report.py writes (another benchmark).
+    try:
+        old = open(md_path).read()
+        if "\n## Across hosts\n" in old:
+            lines.append(old[old.index("\n## Across hosts\n") + 1:])
+    except FileNotFoundError:
+        pass
     open(md_path, "w").write("\n".join(lines))
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
