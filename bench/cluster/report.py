@@ -34,6 +34,7 @@ def main():
     local = {r["impl"]: r["median_step_s"] for r in rows if r["impl"].endswith("local") or "local_compute" in r["impl"]}
     st_local, py_local = local.get("shardtrain_local_compute"), local.get("pytorch_local")
     by = {(r["link"], r["impl"]): r for r in rows}
+    local_cpu = next((r["cpu_s_per_step"] for r in rows if r["impl"] == "shardtrain_local_compute"), float("nan"))
 
     out = ["## Across hosts", ""]
     out += [f"W = 4 = 2 namespace hosts x 2 ranks (tests/cluster/hosts.sh), the GPT of {params:,} parameters "
@@ -50,9 +51,11 @@ def main():
             "TCP includes hops between ranks of one host where a group spans hosts); wire = bytes that left the "
             "host on eth0 per step (/proc/net/dev, TCP/IP headers included; PyTorch's only inter-host measure); "
             "vs PyTorch = ShardTrain step / the PyTorch counterpart's (FSDP2 for FULL_SHARD and SHARD_GRAD_OP, "
-            "HSDP for HYBRID_SHARD, DDP for ddp).", ""]
+            "HSDP for HYBRID_SHARD, DDP for ddp); CPU s/step = ShardTrain's process CPU time per step, all threads, "
+            f"mean over ranks (its local-compute baseline: {local_cpu:.3f} s; the rest of a step's wall time is "
+            "waiting for a core or for a peer).", ""]
     out += ["| link | configuration | step (s) | exposed comm (s) | ShardTrain waited (s) | shm MiB | TCP MiB | "
-            "wire MiB | final loss | vs PyTorch |", "|---" * 10 + "|"]
+            "wire MiB | final loss | vs PyTorch | CPU s/step |", "|---" * 11 + "|"]
     for link in links:
         for impl in ORDER:
             r = by.get((link, impl))
@@ -63,12 +66,15 @@ def main():
             exposed = r["median_step_s"] - base if base else None
             cp = by.get((link, COUNTERPART.get(impl, "")))
             ratio = f"{r['median_step_s'] / cp['median_step_s']:.2f}x" if st and cp else ""
-            out.append(f"| {link} | {impl} | {r['median_step_s']:.3f} | {exposed:+.3f} | "
-                       f"{r['comm_wait_s']:.3f} | " if st else
-                       f"| {link} | {impl} | {r['median_step_s']:.3f} | {exposed:+.3f} | — | ")
-            out[-1] += (f"{mib(r.get('shm_bytes_per_host_step')) if st else '0'} | "
-                        f"{mib(r.get('tcp_bytes_per_host_step')) if st else '—'} | "
-                        f"{mib(r.get('wire_bytes_per_host_step'))} | {r['final_loss']:.6f} | {ratio} |")
+            # The sharding core's waits; ddp is not sharded and reports none.
+            waited = f"{r['comm_wait_s']:.3f}" if st and impl != "shardtrain_ddp" else "—"
+            out.append(f"| {link} | {impl} | {r['median_step_s']:.3f} | {exposed:+.3f} | {waited} | ")
+            if st:
+                out[-1] += (f"{mib(r['shm_bytes_per_host_step'])} | {mib(r['tcp_bytes_per_host_step'])} | "
+                            f"{mib(r['wire_bytes_per_host_step'])} | {r['final_loss']:.6f} | {ratio} | "
+                            f"{r['cpu_s_per_step']:.3f} |")
+            else:
+                out[-1] += f"0 | — | {mib(r['wire_bytes_per_host_step'])} | {r['final_loss']:.6f} | | — |"
     out.append("")
     # HYBRID_SHARD's inter-host bytes against the replicate all-reduce's theory.
     theory = 2 * (2 - 1) / 2 * params * 4
@@ -98,6 +104,7 @@ def main():
     out += ["Conditions: " + "; ".join(meta[1:]) + ". The machine's 2 cores are shared with other engineers' "
             "builds, so every timing is noisy (medians of few steps); a step whose exposed comm comes out "
             "negative ran in a quieter moment than the baseline.", ""]
+    out += [f"![step time per link rate]({png_path.split('/')[-1]})", ""]
     section = "\n".join(out)
 
     md = open(md_path).read()

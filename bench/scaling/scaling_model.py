@@ -495,6 +495,43 @@ def namespace_rows(nets, rate, O, gbits=(1, 10, 25)):
     return rows
 
 
+def namespace_check(nets, rate, O, results_path, model, global_batch, delay):
+    """Measured (bench/cluster/run.sh's results.jsonl) vs modelled, per link and ShardTrain strategy.
+    'calibrated': the 2-core calibration as is (compute rate per rank halved for 4 ranks on 2 cores);
+    'anchored': the same plus (measured - modelled) local-compute step of this run, i.e. the compute
+    re-measured under this run's load and only the communication modelled."""
+    import json
+    rows = [json.loads(l) for l in open(results_path) if l.strip()]
+    by = {(r["link"], r["impl"]): r for r in rows}
+    tok = global_batch * model.s // 4
+    local_hw = Hardware("local", rate / 2, CALIB_GPT.params * ADAM_BYTES / (2 * O), float("inf"),
+                        CalibNet(0.0, {op: 1.0 for op in OPS}))
+    mod_local = simulate(model, DDP, 1, local_hw, tok, False, b_param=4, b_grad=4, overlap=False)["step"]
+    meas_local = next(r["median_step_s"] for r in rows if r["impl"] == "shardtrain_local_compute")
+    names = {"FULL_SHARD": "shardtrain_FULL_SHARD", "SHARD_GRAD_OP": "shardtrain_SHARD_GRAD_OP",
+             "HYBRID_SHARD": "shardtrain_HYBRID_SHARD", "ddp": "shardtrain_ddp"}
+    out = [["local compute (no comm)", "—", f"{meas_local:.3f}", f"{mod_local:.3f}", pct(mod_local / meas_local - 1),
+            f"{meas_local:.3f}", "+0.0%", "0", "—", "—"]]
+    for link in sorted({r["link"] for r in rows}, key=lambda l: int(l[:-4])):
+        gbit = int(link[:-4])
+        net = NamespaceNet(nets["shm"], nets["tcp"], gbit, delay=delay)
+        hw = Hardware("2 namespace hosts x 2 ranks", rate / 2, CALIB_GPT.params * ADAM_BYTES / (2 * O), float("inf"), net)
+        for st in NS_STRATEGIES:
+            r = by.get((link, names[st.name]))
+            if not r:
+                continue
+            sim = simulate(model, st, 4, hw, tok, False, b_param=4, b_grad=4, overlap=False)
+            anchored = sim["step"] + meas_local - mod_local
+            acc = comm_accounting(model, st, 4, 2, 4, 4)["inter_host_per_host"]
+            m = r["median_step_s"]
+            out.append([link, st.name, f"{m:.3f}", f"{sim['step']:.3f}", pct(sim["step"] / m - 1), f"{anchored:.3f}",
+                        pct(anchored / m - 1), f"{sim['exposed']:.3f}", f"{m - meas_local:+.3f}",
+                        f"{acc / MiB:.1f} / {r['wire_bytes_per_host_step'] / MiB:.1f}"])
+    return table(["link", "strategy", "measured step (s)", "modelled, calibrated (s)", "error",
+                  "modelled, anchored (s)", "error", "modelled comm (s)", "measured exposed (s)",
+                  "inter-host MiB/host: modelled / wire"], out)
+
+
 def comm_rows(nets):
     out = []
     for op, dt, mib, shm_ms, tcp_ms in CALIB["comm"]:
@@ -578,7 +615,7 @@ def print_all(args):
     pr = [[W, f"{meas:.1f}", f"{m.params * 16 / W / MiB:.2f}"] for W, meas in CALIB["persistent_mib"].items()]
     P(table(["W (FULL_SHARD)", "measured persistent state/rank (MiB)", "modelled 16 B x params / W (MiB)"], pr))
 
-    P("\n## Prediction for the namespace-host benchmark (NOT YET MEASURED)\n")
+    P("\n## Prediction for the namespace-host benchmark at the 49.4M GPT (the 2026-11-30 run used a 3.2M GPT: see --ns-results)\n")
     P("W=4 = 2 hosts x 2 ranks on the 2 cores (compute rate per rank halved), the 49.4M GPT, global batch 8, "
       "fp32, no overlap; shared memory inside a host, TCP through a tc link of 1/10/25 Gbit/s (90% usable) and "
       "0.1 ms per message between hosts. Cell: step s (inter-host MiB per host per step)\n")
@@ -733,7 +770,18 @@ def main():
     ap.add_argument("--check", action="store_true", help="assert invariants and the calibration")
     ap.add_argument("--mfu", type=float, default=0.45, help="achieved / peak bf16 FLOP/s on H200 (default 0.45)")
     ap.add_argument("--tokens-per-gpu", type=int, default=8192, help="tokens per GPU per step (default 8192)")
+    ap.add_argument("--ns-results", help="bench/cluster/run.sh's results.jsonl: print measured vs modelled and exit")
+    ap.add_argument("--ns-gpt", default="4,256,128,8",
+                    help="n_layer,n_embd,block_size,global_batch of that run (default: bench/cluster/run.sh's)")
+    ap.add_argument("--ns-delay-ms", type=float, default=0.0,
+                    help="per-message delay between hosts in that run (0: tbf only, no netem on this kernel)")
     args = ap.parse_args()
+    if args.ns_results:
+        L, d, seq, gb = (int(x) for x in args.ns_gpt.split(","))
+        nets, rate, O = calibrate()
+        print(namespace_check(nets, rate, O, args.ns_results, GPT(f"GPT {L}x{d}", n_layer=L, d=d, vocab=96, seq=seq),
+                              gb, args.ns_delay_ms * 1e-3))
+        return
     if args.check:
         sys.exit(check(args))
     print_all(args)
