@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <sstream>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::comm {
 

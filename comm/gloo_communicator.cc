@@ -21,10 +21,10 @@
 #include <sstream>
 #include <thread>
 
-#include "comm/errors.h"
-#include "comm/logging.h"
-#include "comm/reduce_kernels.h"
-#include "comm/shared_memory_mesh.h"
+#include "base/errors.h"
+#include "base/logging.h"
+#include "comm/gloo/reduce_kernels.h"
+#include "comm/gloo/shared_memory_mesh.h"
 
 namespace shardtrain::comm {
 namespace {
@@ -922,7 +922,7 @@ void Serially(int64_t n, F&& f) {
 
 // ---------------------------------------------------------------------------
 // Collectives through shared memory (GlooOptions::shared_memory): every rank
-// streams to every peer at once (comm/shared_memory_mesh.h); sends are
+// streams to every peer at once (comm/gloo/shared_memory_mesh.h); sends are
 // (W-1)/W of the full buffer for all-gather and reduce-scatter and 2(W-1)/W
 // for all-reduce, as counted. They run on the issuing thread.
 

@@ -12,7 +12,7 @@
 // When every rank of a group runs on this host (and GlooOptions::shared_memory
 // is on), all-gathers, reduce-scatters, floating SUM/AVG all-reduces and the
 // per-call signature check move through ring buffers in shared memory
-// (comm/shared_memory_mesh.h) instead of loopback TCP; other collectives, and
+// (comm/gloo/shared_memory_mesh.h) instead of loopback TCP; other collectives, and
 // groups that span hosts, use Gloo.
 //
 // Every rank publishes a heartbeat to the rendezvous store (see
@@ -69,7 +69,7 @@ struct GlooOptions {
   int64_t shared_memory_ring_bytes = int64_t{2} << 20;
 };
 
-class SharedMemoryMesh;  // comm/shared_memory_mesh.h
+class SharedMemoryMesh;  // comm/gloo/shared_memory_mesh.h
 class GlooPeerMonitor;  // heartbeats and failure diagnosis (gloo_communicator.cc)
 class GlooCallIssuer;   // starts collectives off the caller's thread (gloo_communicator.cc)
 struct GlooGroupRef;    // what a pending Work needs to know about its group

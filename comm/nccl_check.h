@@ -18,7 +18,7 @@
 
 #include <string>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::comm::internal {
 

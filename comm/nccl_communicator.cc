@@ -15,7 +15,7 @@
 #include <cstring>
 #include <optional>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "comm/nccl_check.h"
 
 namespace shardtrain::comm {

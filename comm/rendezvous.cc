@@ -5,7 +5,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::comm {
 

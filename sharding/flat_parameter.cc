@@ -3,7 +3,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::sharding {
 

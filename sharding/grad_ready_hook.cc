@@ -4,7 +4,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::sharding {
 namespace {

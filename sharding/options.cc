@@ -3,7 +3,7 @@
 
 #include <cctype>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::sharding {
 

@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::sharding {
 namespace {

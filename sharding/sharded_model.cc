@@ -20,8 +20,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "comm/errors.h"
-#include "comm/logging.h"
+#include "base/errors.h"
+#include "base/logging.h"
 #include "sharding/flat_parameter.h"
 #include "sharding/grad_ready_hook.h"
 #include "sharding/shard_layout.h"

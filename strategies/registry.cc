@@ -5,7 +5,7 @@
 #include <cmath>
 #include <mutex>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::strategies {
 namespace {

@@ -7,8 +7,8 @@
 #include <cmath>
 #include <sstream>
 
-#include "comm/errors.h"
-#include "comm/logging.h"
+#include "base/errors.h"
+#include "base/logging.h"
 #include "sharding/sharded_init.h"
 
 namespace shardtrain::strategies {

@@ -9,7 +9,7 @@
 #include <set>
 #include <sstream>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::strategies {
 

@@ -32,8 +32,8 @@
 #include <utility>
 #include <vector>
 
-#include "comm/cluster_environment.h"
 #include "comm/communicator.h"
+#include "launch/cluster_environment.h"
 
 namespace torch::nn {
 class Module;

@@ -5,7 +5,7 @@
 #include <cctype>
 #include <string>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 #ifdef SHARDTRAIN_CUDA
 #include <c10/cuda/CUDAFunctions.h>

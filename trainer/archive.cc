@@ -17,7 +17,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;

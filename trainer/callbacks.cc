@@ -8,8 +8,8 @@
 #include <limits>
 #include <sstream>
 
-#include "comm/errors.h"
-#include "comm/logging.h"
+#include "base/errors.h"
+#include "base/logging.h"
 #include "trainer/trainer.h"
 
 namespace shardtrain::trainer {

@@ -12,7 +12,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "trainer/archive.h"
 
 namespace shardtrain::trainer {

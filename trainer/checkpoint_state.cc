@@ -15,7 +15,7 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "sharding/shard_layout.h"
 #include "sharding/sharded_model.h"
 #include "trainer/accelerator.h"

@@ -7,7 +7,7 @@
 #include <set>
 #include <sstream>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;

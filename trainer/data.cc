@@ -2,7 +2,7 @@
 
 #include <ATen/ATen.h>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::trainer {
 

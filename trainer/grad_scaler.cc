@@ -8,7 +8,7 @@
 #include <map>
 #include <tuple>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::trainer {
 namespace {

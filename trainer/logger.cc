@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;

@@ -5,7 +5,7 @@
 #include <string>
 #include <unordered_set>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::trainer::internal {
 

@@ -15,7 +15,7 @@
 #include <iterator>
 #include <set>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "trainer/archive.h"
 
 namespace shardtrain::trainer {

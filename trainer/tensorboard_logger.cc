@@ -11,7 +11,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;

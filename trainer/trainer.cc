@@ -17,12 +17,12 @@
 #include <optional>
 #include <sstream>
 
-#include "comm/cluster_environment.h"
-#include "comm/errors.h"
+#include "base/errors.h"
+#include "base/logging.h"
 #include "comm/gloo_communicator.h"
-#include "comm/launcher.h"
-#include "comm/logging.h"
 #include "comm/rendezvous.h"
+#include "launch/cluster_environment.h"
+#include "launch/launcher.h"
 #include "trainer/checkpoint.h"
 #include "trainer/checkpoint_state.h"
 #include "trainer/csv_logger.h"

@@ -6,14 +6,14 @@
 //   Trainer trainer(o);
 //   trainer.Fit(module, train_set, &val_set);
 //   return shardtrain::JoinLocalRanks(0);   // end of main(): waits for the ranks the
-//                                           // Trainer launched (#include "comm/launcher.h",
-//                                           // Bazel target //comm:launcher)
+//                                           // Trainer launched (#include "launch/launcher.h",
+//                                           // Bazel target //launch:launcher)
 //
 // Processes: with an injected communicator (threads-as-ranks tests, or a
 // program that made its own) the Trainer uses it. Otherwise, for
 // devices * num_nodes > 1, a process not started by a launcher re-executes its
-// own binary for the other local ranks (comm/launcher.h LaunchLocalRanks), then
-// every rank detects its place (comm/cluster_environment.h: torchrun, SLURM,
+// own binary for the other local ranks (launch/launcher.h LaunchLocalRanks), then
+// every rank detects its place (launch/cluster_environment.h: torchrun, SLURM,
 // MPI variables), meets the others through a TCPStore and talks Gloo — or,
 // with accelerator cuda, NCCL, each rank on cuda:<local rank>.
 //

@@ -207,7 +207,7 @@ def main():
     w("")
     w("## Notes")
     w("")
-    w("- Shared memory (`comm/shared_memory_mesh.h`), used when every rank of a group runs on one host: each")
+    w("- Shared memory (`comm/gloo/shared_memory_mesh.h`), used when every rank of a group runs on one host: each")
     w("  rank owns a segment in /dev/shm with one single-producer/single-consumer ring (2 MiB) per peer and a")
     w("  futex doorbell. A collective runs on the communicator's issuing thread: every rank streams its blocks")
     w("  to every peer at once (128 KiB at a time, so the reader starts on the first chunk while the")

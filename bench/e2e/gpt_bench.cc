@@ -21,13 +21,13 @@
 #include <fstream>
 #include <sstream>
 
-#include "comm/cluster_environment.h"
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "comm/gloo_communicator.h"
-#include "comm/launcher.h"
 #include "comm/rendezvous.h"
 #include "examples/common/example_util.h"
 #include "examples/gpt/gpt_model.h"
+#include "launch/cluster_environment.h"
+#include "launch/launcher.h"
 #include "sharding/sharded_model.h"
 #include "strategies/registry.h"
 

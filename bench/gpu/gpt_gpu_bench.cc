@@ -44,8 +44,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/errors.h"
-#include "comm/logging.h"
+#include "base/errors.h"
+#include "base/logging.h"
 #include "comm/nccl_communicator.h"
 #include "comm/rendezvous.h"
 #include "examples/gpt/gpt_model.h"

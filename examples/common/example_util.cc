@@ -9,8 +9,8 @@
 #include <filesystem>
 #include <thread>
 
-#include "comm/cluster_environment.h"
-#include "comm/errors.h"
+#include "base/errors.h"
+#include "launch/cluster_environment.h"
 
 namespace shardtrain::examples {
 namespace fs = std::filesystem;

@@ -3,7 +3,7 @@
 #include <cstdio>
 #include <exception>
 
-#include "comm/launcher.h"
+#include "launch/launcher.h"
 #include "trainer/accelerator.h"
 
 DEFINE_string(strategy, "fsdp_native", "strategy by registered name (fsdp_native, fsdp, ddp, single_device, ...)");

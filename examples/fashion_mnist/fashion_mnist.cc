@@ -4,7 +4,7 @@
 
 #include <filesystem>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "examples/fashion_mnist/idx.h"
 
 namespace shardtrain::examples {

@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::examples {
 namespace {

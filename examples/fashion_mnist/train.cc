@@ -20,7 +20,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "examples/common/example_util.h"
 #include "examples/common/trainer_flags.h"
 #include "examples/fashion_mnist/cnn_model.h"

@@ -6,7 +6,7 @@
 #include <cmath>
 #include <sstream>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::examples {
 

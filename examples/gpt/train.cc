@@ -34,7 +34,7 @@
 #include <set>
 #include <sstream>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "examples/common/example_util.h"
 #include "examples/common/trainer_flags.h"
 #include "examples/gpt/gpt_model.h"

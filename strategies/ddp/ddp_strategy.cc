@@ -5,7 +5,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/nn/module.h>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "sharding/grad_ready_hook.h"
 
 namespace shardtrain::strategies {

@@ -1,6 +1,6 @@
 #include "strategies/fsdp/fsdp_strategy.h"
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::strategies {
 

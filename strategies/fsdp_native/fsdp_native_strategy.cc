@@ -2,7 +2,7 @@
 
 #include <cctype>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::strategies {
 namespace {

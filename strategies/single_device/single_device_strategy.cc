@@ -4,7 +4,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/nn/module.h>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain::strategies {
 

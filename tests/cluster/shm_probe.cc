@@ -1,5 +1,5 @@
 // One rank of tests/cluster/hosts_test.sh: finds its place from the launcher's
-// environment (torchrun, Open MPI, SLURM; comm/cluster_environment.h), joins the
+// environment (torchrun, Open MPI, SLURM; launch/cluster_environment.h), joins the
 // rendezvous, connects a GlooCommunicator world and HYBRID_SHARD's groups
 // (shard = the ranks of this node, replicate = one rank of each node), moves
 // known values through each, checks them exactly, and prints one line per group:
@@ -24,9 +24,9 @@
 #include <memory>
 #include <string>
 
-#include "comm/cluster_environment.h"
 #include "comm/gloo_communicator.h"
 #include "comm/rendezvous.h"
+#include "launch/cluster_environment.h"
 
 namespace {
 

@@ -1,13 +1,13 @@
 // Cluster environments from synthetic environments: each launcher's variables,
 // precedence between them, SLURM node lists and ports, and bad values.
-#include "comm/cluster_environment.h"
+#include "launch/cluster_environment.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
 #include <string>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain {
 namespace {

@@ -45,10 +45,10 @@
 #include <thread>
 #include <vector>
 
-#include "comm/cluster_environment.h"
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "comm/gloo_communicator.h"
 #include "comm/rendezvous.h"
+#include "launch/cluster_environment.h"
 
 namespace shardtrain::comm {
 namespace {

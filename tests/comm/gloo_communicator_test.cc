@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "comm/rendezvous.h"
 #include "tests/testing/multi_rank.h"
 

@@ -2,7 +2,7 @@
 // ranks, both re-executed by a trainer-like rank 0 (LaunchLocalRanks) and
 // started by the shardtrain_launch binary; LocalLauncher is also driven
 // in-process from this test.
-#include "comm/launcher.h"
+#include "launch/launcher.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -22,8 +22,8 @@
 #include <thread>
 #include <vector>
 
-#include "comm/cluster_environment.h"
-#include "comm/errors.h"
+#include "base/errors.h"
+#include "launch/cluster_environment.h"
 
 extern char** environ;
 

@@ -25,8 +25,8 @@
 #include <thread>
 #include <vector>
 
-#include "comm/cluster_environment.h"
-#include "comm/launcher.h"
+#include "launch/cluster_environment.h"
+#include "launch/launcher.h"
 
 namespace {
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 #ifndef ST_NO_GTEST
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // SharedMemoryMesh on its own (ranks as threads over a HashStore): when a peer
 // that left is a failure. Linked into gloo_communicator_test.
-#include "comm/shared_memory_mesh.h"
+#include "comm/gloo/shared_memory_mesh.h"
 
 #include <gtest/gtest.h>
 

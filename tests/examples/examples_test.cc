@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "examples/common/example_util.h"
 #include "examples/fashion_mnist/fashion_mnist.h"
 #include "examples/fashion_mnist/idx.h"

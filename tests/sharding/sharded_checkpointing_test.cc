@@ -12,7 +12,7 @@
 #include <mutex>
 #include <set>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "sharding/sharded_model.h"
 #include "strategies/registry.h"
 #include "tests/sharding/option_test_models.h"

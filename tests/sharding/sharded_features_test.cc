@@ -12,7 +12,7 @@
 #include <map>
 #include <mutex>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "sharding/flat_parameter.h"
 #include "sharding/sharded_model.h"
 #include "tests/testing/models.h"

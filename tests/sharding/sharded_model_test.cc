@@ -10,7 +10,7 @@
 #include <map>
 #include <mutex>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "tests/testing/models.h"
 #include "tests/testing/multi_rank.h"
 

@@ -14,7 +14,7 @@
 #include <mutex>
 #include <set>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "sharding/wrap_point.h"
 #include "strategies/ddp/ddp_strategy.h"
 #include "strategies/fsdp/fsdp_strategy.h"

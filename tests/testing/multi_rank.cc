@@ -7,7 +7,7 @@
 
 #include <ATen/Parallel.h>
 
-#include "comm/logging.h"
+#include "base/logging.h"
 #include "comm/rendezvous.h"
 
 namespace shardtrain::testing {

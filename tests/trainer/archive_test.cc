@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "tests/testing/counting_allocator.h"
 
 namespace shardtrain::trainer {

@@ -11,7 +11,7 @@
 #include <set>
 #include <sstream>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "tests/trainer/fixtures.h"
 #include "trainer/checkpoint.h"
 #include "trainer/sharded_checkpoint.h"

@@ -10,7 +10,7 @@
 #include <cmath>
 #include <limits>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "tests/testing/multi_rank.h"
 
 namespace shardtrain::trainer {

@@ -11,7 +11,7 @@
 #include <mutex>
 #include <sstream>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "tests/trainer/fixtures.h"
 #include "trainer/accelerator.h"
 #include "trainer/callbacks.h"

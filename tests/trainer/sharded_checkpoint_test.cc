@@ -9,7 +9,7 @@
 #include <fstream>
 #include <iterator>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "tests/trainer/fixtures.h"
 #include "trainer/checkpoint.h"
 #include "trainer/sharded_checkpoint.h"

@@ -14,7 +14,7 @@
 #include <set>
 #include <sstream>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 #include "sharding/wrap_point.h"
 #include "tests/testing/multi_rank.h"
 #include "tests/trainer/fixtures.h"

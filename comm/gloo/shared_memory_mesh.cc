@@ -1,4 +1,4 @@
-#include "comm/shared_memory_mesh.h"
+#include "comm/gloo/shared_memory_mesh.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>

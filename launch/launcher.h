@@ -6,8 +6,8 @@
 // rank reads them as a "torchrun" environment. Fail fast: when any rank dies,
 // the others are terminated and the launcher exits non-zero naming that rank.
 // POSIX/Linux only; no torch header.
-#ifndef SHARDTRAIN_COMM_LAUNCHER_H_
-#define SHARDTRAIN_COMM_LAUNCHER_H_
+#ifndef SHARDTRAIN_LAUNCH_LAUNCHER_H_
+#define SHARDTRAIN_LAUNCH_LAUNCHER_H_
 
 #include <sys/types.h>
 
@@ -109,4 +109,4 @@ int PickFreePort(const std::string& addr = "127.0.0.1");
 
 }  // namespace shardtrain
 
-#endif  // SHARDTRAIN_COMM_LAUNCHER_H_
+#endif  // SHARDTRAIN_LAUNCH_LAUNCHER_H_

@@ -1,4 +1,4 @@
-#include "comm/reduce_kernels.h"
+#include "comm/gloo/reduce_kernels.h"
 
 #include <cstring>
 

@@ -3,8 +3,8 @@
 // Backed by glog in logging.cc, which includes no LibTorch header: a pip-built
 // LibTorch (without glog) defines its own LOG/CHECK macros, so glog must never
 // be visible in a header that may meet torch headers. Use ST_LOG(INFO) << ...;
-#ifndef SHARDTRAIN_COMM_LOGGING_H_
-#define SHARDTRAIN_COMM_LOGGING_H_
+#ifndef SHARDTRAIN_BASE_LOGGING_H_
+#define SHARDTRAIN_BASE_LOGGING_H_
 
 #include <sstream>
 #include <string>
@@ -46,4 +46,4 @@ class LogLine {
 #define ST_LOG_SEVERITY_ERROR ::shardtrain::LogSeverity::kError
 #define ST_LOG(severity) ::shardtrain::internal::LogLine(ST_LOG_SEVERITY_##severity, __FILE__, __LINE__).stream()
 
-#endif  // SHARDTRAIN_COMM_LOGGING_H_
+#endif  // SHARDTRAIN_BASE_LOGGING_H_

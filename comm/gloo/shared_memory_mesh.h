@@ -20,8 +20,8 @@
 //
 // Thread-safety: one thread calls Exchange() at a time (GlooCommunicator's
 // issuing thread). Plain C++: no torch headers.
-#ifndef SHARDTRAIN_COMM_SHARED_MEMORY_MESH_H_
-#define SHARDTRAIN_COMM_SHARED_MEMORY_MESH_H_
+#ifndef SHARDTRAIN_COMM_GLOO_SHARED_MEMORY_MESH_H_
+#define SHARDTRAIN_COMM_GLOO_SHARED_MEMORY_MESH_H_
 
 #include <atomic>
 #include <chrono>
@@ -140,4 +140,4 @@ bool ProcessGone(int64_t pid);
 
 }  // namespace shardtrain::comm
 
-#endif  // SHARDTRAIN_COMM_SHARED_MEMORY_MESH_H_
+#endif  // SHARDTRAIN_COMM_GLOO_SHARED_MEMORY_MESH_H_

@@ -3,8 +3,8 @@
 // bfloat16 rounded to nearest even), in one pass where ATen needs several or
 // falls back to a slow mixed-dtype loop. Compiled with -O3 (vectorized). Plain
 // C++: bfloat16 is its raw 16 bits.
-#ifndef SHARDTRAIN_COMM_REDUCE_KERNELS_H_
-#define SHARDTRAIN_COMM_REDUCE_KERNELS_H_
+#ifndef SHARDTRAIN_COMM_GLOO_REDUCE_KERNELS_H_
+#define SHARDTRAIN_COMM_GLOO_REDUCE_KERNELS_H_
 
 #include <cstdint>
 
@@ -38,4 +38,4 @@ void ScaleF32(float* acc, int64_t n, float scale);
 
 }  // namespace shardtrain::comm::kernels
 
-#endif  // SHARDTRAIN_COMM_REDUCE_KERNELS_H_
+#endif  // SHARDTRAIN_COMM_GLOO_REDUCE_KERNELS_H_

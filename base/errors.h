@@ -4,8 +4,8 @@
 // what was wrong and what is valid. Communication failures (a dead or missing
 // peer, a timeout, an engine error) are CommError and name the operation, the
 // group and, where known, the peer. ST_THROW attaches file:line.
-#ifndef SHARDTRAIN_COMM_ERRORS_H_
-#define SHARDTRAIN_COMM_ERRORS_H_
+#ifndef SHARDTRAIN_BASE_ERRORS_H_
+#define SHARDTRAIN_BASE_ERRORS_H_
 
 #include <sstream>
 #include <stdexcept>
@@ -57,4 +57,4 @@ std::string StrCat(const Args&... args) {
     if (!(cond)) ST_THROW(InvalidArgumentError, __VA_ARGS__); \
   } while (0)
 
-#endif  // SHARDTRAIN_COMM_ERRORS_H_
+#endif  // SHARDTRAIN_BASE_ERRORS_H_

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/errors.h"
-#include "comm/launcher.h"
+#include "base/errors.h"
+#include "launch/launcher.h"
 
 namespace {
 

@@ -3,8 +3,8 @@
 // sets. Precedence: explicit options > torchrun > SLURM srun > Open MPI > PMI >
 // single process. Pure C++ (no torch header); errors are InvalidArgumentError
 // naming the variable and its value.
-#ifndef SHARDTRAIN_COMM_CLUSTER_ENVIRONMENT_H_
-#define SHARDTRAIN_COMM_CLUSTER_ENVIRONMENT_H_
+#ifndef SHARDTRAIN_LAUNCH_CLUSTER_ENVIRONMENT_H_
+#define SHARDTRAIN_LAUNCH_CLUSTER_ENVIRONMENT_H_
 
 #include <functional>
 #include <optional>
@@ -68,4 +68,4 @@ std::string ToString(const ClusterInfo& info);
 
 }  // namespace shardtrain
 
-#endif  // SHARDTRAIN_COMM_CLUSTER_ENVIRONMENT_H_
+#endif  // SHARDTRAIN_LAUNCH_CLUSTER_ENVIRONMENT_H_

@@ -1,4 +1,4 @@
-#include "comm/launcher.h"
+#include "launch/launcher.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -23,7 +23,7 @@
 #include <sstream>
 #include <thread>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 extern char** environ;
 

@@ -1,9 +1,9 @@
-// glog-backed implementation of comm/logging.h. Includes no LibTorch header.
+// glog-backed implementation of base/logging.h. Includes no LibTorch header.
 //
 // Built with -DSHARDTRAIN_NO_GLOG (the CMake build in bench/gpu, for machines
 // without glog), it writes the same rank-stamped line to stderr itself, in
 // glog's layout: "I0102 15:04:05.123456 12345 file.cc:42] [rank 0/1] message".
-#include "comm/logging.h"
+#include "base/logging.h"
 
 #ifndef SHARDTRAIN_NO_GLOG
 #include <glog/logging.h>

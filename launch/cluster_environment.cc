@@ -1,4 +1,4 @@
-#include "comm/cluster_environment.h"
+#include "launch/cluster_environment.h"
 
 #include <cctype>
 #include <charconv>
@@ -7,7 +7,7 @@
 #include <string_view>
 #include <utility>
 
-#include "comm/errors.h"
+#include "base/errors.h"
 
 namespace shardtrain {
 namespace {
