@@ -6,7 +6,7 @@
 // reduce-scatter is an all-to-all of the W blocks followed by a local sum (in
 // float32 for 16-bit inputs), never W all-reduces. At W=2, all-gather,
 // reduce-scatter and small (<= 2 MiB) floating SUM/AVG all-reduces are direct
-// exchanges with the peer (see gloo_communicator.cc); larger all-reduces are
+// exchanges with the peer (see comm/gloo/internal/pair_exchange.h); larger all-reduces are
 // Gloo's ring.
 //
 // When every rank of a group runs on this host (and GlooOptions::shared_memory
@@ -19,6 +19,9 @@
 // GlooOptions::heartbeat_period), so that a failed or timed-out collective
 // names the peer that caused it: dead, hung, or behind in the sequence of
 // collectives.
+//
+// The implementation is in comm/gloo/, one file per part (private headers in
+// comm/gloo/internal/).
 #ifndef SHARDTRAIN_COMM_GLOO_COMMUNICATOR_H_
 #define SHARDTRAIN_COMM_GLOO_COMMUNICATOR_H_
 
@@ -70,9 +73,9 @@ struct GlooOptions {
 };
 
 class SharedMemoryMesh;  // comm/gloo/shared_memory_mesh.h
-class GlooPeerMonitor;  // heartbeats and failure diagnosis (gloo_communicator.cc)
-class GlooCallIssuer;   // starts collectives off the caller's thread (gloo_communicator.cc)
-struct GlooGroupRef;    // what a pending Work needs to know about its group
+class GlooPeerMonitor;  // heartbeats and failure diagnosis (comm/gloo/internal/peer_monitor.h)
+class GlooCallIssuer;   // starts collectives off the caller's thread (comm/gloo/internal/call_issuer.h)
+struct GlooGroupRef;    // what a pending Work needs to know about its group (comm/gloo/internal/common.h)
 
 // A collective as this rank issued it: its number (1, 2, ...) and the wall
 // time (ms since the epoch), to tell in errors whether a peer's heartbeat

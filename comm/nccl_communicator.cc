@@ -26,6 +26,23 @@ namespace internal {
 
 using Clock = std::chrono::steady_clock;
 
+namespace {
+// "<what> failed: NCCL error 6 (remote process exited ...): <last error>".
+std::string NcclFailure(const std::string& what, ncclResult_t state, ncclComm_t comm) {
+  const char* last = ncclGetLastError(comm);
+  return StrCat(what, " failed: NCCL error ", static_cast<int>(state), " (", ncclGetErrorString(state), ")",
+                (last && *last) ? std::string(": ") + last : std::string());
+}
+
+// "<what> timed out after <ms> ms (a peer rank may have ...)".
+std::string NcclTimeout(const std::string& what, std::chrono::milliseconds timeout) {
+  return StrCat(what, " timed out after ", timeout.count(),
+                " ms (a peer rank may have died, hung, or not reached this collective)");
+}
+
+constexpr const char* kPeerMayHaveFailed = " (a peer rank may have died or failed)";
+}  // namespace
+
 // One collective in flight.
 struct NcclOp {
   std::string what;  // "AllGather on nccl group 'world' (rank 0/2, cuda:0)"
@@ -138,17 +155,11 @@ void NcclState::WaitReadyLocked(const std::string& what, std::chrono::millisecon
     if (r != ncclSuccess) state = r;
     if (state == ncclSuccess) return;
     if (state != ncclInProgress) {
-      const char* last = ncclGetLastError(comm);
-      AbortLocked(StrCat(what, " failed: NCCL error ", static_cast<int>(state), " (", ncclGetErrorString(state), ")",
-                         (last && *last) ? std::string(": ") + last : std::string(),
-                         " (a peer rank may have died or failed)"),
-                  false);
+      AbortLocked(NcclFailure(what, state, comm) + kPeerMayHaveFailed, false);
       ThrowErrorLocked();
     }
     if (Clock::now() > deadline) {
-      AbortLocked(StrCat(what, " timed out after ", timeout.count(),
-                         " ms (a peer rank may have died, hung, or not reached this collective)"),
-                  true);
+      AbortLocked(NcclTimeout(what, timeout), true);
       ThrowErrorLocked();
     }
     std::this_thread::sleep_for(sleep);
@@ -174,17 +185,11 @@ void NcclState::PollLocked(NcclOp& op, Clock::time_point deadline) {
   const ncclResult_t r = comm ? ncclCommGetAsyncError(comm, &state) : ncclInvalidUsage;
   if (r != ncclSuccess) state = r;
   if (state != ncclSuccess && state != ncclInProgress) {
-    const char* last = ncclGetLastError(comm);
-    AbortLocked(StrCat(op.what, " failed: NCCL error ", static_cast<int>(state), " (", ncclGetErrorString(state), ")",
-                       (last && *last) ? std::string(": ") + last : std::string(),
-                       " (a peer rank may have died or failed)"),
-                false);
+    AbortLocked(NcclFailure(op.what, state, comm) + kPeerMayHaveFailed, false);
     return;
   }
   if (Clock::now() > deadline) {
-    AbortLocked(StrCat(op.what, " timed out after ", op.timeout.count(),
-                       " ms (a peer rank may have died, hung, or not reached this collective)"),
-                true);
+    AbortLocked(NcclTimeout(op.what, op.timeout), true);
   }
 }
 
@@ -383,10 +388,7 @@ NcclCommunicator::NcclCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
     const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
     s.comm = comm;
     if (r != ncclSuccess && r != ncclInProgress) {
-      const char* last = ncclGetLastError(comm);
-      s.AbortLocked(StrCat(what, " failed: NCCL error ", static_cast<int>(r), " (", ncclGetErrorString(r), ")",
-                           (last && *last) ? std::string(": ") + last : std::string()),
-                    false);
+      s.AbortLocked(internal::NcclFailure(what, r, comm), false);
       s.ThrowErrorLocked();
     }
     s.WaitReadyLocked(what, timeout_, Clock::now() + timeout_);

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <mutex>
@@ -24,11 +25,18 @@
 #include <thread>
 
 #include "base/errors.h"
+#include "launch/internal/process_util.h"
 
 extern char** environ;
 
 namespace shardtrain {
 namespace {
+
+using launch_internal::DescribeFailure;
+using launch_internal::ReadSelfCmdline;
+using launch_internal::ResolveProgram;
+using launch_internal::SelfExePath;
+using launch_internal::SignalName;
 
 // ---- Process-wide signal forwarding (async-signal-safe state only) ----------
 
@@ -87,86 +95,6 @@ void InstallSignalHandlers(bool chain) {
 void RestoreSignalHandlers() {
   sigaction(SIGINT, &g_previous_int, nullptr);
   sigaction(SIGTERM, &g_previous_term, nullptr);
-}
-
-// ---- Helpers ------------------------------------------------------------------
-
-std::string SignalName(int sig) {
-  switch (sig) {
-    case SIGHUP: return "SIGHUP";
-    case SIGINT: return "SIGINT";
-    case SIGQUIT: return "SIGQUIT";
-    case SIGILL: return "SIGILL";
-    case SIGTRAP: return "SIGTRAP";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGKILL: return "SIGKILL";
-    case SIGUSR1: return "SIGUSR1";
-    case SIGSEGV: return "SIGSEGV";
-    case SIGUSR2: return "SIGUSR2";
-    case SIGPIPE: return "SIGPIPE";
-    case SIGALRM: return "SIGALRM";
-    case SIGTERM: return "SIGTERM";
-    default: return "signal " + std::to_string(sig);
-  }
-}
-
-// "exited with code C" / "was killed by signal S (NAME)"; "" for a clean exit.
-std::string DescribeFailure(int status) {
-  if (WIFEXITED(status)) {
-    int code = WEXITSTATUS(status);
-    return code == 0 ? "" : "exited with code " + std::to_string(code);
-  }
-  if (WIFSIGNALED(status)) {
-    int sig = WTERMSIG(status);
-    return "was killed by signal " + std::to_string(sig) + " (" + SignalName(sig) + ")";
-  }
-  return "ended with wait status " + std::to_string(status);
-}
-
-std::vector<std::string> ReadSelfCmdline() {
-  std::ifstream in("/proc/self/cmdline", std::ios::binary);
-  std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::string> args;
-  std::string cur;
-  for (char ch : data) {
-    if (ch == '\0') {
-      args.push_back(cur);
-      cur.clear();
-    } else {
-      cur.push_back(ch);
-    }
-  }
-  if (!cur.empty()) args.push_back(cur);
-  return args;
-}
-
-std::string SelfExePath() {
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return "/proc/self/exe";
-  buf[n] = '\0';
-  return buf;
-}
-
-// Resolves a program name like execvp does, in the parent (before fork).
-std::string ResolveProgram(const std::string& program) {
-  ST_CHECK_ARG(!program.empty(), "launcher: the program to run is empty");
-  if (program.find('/') != std::string::npos) {
-    ST_CHECK_ARG(access(program.c_str(), X_OK) == 0, "launcher: program '", program,
-                 "' is not an executable file: ", std::strerror(errno));
-    return program;
-  }
-  const char* path_env = std::getenv("PATH");
-  std::string path = path_env ? path_env : "/usr/local/bin:/usr/bin:/bin";
-  std::stringstream ss(path);
-  std::string dir;
-  while (std::getline(ss, dir, ':')) {
-    std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + program;
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  ST_THROW(InvalidArgumentError, "launcher: program '", program, "' not found in PATH=", path);
 }
 
 struct Child {
@@ -348,22 +276,113 @@ LocalLauncher::~LocalLauncher() {
   }
 }
 
-void LocalLauncher::Start() {
-  State& s = *state_;
-  ST_CHECK_ARG(!s.started, "launcher: Start() was already called");
-  const LaunchOptions& o = options_;
+namespace {
+
+// Checks the options of a launch that forks `num_children` ranks.
+void CheckLaunchOptions(const LaunchOptions& o, int num_children) {
   ST_CHECK_ARG(o.num_ranks >= 1, "launcher: num_ranks=", o.num_ranks, " must be >= 1");
   ST_CHECK_ARG(o.master_port >= 0 && o.master_port <= 65535, "launcher: master_port=", o.master_port,
                " must be 0 (pick a free port) or a TCP port in [1, 65535]");
   ST_CHECK_ARG(!o.master_addr.empty(), "launcher: master_addr is empty");
   ST_CHECK_ARG(o.kill_grace.count() >= 0, "launcher: kill_grace must be >= 0");
-  const int first_child_rank = o.current_process_is_rank0 ? 1 : 0;
-  const int num_children = o.num_ranks - first_child_rank;
   ST_CHECK_ARG(num_children <= kMaxChildren, "launcher: num_ranks=", o.num_ranks, " exceeds ", kMaxChildren);
   for (const auto& [name, value] : o.env) {
     ST_CHECK_ARG(!name.empty() && name.find('=') == std::string::npos, "launcher: bad environment variable name '",
                  name, "'");
   }
+}
+
+// The variables rank `rank` gets (torchrun's names), then the user's.
+std::vector<std::pair<std::string, std::string>> RankEnvironment(const LaunchOptions& o, int rank, int master_port) {
+  std::vector<std::pair<std::string, std::string>> vars = {
+      {"RANK", std::to_string(rank)},
+      {"LOCAL_RANK", std::to_string(rank)},
+      {"WORLD_SIZE", std::to_string(o.num_ranks)},
+      {"LOCAL_WORLD_SIZE", std::to_string(o.num_ranks)},
+      {"GROUP_RANK", "0"},
+      {"GROUP_WORLD_SIZE", "1"},
+      {"MASTER_ADDR", o.master_addr},
+      {"MASTER_PORT", std::to_string(master_port)},
+      {kLaunchedEnvVar, "1"},
+  };
+  // Like torchrun: unless the user chose, split the cores between the local
+  // ranks. OpenMP pools that together exceed the cores spin against each
+  // other and against Gloo's I/O threads (measured: a 2-rank step 24x slower).
+  if (!std::getenv("OMP_NUM_THREADS")) {
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    vars.emplace_back("OMP_NUM_THREADS", std::to_string(std::max(1u, cores / static_cast<unsigned>(o.num_ranks))));
+  }
+  vars.insert(vars.end(), o.env.begin(), o.env.end());
+  return vars;
+}
+
+// This process's environment ("NAME=value" entries) with `vars` replacing or
+// adding entries.
+std::vector<std::string> ChildEnvironment(const std::vector<std::pair<std::string, std::string>>& vars) {
+  std::map<std::string, std::string> overrides;
+  for (const auto& [name, value] : vars) overrides[name] = value;
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string entry(*e);
+    std::string name = entry.substr(0, entry.find('='));
+    if (overrides.count(name) == 0) env.push_back(std::move(entry));
+  }
+  for (const auto& [name, value] : overrides) env.push_back(name + "=" + value);
+  return env;
+}
+
+// Forks and executes `program` with `argv` (null-terminated) and `env` for
+// `rank`. With SIGINT/SIGTERM blocked around fork, so `record(pid)` (in the
+// parent) stores the pid before a forwarding handler can run, and the child
+// does not run that handler before exec. Returns the pid, or -1 with
+// *fork_errno set.
+pid_t ForkRank(const std::string& program, std::vector<char*>& argv, std::vector<std::string>& env, int rank,
+               pid_t parent_pid, const std::function<void(pid_t)>& record, int* fork_errno) {
+  // Everything the child needs is built before fork: after fork it only calls
+  // async-signal-safe functions.
+  std::vector<char*> child_env;
+  for (auto& e : env) child_env.push_back(e.data());
+  child_env.push_back(nullptr);
+  const std::string exec_failed_msg =
+      "ShardTrain launcher: cannot execute " + program + " for rank " + std::to_string(rank) + "\n";
+  sigset_t block, old_mask;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  sigaddset(&block, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &block, &old_mask);
+  pid_t pid = fork();
+  if (pid == 0) {
+    // The dispositions exec would give: ignored stays ignored, else default.
+    for (int sig : {SIGINT, SIGTERM}) {
+      const struct sigaction& previous = sig == SIGINT ? g_previous_int : g_previous_term;
+      struct sigaction sa {};
+      sa.sa_handler = (!(previous.sa_flags & SA_SIGINFO) && previous.sa_handler == SIG_IGN) ? SIG_IGN : SIG_DFL;
+      sigemptyset(&sa.sa_mask);
+      sigaction(sig, &sa, nullptr);
+    }
+    prctl(PR_SET_PDEATHSIG, SIGTERM);  // rank 0 / the launcher died: stop too
+    if (getppid() != parent_pid) _exit(1);
+    sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+    execve(program.c_str(), argv.data(), child_env.data());
+    ssize_t ignored = write(STDERR_FILENO, exec_failed_msg.data(), exec_failed_msg.size());
+    (void)ignored;
+    _exit(127);
+  }
+  *fork_errno = errno;
+  if (pid > 0) record(pid);
+  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  return pid;
+}
+
+}  // namespace
+
+void LocalLauncher::Start() {
+  State& s = *state_;
+  ST_CHECK_ARG(!s.started, "launcher: Start() was already called");
+  const LaunchOptions& o = options_;
+  const int first_child_rank = o.current_process_is_rank0 ? 1 : 0;
+  const int num_children = o.num_ranks - first_child_rank;
+  CheckLaunchOptions(o, num_children);
 
   std::string program;
   std::vector<std::string> argv = o.argv;
@@ -379,32 +398,8 @@ void LocalLauncher::Start() {
 
   master_port_ = o.master_port != 0 ? o.master_port : PickFreePort(o.master_addr);
   s.grace = o.kill_grace;
-
-  auto rank_vars = [&](int rank) {
-    std::vector<std::pair<std::string, std::string>> vars = {
-        {"RANK", std::to_string(rank)},
-        {"LOCAL_RANK", std::to_string(rank)},
-        {"WORLD_SIZE", std::to_string(o.num_ranks)},
-        {"LOCAL_WORLD_SIZE", std::to_string(o.num_ranks)},
-        {"GROUP_RANK", "0"},
-        {"GROUP_WORLD_SIZE", "1"},
-        {"MASTER_ADDR", o.master_addr},
-        {"MASTER_PORT", std::to_string(master_port_)},
-        {kLaunchedEnvVar, "1"},
-    };
-    // Like torchrun: unless the user chose, split the cores between the local
-    // ranks. OpenMP pools that together exceed the cores spin against each
-    // other and against Gloo's I/O threads (measured: a 2-rank step 24x slower).
-    if (!std::getenv("OMP_NUM_THREADS")) {
-      const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-      vars.emplace_back("OMP_NUM_THREADS", std::to_string(std::max(1u, cores / static_cast<unsigned>(o.num_ranks))));
-    }
-    vars.insert(vars.end(), o.env.begin(), o.env.end());
-    return vars;
-  };
-
   if (o.current_process_is_rank0) {
-    for (const auto& [name, value] : rank_vars(0)) setenv(name.c_str(), value.c_str(), 1);
+    for (const auto& [name, value] : RankEnvironment(o, 0, master_port_)) setenv(name.c_str(), value.c_str(), 1);
   }
   s.started = true;
   if (num_children == 0) return;
@@ -418,68 +413,24 @@ void LocalLauncher::Start() {
   InstallSignalHandlers(/*chain=*/o.current_process_is_rank0);
   s.handlers_installed = true;
 
-  // Everything the child needs is built before fork: after fork it only calls
-  // async-signal-safe functions.
   std::vector<char*> child_argv;
   for (auto& a : argv) child_argv.push_back(a.data());
   child_argv.push_back(nullptr);
   const pid_t parent_pid = getpid();
-
   for (int i = 0; i < num_children; ++i) {
     const int rank = first_child_rank + i;
-    std::map<std::string, std::string> overrides;
-    for (const auto& [name, value] : rank_vars(rank)) overrides[name] = value;
-    std::vector<std::string> env_storage;
-    for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-      std::string entry(*e);
-      std::string name = entry.substr(0, entry.find('='));
-      if (overrides.count(name) == 0) env_storage.push_back(std::move(entry));
-    }
-    for (const auto& [name, value] : overrides) env_storage.push_back(name + "=" + value);
-    std::vector<char*> child_env;
-    for (auto& e : env_storage) child_env.push_back(e.data());
-    child_env.push_back(nullptr);
-    std::string exec_failed_msg = "ShardTrain launcher: cannot execute " + program + " for rank " +
-                                  std::to_string(rank) + "\n";
-
-    // Block the forwarded signals around fork so the pid is recorded before a
-    // handler can run, and the child does not run our handler before exec.
-    sigset_t block, old_mask;
-    sigemptyset(&block);
-    sigaddset(&block, SIGINT);
-    sigaddset(&block, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &block, &old_mask);
-    pid_t pid = fork();
-    if (pid == 0) {
-      // The dispositions exec would give: ignored stays ignored, else default.
-      for (int sig : {SIGINT, SIGTERM}) {
-        const struct sigaction& previous = sig == SIGINT ? g_previous_int : g_previous_term;
-        struct sigaction sa {};
-        sa.sa_handler =
-            (!(previous.sa_flags & SA_SIGINFO) && previous.sa_handler == SIG_IGN) ? SIG_IGN : SIG_DFL;
-        sigemptyset(&sa.sa_mask);
-        sigaction(sig, &sa, nullptr);
-      }
-      prctl(PR_SET_PDEATHSIG, SIGTERM);  // rank 0 / the launcher died: stop too
-      if (getppid() != parent_pid) _exit(1);
-      sigprocmask(SIG_SETMASK, &old_mask, nullptr);
-      execve(program.c_str(), child_argv.data(), child_env.data());
-      ssize_t ignored = write(STDERR_FILENO, exec_failed_msg.data(), exec_failed_msg.size());
-      (void)ignored;
-      _exit(127);
-    }
-    int fork_errno = errno;
-    if (pid > 0) {
+    std::vector<std::string> env = ChildEnvironment(RankEnvironment(o, rank, master_port_));
+    int fork_errno = 0;
+    const pid_t pid = ForkRank(program, child_argv, env, rank, parent_pid, [&](pid_t child) {
       Child c;
       c.rank = rank;
-      c.pid = pid;
+      c.pid = child;
       c.slot = i;
       c.running = true;
-      g_child_pids[i].store(pid);
+      g_child_pids[i].store(child);
       std::lock_guard<std::mutex> lock(s.mu);
       s.children.push_back(c);
-    }
-    pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+    }, &fork_errno);
     if (pid < 0) {
       std::lock_guard<std::mutex> lock(s.mu);
       s.TerminateAll();

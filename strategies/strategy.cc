@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "base/errors.h"
+#include "comm/host_collectives.h"
 
 namespace shardtrain::strategies {
 
@@ -122,13 +123,9 @@ void Strategy::ApplyTruePrecision(torch::nn::Module& module) {
 
 namespace {
 // NCCL takes CUDA tensors only: metric collectives then run on the current CUDA device.
-c10::Device CollectiveDevice(const comm::Communicator& world) {
-  return world.backend() == "nccl" ? c10::Device(c10::kCUDA) : c10::Device(c10::kCPU);
-}
-
 double Reduce(const comm::CommunicatorPtr& world, double v, comm::ReduceOp op) {
   if (!world || world->size() == 1) return v;
-  at::Tensor t = at::full({1}, v, at::TensorOptions().dtype(at::kDouble).device(CollectiveDevice(*world)));
+  at::Tensor t = at::full({1}, v, at::TensorOptions().dtype(at::kDouble).device(comm::CollectiveDevice(*world)));
   world->AllReduce(t, {op})->Wait();
   return t.item<double>();
 }
@@ -143,15 +140,7 @@ void Strategy::Barrier() {
 }
 
 void Strategy::Broadcast(const at::Tensor& tensor, int root) {
-  if (!world_ || world_->size() == 1) return;
-  const c10::Device dev = CollectiveDevice(*world_);
-  if (tensor.device() == dev || tensor.is_cuda()) {
-    world_->Broadcast(tensor, root)->Wait();
-    return;
-  }
-  at::Tensor staged = tensor.to(dev);
-  world_->Broadcast(staged, root)->Wait();
-  tensor.copy_(staged);
+  if (world_) comm::HostBroadcast(*world_, tensor, root);
 }
 
 double ClipLocalGradNorm(const std::vector<at::Tensor>& params, double max_norm, double norm_type) {

@@ -90,29 +90,4 @@ comm::CommunicatorPtr CreateNcclCommunicator(c10::intrusive_ptr<c10d::Store> sto
 #endif
 }
 
-namespace {
-bool NeedsDevice(const comm::Communicator& c, const at::Tensor& t) { return c.backend() == "nccl" && !t.is_cuda(); }
-}  // namespace
-
-void HostAllReduce(comm::Communicator& c, const at::Tensor& tensor, comm::ReduceOp op) {
-  if (c.size() == 1) return;
-  if (!NeedsDevice(c, tensor)) {
-    c.AllReduce(tensor, {op})->Wait();
-    return;
-  }
-  at::Tensor d = tensor.to(c10::Device(c10::kCUDA));
-  c.AllReduce(d, {op})->Wait();
-  tensor.copy_(d);
-}
-
-void HostAllGather(comm::Communicator& c, const at::Tensor& input, const at::Tensor& output) {
-  if (!NeedsDevice(c, input)) {
-    c.AllGather(input, output)->Wait();
-    return;
-  }
-  at::Tensor out = at::empty(output.sizes(), output.options().device(c10::Device(c10::kCUDA)));
-  c.AllGather(input.to(c10::Device(c10::kCUDA)), out)->Wait();
-  output.copy_(out);
-}
-
 }  // namespace shardtrain::trainer

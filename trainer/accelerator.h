@@ -17,6 +17,7 @@
 #include <string>
 
 #include "comm/communicator.h"
+#include "comm/host_collectives.h"
 #include "comm/rendezvous.h"
 
 namespace shardtrain::trainer {
@@ -57,11 +58,9 @@ void SetCurrentDevice(const c10::Device& device);
 comm::CommunicatorPtr CreateNcclCommunicator(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
                                              int device_index);
 
-// Collectives on CPU tensors over any backend: NCCL takes only CUDA
-// tensors, so with it the data makes a round trip through the current CUDA
-// device. Blocking; `tensor`/`output` hold the result.
-void HostAllReduce(comm::Communicator& c, const at::Tensor& tensor, comm::ReduceOp op);
-void HostAllGather(comm::Communicator& c, const at::Tensor& input, const at::Tensor& output);
+// Collectives on CPU tensors over any backend (comm/host_collectives.h).
+using comm::HostAllGather;
+using comm::HostAllReduce;
 
 }  // namespace shardtrain::trainer
 

@@ -22,6 +22,7 @@
 #include "comm/gloo_communicator.h"
 #include "comm/rendezvous.h"
 #include "launch/cluster_environment.h"
+#include "launch/cluster_rendezvous.h"
 #include "launch/launcher.h"
 #include "trainer/checkpoint.h"
 #include "trainer/checkpoint_state.h"
@@ -143,14 +144,7 @@ void Trainer::SetupProcesses() {
   ST_CHECK_ARG(info.world_size == W, "the job has ", info.world_size, " ranks (", info.source,
                ") but devices * num_nodes = ", W);
   SetLogRank(info.rank, info.world_size);
-  comm::RendezvousOptions ro;
-  ro.kind = "tcp";
-  ro.rank = info.rank;
-  ro.world_size = info.world_size;
-  ro.master_addr = info.master_addr;
-  ro.master_port = info.master_port;
-  ro.agent_store = info.agent_store;
-  ro.restart_count = info.restart_count;
+  const comm::RendezvousOptions ro = RendezvousOptionsFor(info);
   cluster_ = info;
   if (cuda) {
     SetCurrentDevice(RankDevice(accelerator_, info.local_rank));

@@ -27,6 +27,7 @@
 #include "examples/common/example_util.h"
 #include "examples/gpt/gpt_model.h"
 #include "launch/cluster_environment.h"
+#include "launch/cluster_rendezvous.h"
 #include "launch/launcher.h"
 #include "sharding/sharded_model.h"
 #include "strategies/registry.h"
@@ -166,11 +167,7 @@ int Bench() {
   comm::CommunicatorPtr world_comm;
   std::shared_ptr<comm::GlooCommunicator> gloo;
   if (info.world_size > 1) {
-    comm::RendezvousOptions ro;
-    ro.rank = info.rank;
-    ro.world_size = info.world_size;
-    ro.master_addr = info.master_addr;
-    ro.master_port = info.master_port;
+    const comm::RendezvousOptions ro = RendezvousOptionsFor(info);
     comm::GlooOptions go;
     // One host: loopback. Across hosts (bench/cluster): the host's own address.
     go.hostname = info.num_nodes > 1 ? "" : "127.0.0.1";

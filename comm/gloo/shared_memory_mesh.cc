@@ -135,6 +135,9 @@ SharedMemoryMesh::SharedMemoryMesh(int rank, int size, int64_t ring_bytes)
   segment_bytes_ = kHeaderBytes + static_cast<size_t>(size - 1) * (kRingHeaderBytes + ring_bytes);
 }
 
+// Longer than 80 lines on purpose: the three agreement rounds (wanted and
+// same host, created, mapped) are one protocol that every rank must walk in
+// the same order; it reads top to bottom as the ranks execute it.
 std::unique_ptr<SharedMemoryMesh> SharedMemoryMesh::Connect(const MeshRendezvous& store, int rank, int size,
                                                             bool wanted, int64_t ring_bytes, std::string* why_not) {
   if (size < 2) {
@@ -315,6 +318,10 @@ std::optional<SharedMemoryError> SharedMemoryMesh::CheckPeers(const std::vector<
   return std::nullopt;
 }
 
+// Longer than 80 lines on purpose: one event loop whose ring-index loads and
+// stores (acquire/release pairs with the peers' loops) and doorbell protocol
+// (read the bell before looking, sleep on the value read) must be read
+// together to be checked; splitting it would scatter that ordering.
 void SharedMemoryMesh::Exchange(const std::vector<PeerTraffic>& traffic, const Consumer& consume,
                                 SteadyClock::time_point deadline) {
   static const uint8_t kZeros[kStreamAlign] = {};

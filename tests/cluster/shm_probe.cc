@@ -27,6 +27,7 @@
 #include "comm/gloo_communicator.h"
 #include "comm/rendezvous.h"
 #include "launch/cluster_environment.h"
+#include "launch/cluster_rendezvous.h"
 
 namespace {
 
@@ -73,15 +74,7 @@ bool CheckReduceScatter(const CommunicatorPtr& group) {
 
 int Run() {
   const ClusterInfo info = shardtrain::DetectClusterEnvironment();
-  shardtrain::comm::RendezvousOptions ro;
-  ro.kind = "tcp";
-  ro.rank = info.rank;
-  ro.world_size = info.world_size;
-  ro.master_addr = info.master_addr;
-  ro.master_port = info.master_port;
-  ro.agent_store = info.agent_store;
-  ro.restart_count = info.restart_count;
-  auto store = shardtrain::comm::CreateStore(ro);
+  auto store = shardtrain::comm::CreateStore(shardtrain::RendezvousOptionsFor(info));
   CommunicatorPtr world = GlooCommunicator::Create(store, info.rank, info.world_size);
   auto hybrid = world->SplitHybrid(info.local_world_size);
   bool ok = CheckAllReduce(world);

@@ -49,6 +49,7 @@
 #include "comm/gloo_communicator.h"
 #include "comm/rendezvous.h"
 #include "launch/cluster_environment.h"
+#include "launch/cluster_rendezvous.h"
 
 namespace shardtrain::comm {
 namespace {
@@ -278,14 +279,8 @@ int Run(int argc, char** argv, std::shared_ptr<GlooCommunicator>& comm) {
   ST_CHECK_ARG(flags.die_rank < info.world_size && flags.stall_rank < info.world_size,
                "collective_worker: --die_rank/--stall_rank must be a rank of this world of ", info.world_size);
 
-  RendezvousOptions ro;
+  RendezvousOptions ro = shardtrain::RendezvousOptionsFor(info);
   ro.kind = flags.rendezvous;
-  ro.rank = info.rank;
-  ro.world_size = info.world_size;
-  ro.master_addr = info.master_addr;
-  ro.master_port = info.master_port;
-  ro.agent_store = info.agent_store;
-  ro.restart_count = info.restart_count;
   ro.file_path = flags.file_path;
   ro.timeout = std::chrono::milliseconds(flags.timeout_ms);
   auto store = CreateStore(ro);
