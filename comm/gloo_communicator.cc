@@ -602,7 +602,16 @@ void GlooCommunicator::ConnectSharedMemory() {
 }
 
 GlooCommunicator::~GlooCommunicator() {
-  if (group_ && group_->watch) group_->watch->Stop();  // before mesh_ goes (its stall callback)
+  if (group_ && group_->watch) {
+    group_->watch->Stop();  // before mesh_ goes (its stall callback)
+    if (!group_->watch->Failure().empty()) {
+      // A stalled peer failed the group (GlooOptions::stall_timeout): Gloo's
+      // worker threads may wait on it until `timeout`, and destroying the
+      // process groups would join them. Leave them to the process's exit.
+      (void)pg_.release();
+      (void)verify_pg_.release();
+    }
+  }
   if (mesh_) {
     // Peers waiting on this rank fail at once (and can read why from the
     // "closed" heartbeat); so does a transfer of this rank in progress.

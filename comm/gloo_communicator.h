@@ -70,7 +70,9 @@ struct GlooOptions {
   std::chrono::milliseconds stall_warning = std::chrono::seconds(60);
   // If > 0: a stall that lasts this long fails the blocked collective (and the
   // group) with CommTimeoutError naming the peer, long before `timeout`.
-  // 0 (the default): only `timeout` ends a wait.
+  // 0 (the default): only `timeout` ends a wait. Destroying a communicator
+  // that failed so leaves Gloo's threads still waiting on the peer to the
+  // process's exit instead of joining them (which would block until `timeout`).
   std::chrono::milliseconds stall_timeout{0};
   // When all ranks of the group run on this host: move all-gathers,
   // reduce-scatters, floating SUM/AVG all-reduces and the signature check

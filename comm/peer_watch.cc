@@ -166,6 +166,7 @@ PeerWatch::~PeerWatch() { Stop(); }
 
 void PeerWatch::Stop() {
   std::unique_lock<std::mutex> lock(state_->mu);
+  if (state_->stop) return;  // stopped before (a thread stuck in the store is left behind once)
   state_->stop = true;
   state_->abort = nullptr;
   state_->cv.notify_all();

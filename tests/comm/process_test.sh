@@ -322,6 +322,8 @@ stopped_rank_fails() {
   expect_stall_report "rank 0/2: CommError in iteration .*stalled peer: "
   expect_in stderr "giving up after GlooOptions::stall_timeout = 3.0 s"
   [[ "$(cat "$CASE_DIR/rank_0.exit" 2>/dev/null)" == 3 ]] || fail "rank 0 did not exit with code 3"
+  # Well before the collective timeout (30 s): stall 3 s + the launcher's 1 s grace + start-up.
+  expect_elapsed_below 20000
   expect_nothing_left
 }
 
