@@ -45,7 +45,10 @@ struct GlooOptions {
   std::string name = "world";
   std::chrono::milliseconds timeout = kDefaultTimeout;
   // Address or hostname this rank listens on; empty = $GLOO_SOCKET_IFNAME's
-  // interface if set, else the machine's hostname (loopback as a fallback).
+  // interface if set, else the address the rendezvous gives: for a TCPStore
+  // the local address that reaches its host (loopback for a single-host run,
+  // like the store's own bind address), loopback for a HashStore, and the
+  // machine's hostname for a FileStore.
   std::string hostname;
   int threads = 2;  // Gloo worker threads (ops in flight at once)
   // Before each collective, ranks exchange (operation, element count, dtype,
@@ -61,6 +64,19 @@ struct GlooOptions {
   // and names the dead, hung or lagging rank in the error. Zero turns it off
   // (errors then name only the operation and the group).
   std::chrono::milliseconds heartbeat_period = std::chrono::seconds(1);
+  // While this rank is blocked in a collective, it reads its peers' heartbeats
+  // (every heartbeat_period, from one period into the wait) and logs a warning,
+  // once per stall, naming a peer (rank, pid, host, its last collective) that
+  // has made no progress for `stall_warning`: its heartbeat stopped (process
+  // stopped or hung) or it has not issued this collective (see comm/peer_watch.h).
+  // 0 turns the warning off. Needs heartbeats (heartbeat_period > 0, W > 1).
+  std::chrono::milliseconds stall_warning = std::chrono::seconds(60);
+  // If > 0: a stall that lasts this long fails the blocked collective (and the
+  // group) with CommTimeoutError naming the peer, long before `timeout`.
+  // 0 (the default): only `timeout` ends a wait. Destroying a communicator
+  // that failed so leaves Gloo's threads still waiting on the peer to the
+  // process's exit instead of joining them (which would block until `timeout`).
+  std::chrono::milliseconds stall_timeout{0};
   // When all ranks of the group run on this host: move all-gathers,
   // reduce-scatters, floating SUM/AVG all-reduces and the signature check
   // through shared memory (a ring buffer of `shared_memory_ring_bytes` per pair
@@ -75,6 +91,7 @@ struct GlooOptions {
 class SharedMemoryMesh;  // comm/gloo/shared_memory_mesh.h
 class GlooPeerMonitor;  // heartbeats and failure diagnosis (comm/gloo/internal/peer_monitor.h)
 class GlooCallIssuer;   // starts collectives off the caller's thread (comm/gloo/internal/call_issuer.h)
+class PeerWatch;        // stalled-peer reports while blocked (comm/peer_watch.h)
 struct GlooGroupRef;    // what a pending Work needs to know about its group (comm/gloo/internal/common.h)
 
 // A collective as this rank issued it: its number (1, 2, ...) and the wall

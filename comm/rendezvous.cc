@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "base/errors.h"
+#include "comm/net_address.h"
 
 namespace shardtrain::comm {
 
@@ -30,6 +31,9 @@ c10::intrusive_ptr<c10d::Store> CreateStore(const RendezvousOptions& o) {
       opts.numWorkers = o.agent_store ? std::nullopt : std::optional<std::size_t>(o.world_size);
       opts.waitWorkers = false;
       opts.timeout = o.timeout;
+      if (opts.isServer) {  // listen only where asked (not c10d's every interface)
+        opts.masterListenFd = ListenOn(o.bind_address.empty() ? o.master_addr : o.bind_address, o.master_port);
+      }
       store = c10::make_intrusive<c10d::TCPStore>(o.master_addr, opts);
       if (o.agent_store) {
         store = c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::to_string(o.restart_count), store);

@@ -23,6 +23,11 @@ struct RendezvousOptions {
   int world_size = 1;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // Where rank 0's TCPStore listens: empty = master_addr itself (the address
+  // the cluster environment gives; loopback for a single-host run, so nothing
+  // outside this machine can reach the store); "*" = every interface (only
+  // when asked); else an address or host name of this machine.
+  std::string bind_address;
   bool agent_store = false;  // torchrun's TORCHELASTIC_USE_AGENT_STORE
   int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT
   std::string file_path;     // kind == "file"

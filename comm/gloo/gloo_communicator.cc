@@ -6,6 +6,7 @@
 #include "comm/gloo_communicator.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -25,6 +26,8 @@
 #include "comm/gloo/internal/pair_exchange.h"
 #include "comm/gloo/internal/peer_monitor.h"
 #include "comm/gloo/shared_memory_mesh.h"
+#include "comm/net_address.h"
+#include "comm/peer_watch.h"
 
 namespace shardtrain::comm {
 namespace gloo_internal {
@@ -72,7 +75,12 @@ void GlooWork::Wait(std::chrono::milliseconds timeout) {
   }
   const auto t = timeout.count() > 0 ? timeout : timeout_;
   try {
-    work_->wait(t);
+    PeerWatch::Wait(group_->watch.get(), call_.seq, OpTitle(op_), t, [&](auto slice) { work_->wait(slice); },
+                    [&] { return work_->isCompleted(); });
+  } catch (const CommTimeoutError& e) {  // a stalled peer (GlooOptions::stall_timeout)
+    error_ = e.what();
+    timed_out_ = true;
+    throw;
   } catch (const std::exception& e) {
     const std::string msg = ErrorText(e);
     timed_out_ = msg.find("imed out") != std::string::npos || msg.find("imeout") != std::string::npos;
@@ -94,6 +102,38 @@ bool IsSupportedDtype(at::ScalarType t) {
     default:
       return false;
   }
+}
+
+// Where Gloo listens by default: the local address that reaches the TCPStore's
+// host (loopback when that is loopback), as the store itself binds to it;
+// loopback for a HashStore (threads of one process); "" (the hostname's
+// address) for a FileStore, whose ranks may span hosts on a shared filesystem.
+std::string ListenAddressFor(c10d::Store& store) {
+  c10d::Store* base = &store;
+  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(base)) base = prefixed->getUnderlyingNonPrefixStore().get();
+  if (auto* tcp = dynamic_cast<c10d::TCPStore*>(base)) return LocalAddressToward(tcp->getHost());
+  if (dynamic_cast<c10d::HashStore*>(base)) return "127.0.0.1";
+  return "";
+}
+
+// Reads the peers' heartbeats for the stall watch (GlooPeerMonitor's keys).
+std::function<std::vector<std::optional<PeerBeat>>()> MakeBeatReader(const c10::intrusive_ptr<c10d::Store>& store,
+                                                                      const std::string& name, int rank, int size) {
+  return [store, name, rank, size] {
+    std::vector<std::string> keys;
+    for (int r = 0; r < size; ++r)
+      if (r != rank) keys.push_back("shardtrain/heartbeat/" + name + "/" + std::to_string(r));
+    std::vector<std::optional<PeerBeat>> beats(size);
+    if (!store->check(keys)) return beats;  // not every peer published yet
+    const auto values = store->multiGet(keys);
+    for (int r = 0, i = 0; r < size && i < static_cast<int>(values.size()); ++r) {
+      if (r == rank) continue;
+      const std::string text(values[i].begin(), values[i].end());
+      ++i;
+      if (auto h = Heartbeat::Parse(text)) beats[r] = PeerBeat{h->wall_ms, h->issued, h->op, h->pid, h->host, h->closed};
+    }
+    return beats;
+  };
 }
 
 // The store operations of the peer monitor (which includes no torch header),
@@ -154,6 +194,7 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
   ST_CHECK_ARG(options_.threads >= 1, "GlooOptions.threads must be >= 1, got ", options_.threads);
   ST_CHECK_ARG(options_.heartbeat_period.count() >= 0, "GlooOptions.heartbeat_period must be >= 0 ms (0: off), got ",
                options_.heartbeat_period.count(), " ms");
+  CheckStallOptions(options_.stall_warning, options_.stall_timeout);
   ST_CHECK_ARG(options_.shared_memory_ring_bytes >= 4096 && options_.shared_memory_ring_bytes % 4096 == 0,
                "GlooOptions.shared_memory_ring_bytes must be a positive multiple of 4096, got ",
                options_.shared_memory_ring_bytes);
@@ -163,6 +204,8 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options_.hostname));
     } else if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    } else if (const std::string addr = gloo_internal::ListenAddressFor(*store_); !addr.empty()) {
+      opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(addr));
     } else {
       opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
     }
@@ -187,7 +230,14 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
     monitor_ = std::make_shared<GlooPeerMonitor>(gloo_internal::MakeHeartbeatStore(store_), name_, rank_, size_, options_.heartbeat_period);
     monitor_->Start();
   }
-  group_ = std::make_shared<const GlooGroupRef>(GlooGroupRef{name_, rank_, size_, monitor_});
+  std::shared_ptr<PeerWatch> watch;
+  if (monitor_ && (options_.stall_warning.count() > 0 || options_.stall_timeout.count() > 0)) {
+    watch = std::make_shared<PeerWatch>(PeerWatchOptions{name_, rank_, size_, options_.heartbeat_period,
+                                                         options_.stall_warning, options_.stall_timeout},
+                                        gloo_internal::MakeBeatReader(store_, name_, rank_, size_));
+    if (mesh_) watch->OnStallFailure([mesh = mesh_.get()] { mesh->Abort(); });
+  }
+  group_ = std::make_shared<const GlooGroupRef>(GlooGroupRef{name_, rank_, size_, monitor_, watch});
   if (verify_pg_ || mesh_) issuer_ = std::make_unique<GlooCallIssuer>();
 }
 
@@ -214,6 +264,16 @@ void GlooCommunicator::ConnectSharedMemory() {
 }
 
 GlooCommunicator::~GlooCommunicator() {
+  if (group_ && group_->watch) {
+    group_->watch->Stop();  // before mesh_ goes (its stall callback)
+    if (!group_->watch->Failure().empty()) {
+      // A stalled peer failed the group (GlooOptions::stall_timeout): Gloo's
+      // worker threads may wait on it until `timeout`, and destroying the
+      // process groups would join them. Leave them to the process's exit.
+      (void)pg_.release();
+      (void)verify_pg_.release();
+    }
+  }
   if (mesh_) {
     // Peers waiting on this rank fail at once (and can read why from the
     // "closed" heartbeat); so does a transfer of this rank in progress.
@@ -250,8 +310,10 @@ IssuedCall GlooCommunicator::Issue(CommOp op) {
 WorkPtr GlooCommunicator::RunOnMesh(CommOp op, IssuedCall call,
                                     const std::function<void(SteadyClock::time_point deadline)>& transfer) {
   try {
+    PeerWatch::Waiting waiting(group_->watch.get(), call.seq, OpTitle(op));
     transfer(SteadyClock::now() + timeout_);
   } catch (const SharedMemoryError& e) {
+    if (std::string f = group_->watch ? group_->watch->Failure() : ""; !f.empty()) throw CommTimeoutError(f);
     const bool timed_out = e.kind() == SharedMemoryError::Kind::kTimeout;
     const std::string text = gloo_internal::FailureText(*group_, op, call, timed_out, timeout_, "Shared memory", e.what());
     if (timed_out) ST_THROW(CommTimeoutError, text);

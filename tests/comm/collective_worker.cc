@@ -8,6 +8,7 @@
 //   collective_worker [--timeout_ms=MS] [--rendezvous=tcp|file|hash] [--file_path=P]
 //                     [--die_rank=K | --stall_rank=K] [--die_after_ms=T] [--loop_ms=MS]
 //                     [--defer_sigterm] [--fail_attempt=N] [--status_dir=DIR]
+//                     [--stop_rank=K] [--heartbeat_ms=MS] [--stall_warning_ms=MS] [--stall_timeout_ms=MS]
 //
 // Prints "rank R/W ok (...)" and exits 0 when every check passed.
 // With --die_rank=K, every rank instead runs collectives in a loop; rank K kills
@@ -20,7 +21,12 @@
 // fails rather than the launcher's clean-up. --fail_attempt=N: under torchrun,
 // the last rank exits 7 after connecting when TORCHELASTIC_RESTART_COUNT is N
 // (tests the agent store's per-attempt key prefix). --status_dir: writes the
-// exit code, after the communicator is torn down, to DIR/rank_<R>.exit.
+// exit code, after the communicator is torn down, to DIR/rank_<R>.exit, and
+// the rank's pid to DIR/rank_<R>.pid at start. --stop_rank=K: every rank runs
+// collectives in a loop for --loop_ms; rank K stops itself with SIGSTOP after
+// --die_after_ms (the test continues or kills it); exits 0 if no error was
+// seen. --heartbeat_ms, --stall_warning_ms, --stall_timeout_ms set the
+// GlooOptions of the same names.
 //
 // Exit codes: 0 ok; 1 a value check failed; 2 bad flag or InvalidArgumentError;
 // 3 CommError; 4 --die_rank/--stall_rank given but no error seen within
@@ -67,6 +73,10 @@ struct Flags {
   int die_after_ms = 500;
   int loop_ms = 30000;
   bool defer_sigterm = false;
+  int stop_rank = -1;
+  int heartbeat_ms = -1;       // -1: GlooOptions' defaults
+  int stall_warning_ms = -1;
+  int stall_timeout_ms = -1;
 };
 
 int ParseInt(const std::string& name, const std::string& value) {
@@ -108,10 +118,19 @@ Flags ParseFlags(int argc, char** argv) {
       f.loop_ms = ParseInt(name, value);
     } else if (name == "defer_sigterm") {
       f.defer_sigterm = true;
+    } else if (name == "stop_rank") {
+      f.stop_rank = ParseInt(name, value);
+    } else if (name == "heartbeat_ms") {
+      f.heartbeat_ms = ParseInt(name, value);
+    } else if (name == "stall_warning_ms") {
+      f.stall_warning_ms = ParseInt(name, value);
+    } else if (name == "stall_timeout_ms") {
+      f.stall_timeout_ms = ParseInt(name, value);
     } else {
       ST_THROW(InvalidArgumentError, "collective_worker: unknown flag --", name,
                "; valid: --timeout_ms, --rendezvous, --file_path, --die_rank, --stall_rank, --die_after_ms, "
-               "--loop_ms, --defer_sigterm, --fail_attempt, --status_dir");
+               "--loop_ms, --defer_sigterm, --fail_attempt, --status_dir, --stop_rank, --heartbeat_ms, "
+               "--stall_warning_ms, --stall_timeout_ms");
     }
   }
   ST_CHECK_ARG(f.timeout_ms > 0, "collective_worker: --timeout_ms must be > 0");
@@ -229,6 +248,16 @@ void LoopUntilPeerFails(Communicator& comm, const Flags& flags) {
   at::Tensor out = at::empty({n}, at::kFloat), t = Pattern(n, R, at::kFloat);
   comm.Barrier()->Wait();
   const auto start = Clock::now();
+  if (R == flags.stop_rank) {
+    std::thread([delay = flags.die_after_ms, text = std::string(g_rank_text)] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+      std::fprintf(stderr, "%s: stopping myself with SIGSTOP now (--stop_rank)\n", text.c_str());
+      std::fflush(stderr);
+      raise(SIGSTOP);
+      std::fprintf(stderr, "%s: continued after SIGSTOP\n", text.c_str());
+      std::fflush(stderr);
+    }).detach();
+  }
   if (R == flags.die_rank) {
     std::thread([delay = flags.die_after_ms, text = std::string(g_rank_text)] {
       std::this_thread::sleep_for(std::chrono::milliseconds(delay));
@@ -274,6 +303,13 @@ int Run(int argc, char** argv, std::shared_ptr<GlooCommunicator>& comm) {
   g_status_dir = flags.status_dir;
   const ClusterInfo info = DetectClusterEnvironment();
   g_rank = info.rank;
+  if (!g_status_dir.empty()) {
+    const std::string path = g_status_dir + "/rank_" + std::to_string(info.rank) + ".pid";
+    if (std::FILE* f = std::fopen(path.c_str(), "w")) {
+      std::fprintf(f, "%d\n", static_cast<int>(getpid()));
+      std::fclose(f);
+    }
+  }
   std::snprintf(g_rank_text, sizeof(g_rank_text), "rank %d/%d", info.rank, info.world_size);
   if (flags.defer_sigterm || info.rank == flags.stall_rank) signal(SIGTERM, OnSigterm);
   ST_CHECK_ARG(flags.die_rank < info.world_size && flags.stall_rank < info.world_size,
@@ -288,6 +324,9 @@ int Run(int argc, char** argv, std::shared_ptr<GlooCommunicator>& comm) {
   GlooOptions go;
   go.hostname = "127.0.0.1";
   go.timeout = std::chrono::milliseconds(flags.timeout_ms);
+  if (flags.heartbeat_ms >= 0) go.heartbeat_period = std::chrono::milliseconds(flags.heartbeat_ms);
+  if (flags.stall_warning_ms >= 0) go.stall_warning = std::chrono::milliseconds(flags.stall_warning_ms);
+  if (flags.stall_timeout_ms >= 0) go.stall_timeout = std::chrono::milliseconds(flags.stall_timeout_ms);
   comm = GlooCommunicator::Create(store, info.rank, info.world_size, go);
   Check(comm->rank() == info.rank && comm->size() == info.world_size, "communicator rank/size");
   if (info.agent_store) CheckAgentStorePrefix(*store, info, *comm, ro.timeout);
@@ -300,9 +339,9 @@ int Run(int argc, char** argv, std::shared_ptr<GlooCommunicator>& comm) {
     std::fflush(stderr);
     std::_Exit(7);
   }
-  if (flags.die_rank >= 0 || flags.stall_rank >= 0) {
+  if (flags.die_rank >= 0 || flags.stall_rank >= 0 || flags.stop_rank >= 0) {
     LoopUntilPeerFails(*comm, flags);
-    return 4;
+    return flags.stop_rank >= 0 ? 0 : 4;
   }
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     for (int64_t n : {int64_t{13}, int64_t{(1 << 17) + 5}}) CheckCollectives(*comm, dtype, n);

@@ -7,7 +7,8 @@
 #     /worker/attempt_<restart count>; also across a restart (attempt 1);
 # and the faults: a rank killed mid-collective (rank 1, and rank 0, which also
 # serves the TCPStore), a rank that stops issuing collectives (timeout), bad
-# input. Survivors must name the faulty rank (from the peers' heartbeats).
+# input; a rank stopped with SIGSTOP (stall warning, then SIGCONT; stall
+# timeout). Survivors must name the faulty rank (from the peers' heartbeats).
 #
 #   process_test.sh WORKER LAUNCHER     (runfiles paths; Bazel passes them)
 #
@@ -225,6 +226,113 @@ grep -qE "ShardTrain launcher: rank [02] \(pid [0-9]+\) exited with code 3" "$CA
   fail "the launcher did not name a survivor (rank 0 or 2, exit code 3) as the failed rank"
 check_survivors 3 1 6000 " is alive \(heartbeat [0-9.]+ s ago\) but has issued [0-9]+ collectives while this rank is at #[0-9]+ \((AllGather|ReduceScatter|AllReduce|Broadcast)\): it has not reached this collective"
 expect_elapsed_below 30000
+end_case
+
+# A rank stopped with SIGSTOP (not dead: its pid lives, its heartbeat thread is
+# frozen). Runs 2 ranks under the launcher in the background, waits for rank 1's
+# "stopping myself" line, then for rank 0's stall report; STOP_TO_REPORT_MS is
+# the time between the two (polled every 20 ms). Args: [NAME=VALUE ...]
+# (environment), then the worker's own flags.
+STOP_TO_REPORT_MS=-1
+LAUNCH_PID=0
+JOB_START_MS=0
+start_stopped_rank_job() {
+  local envs=()
+  while [[ $# -gt 0 && "$1" != --* ]]; do envs+=("$1"); shift; done
+  ls /dev/shm >"$CASE_DIR/shm_before" 2>/dev/null
+  JOB_START_MS="$(now_ms)"
+  timeout --kill-after=5 60 env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="${HOME:-/tmp}" TMPDIR="${TEST_TMPDIR:-/tmp}" \
+    OMP_NUM_THREADS=1 "${envs[@]+"${envs[@]}"}" "$LAUNCHER" --nproc 2 --kill_grace_ms 1000 -- "$WORKER" \
+    --stop_rank=1 --die_after_ms=1000 --heartbeat_ms=250 --status_dir="$CASE_DIR" "$@" \
+    >"$CASE_DIR/stdout" 2>"$CASE_DIR/stderr" &
+  LAUNCH_PID=$!
+}
+# Polls stderr for fixed string $1 for at most $2 ms; prints the time it was seen.
+wait_for_line() {
+  local deadline=$(( $(now_ms) + $2 ))
+  while (( $(now_ms) < deadline )); do
+    if grep -qF -- "$1" "$CASE_DIR/stderr"; then now_ms; return 0; fi
+    sleep 0.02
+  done
+  return 1
+}
+measure_stop_to_report() {  # measure_stop_to_report REPORT_TEXT MAX_MS
+  local stopped seen
+  STOP_TO_REPORT_MS=-1
+  stopped="$(wait_for_line "rank 1/2: stopping myself with SIGSTOP now" 20000)" || { fail "rank 1 never stopped itself"; return; }
+  seen="$(wait_for_line "$1" "$2")" || { fail "no \"$1\" within $2 ms of rank 1's SIGSTOP"; return; }
+  STOP_TO_REPORT_MS=$(( seen - stopped ))
+  echo "SIGSTOP -> \"$1\": ${STOP_TO_REPORT_MS} ms"
+  echo "$STOP_TO_REPORT_MS" >>"$OUT_BASE/stop_to_report_ms"
+}
+# No rank process, no new /dev/shm entry left behind.
+expect_nothing_left() {
+  local r pid
+  for r in 0 1; do
+    pid="$(cat "$CASE_DIR/rank_$r.pid" 2>/dev/null)" || { fail "rank $r wrote no pid file"; continue; }
+    if kill -0 "$pid" 2>/dev/null; then fail "rank $r (pid $pid) still runs"; kill -KILL "$pid" 2>/dev/null; fi
+  done
+  ls /dev/shm >"$CASE_DIR/shm_after" 2>/dev/null
+  grep -q shardtrain <(comm -13 "$CASE_DIR/shm_before" "$CASE_DIR/shm_after") && fail "a /dev/shm segment was left behind"
+  return 0
+}
+# The report names rank 1 (its pid) and its last collective, on rank 0's stderr.
+expect_stall_report() {  # expect_stall_report PREFIX
+  local pid1
+  pid1="$(cat "$CASE_DIR/rank_1.pid" 2>/dev/null)"
+  grep -qE "$1rank 1 of group 'world' \(pid $pid1, host [^)]+\) has made no progress for [0-9.]+ s: .*its last heartbeat says collective #[0-9]+ \((AllGather|ReduceScatter|AllReduce|Broadcast|Barrier)\); this rank \(0\) waits in collective #[0-9]+ \((AllGather|ReduceScatter|AllReduce|Broadcast|Barrier)\)" "$CASE_DIR/stderr" ||
+    fail "no report naming rank 1 (pid $pid1), its last collective and rank 0's"
+}
+
+# Warning only: rank 0 reports rank 1 once, well within the collective timeout
+# (30 s); after SIGCONT the job goes on and both ranks finish (exit 0).
+stopped_rank_warning() {
+  start_stopped_rank_job "$@" --timeout_ms=30000 --loop_ms=6000 --stall_warning_ms=1500
+  measure_stop_to_report "stalled peer: rank 1 of group 'world'" 6000
+  expect_stall_report "stalled peer: "
+  kill -CONT "$(cat "$CASE_DIR/rank_1.pid")" 2>/dev/null || fail "cannot SIGCONT rank 1"
+  wait "$LAUNCH_PID"
+  RC=$?
+  ELAPSED_MS=$(( $(now_ms) - JOB_START_MS ))
+  expect_rc 0
+  expect_in stderr "rank 1/2: continued after SIGSTOP"
+  [[ "$(grep -c "stalled peer: rank 1 of group" "$CASE_DIR/stderr")" == 1 ]] || fail "the stall was not reported exactly once"
+  expect_nothing_left
+}
+
+begin_case launcher_rank_sigstopped_warning
+stopped_rank_warning
+end_case
+
+begin_case launcher_rank_sigstopped_warning_over_tcp
+stopped_rank_warning SHARDTRAIN_GLOO_SHM=0
+end_case
+
+# With stall_timeout (3 s): rank 0's collective fails naming rank 1 (exit 3);
+# the launcher then kills the stopped rank 1 (SIGTERM stays pending on a
+# stopped process; SIGKILL after its 1 s grace).
+stopped_rank_fails() {
+  start_stopped_rank_job "$@" --timeout_ms=30000 --loop_ms=20000 --stall_warning_ms=1500 --stall_timeout_ms=3000
+  measure_stop_to_report "rank 0/2: CommError" 9000
+  wait "$LAUNCH_PID"
+  RC=$?
+  ELAPSED_MS=$(( $(now_ms) - JOB_START_MS ))
+  expect_rc_nonzero
+  [[ $RC -ne 124 && $RC -ne 137 ]] || fail "the job hung until the test's limit"
+  expect_stall_report "rank 0/2: CommError in iteration .*stalled peer: "
+  expect_in stderr "giving up after GlooOptions::stall_timeout = 3.0 s"
+  [[ "$(cat "$CASE_DIR/rank_0.exit" 2>/dev/null)" == 3 ]] || fail "rank 0 did not exit with code 3"
+  # Well before the collective timeout (30 s): stall 3 s + the launcher's 1 s grace + start-up.
+  expect_elapsed_below 20000
+  expect_nothing_left
+}
+
+begin_case launcher_rank_sigstopped_fails
+stopped_rank_fails
+end_case
+
+begin_case launcher_rank_sigstopped_fails_over_tcp
+stopped_rank_fails SHARDTRAIN_GLOO_SHM=0
 end_case
 
 begin_case bad_input

@@ -35,6 +35,7 @@ struct GlooGroupRef {
   int rank;
   int size;
   std::shared_ptr<GlooPeerMonitor> monitor;  // null: no heartbeats
+  std::shared_ptr<PeerWatch> watch;          // null: no heartbeats or no stall options
 };
 
 namespace gloo_internal {

@@ -1,0 +1,144 @@
+// PeerWatch (comm/peer_watch.h) with a scripted heartbeat reader: a blocked
+// wait names the peer whose heartbeat stopped, or that is alive but never
+// issues the awaited collective, within the configured stall time; with
+// stall_timeout the wait fails with CommTimeoutError; nothing is reported
+// while peers make progress; bad options name the field. The real-process
+// SIGSTOP tests are in process_test.sh.
+#include "comm/peer_watch.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "base/errors.h"
+
+namespace shardtrain::comm {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+int64_t WallMs() {
+  return std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Heartbeats of 2 ranks; rank 1's are produced by `beat1` on each read.
+struct Script {
+  std::mutex mu;
+  std::function<PeerBeat()> beat1;
+  PeerWatch::Reader Reader() {
+    return [this] {
+      std::lock_guard<std::mutex> lock(mu);
+      std::vector<std::optional<PeerBeat>> b(2);
+      b[1] = beat1();
+      return b;
+    };
+  }
+};
+
+PeerWatchOptions Options(int warning_ms, int timeout_ms) {
+  return PeerWatchOptions{"world", 0, 2, milliseconds(50), milliseconds(warning_ms), milliseconds(timeout_ms)};
+}
+
+// A wait that never completes on its own: throws after each slice.
+void BlockForever(milliseconds slice) {
+  std::this_thread::sleep_for(slice);
+  throw std::runtime_error("Operation timed out!");
+}
+
+TEST(PeerWatchTest, StoppedHeartbeatFailsTheWaitNamingThePeer) {
+  Script s;
+  const int64_t stopped_at = WallMs();
+  s.beat1 = [&] { return PeerBeat{stopped_at, 7, "AllGather", 4242, "hostA/boot:x", false}; };
+  PeerWatch watch(Options(300, 600), s.Reader());
+  const auto start = Clock::now();
+  try {
+    PeerWatch::Wait(&watch, 8, "AllReduce", milliseconds(20000), BlockForever, [] { return false; });
+    FAIL() << "expected CommTimeoutError";
+  } catch (const CommTimeoutError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 1 of group 'world' (pid 4242, host hostA) has made no progress for"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("its heartbeat stopped"), std::string::npos) << what;
+    EXPECT_NE(what.find("its last heartbeat says collective #7 (AllGather); this rank (0) waits in collective #8 "
+                        "(AllReduce)"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("giving up after GlooOptions::stall_timeout = 0.6 s"), std::string::npos) << what;
+  }
+  const auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
+  EXPECT_GE(ms, 550);
+  EXPECT_LT(ms, 3000);
+  // The group stays failed: the next wait throws at once.
+  EXPECT_THROW(PeerWatch::Wait(&watch, 9, "Barrier", milliseconds(20000), BlockForever, [] { return false; }),
+               CommTimeoutError);
+}
+
+TEST(PeerWatchTest, AlivePeerThatNeverIssuesTheCollectiveIsNamed) {
+  Script s;
+  s.beat1 = [] { return PeerBeat{WallMs(), 3, "Broadcast", 77, "hostB", false}; };  // fresh, stuck at #3
+  PeerWatch watch(Options(0, 500), s.Reader());
+  try {
+    PeerWatch::Wait(&watch, 4, "AllGather", milliseconds(20000), BlockForever, [] { return false; });
+    FAIL() << "expected CommTimeoutError";
+  } catch (const CommTimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 1 of group 'world' (pid 77, host hostB) has made no progress for"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("it is alive"), std::string::npos) << e.what();
+  }
+}
+
+TEST(PeerWatchTest, ProgressingPeerIsNeverReportedAndTheWaitCompletes) {
+  Script s;
+  std::atomic<int64_t> issued{10};
+  s.beat1 = [&] { return PeerBeat{WallMs(), issued++, "AllGather", 5, "h", false}; };  // moves on every read
+  PeerWatch watch(Options(100, 200), s.Reader());
+  const auto until = Clock::now() + milliseconds(800);
+  std::atomic<bool> done{false};
+  // Blocks 0.8 s in collective #100 (ahead of the peer, which keeps issuing).
+  PeerWatch::Wait(
+      &watch, 100, "AllGather", milliseconds(20000),
+      [&](milliseconds slice) {
+        std::this_thread::sleep_for(slice);
+        if (Clock::now() < until) throw std::runtime_error("Operation timed out!");
+        done = true;
+      },
+      [&] { return done.load(); });
+  EXPECT_TRUE(watch.Failure().empty()) << watch.Failure();
+}
+
+TEST(PeerWatchTest, WithoutStallTimeoutTheCollectiveTimeoutApplies) {
+  Script s;
+  s.beat1 = [] { return PeerBeat{1, 1, "-", 1, "h", false}; };  // long dead
+  PeerWatch watch(Options(100, 0), s.Reader());
+  int calls = 0;
+  EXPECT_THROW(PeerWatch::Wait(
+                   &watch, 2, "Barrier", milliseconds(400),
+                   [&](milliseconds t) {
+                     ++calls;
+                     EXPECT_EQ(t.count(), 400);  // one plain wait with the collective's timeout
+                     BlockForever(t);
+                   },
+                   [] { return false; }),
+               std::runtime_error);
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(watch.Failure().empty());
+}
+
+TEST(PeerWatchTest, NegativeStallOptionsAreRefusedNamingTheField) {
+  try {
+    CheckStallOptions(milliseconds(-1), milliseconds(0));
+    FAIL();
+  } catch (const InvalidArgumentError& e) {
+    EXPECT_NE(std::string(e.what()).find("GlooOptions.stall_warning must be >= 0 ms (0: no warning), got -1 ms"),
+              std::string::npos);
+  }
+  EXPECT_THROW(CheckStallOptions(milliseconds(0), milliseconds(-5)), InvalidArgumentError);
+}
+
+}  // namespace
+}  // namespace shardtrain::comm
