@@ -4,7 +4,8 @@
 //   preempt_worker ROOT MAX_STEPS [auto]     (auto: TrainerOptions::resume)
 // Rank 0 prints "attempt A step N loss L" (L with 17 digits) after each step.
 // Environment: PREEMPT_SLEEP_MS: sleep after each step (time to send a
-// signal); PREEMPT_KILL_RANK / PREEMPT_KILL_STEP: that rank SIGKILLs itself
+// signal; only on rank PREEMPT_SLEEP_RANK when set); PREEMPT_TIMEOUT_MS:
+// TrainerOptions::timeout; PREEMPT_KILL_RANK / PREEMPT_KILL_STEP: that rank SIGKILLs itself
 // after that step on the first attempt (TORCHELASTIC_RESTART_COUNT unset or 0).
 #include <signal.h>
 
@@ -39,7 +40,10 @@ class Report : public Callback {
         t.global_step() == EnvInt("PREEMPT_KILL_STEP", -1)) {
       raise(SIGKILL);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(EnvInt("PREEMPT_SLEEP_MS", 0)));
+    const int sleeper = EnvInt("PREEMPT_SLEEP_RANK", -1);
+    if (sleeper < 0 || sleeper == t.rank()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(EnvInt("PREEMPT_SLEEP_MS", 0)));
+    }
   }
 };
 
@@ -56,6 +60,7 @@ int Run(int argc, char** argv) {
   o.checkpoint_every_n_steps = 2;
   o.resume = argc > 3 ? argv[3] : "never";
   o.callbacks = {std::make_shared<Report>()};
+  o.timeout = std::chrono::milliseconds(EnvInt("PREEMPT_TIMEOUT_MS", 1800 * 1000));
   fixtures::Classifier module;
   Trainer trainer(o);
   trainer.Fit(module, *train);

@@ -8,6 +8,7 @@
 #   - SIGUSR1 to rank 1 only: exit 138, same checks;
 #   - SIGINT to the launcher: exit 130;
 #   - a second SIGTERM 0.7 s after the first: aborts at once, nothing saved;
+#   - TrainerOptions::timeout (15 s) ends a run whose rank 1 stalls;
 #   - torchrun --max-restarts=1, rank 1 SIGKILLed at a random step of the
 #     first attempt, --resume=auto: the job ends 0 and every step's loss of
 #     both attempts equals the uninterrupted run's.
@@ -96,6 +97,20 @@ if wait_for_step "$OUT/second.out" 1; then
 else
   fail "never reached step 1"; kill -9 $pid
 fi
+
+CASE=timeout
+echo "=== $CASE"
+# Rank 1 sleeps 120 s after step 1: rank 0 waits in step 2's collective until
+# TrainerOptions::timeout (15 s; shorter ones can expire while the ranks still
+# connect on this loaded machine: measured with 2 s).
+t0=$(date +%s%N)
+PREEMPT_TIMEOUT_MS=15000 PREEMPT_SLEEP_MS=120000 PREEMPT_SLEEP_RANK=1 timeout 90 "$WORKER" "$OUT/timeout" 12 \
+  > "$OUT/timeout.out" 2> "$OUT/timeout.err"
+rc=$?
+ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+echo "$CASE: exit $rc after ${ms} ms"
+[[ $rc -ne 0 && $rc -ne 124 ]] || fail "exit status $rc (124: still waiting after 90 s)"
+grep -qE "(timed out|timeout) after 15000 ?ms" "$OUT/timeout.err" || fail "no 'timed out after 15000 ms' on stderr"
 
 CASE=torchrun_restart
 echo "=== $CASE"
