@@ -49,6 +49,16 @@ std::atomic<bool> g_chain_to_previous{false};
 std::atomic<bool> g_launcher_active{false};
 struct sigaction g_previous_int;
 struct sigaction g_previous_term;
+struct sigaction g_previous_usr1;  // SIGUSR1: SLURM's --signal (the trainer's preemption request)
+
+const struct sigaction& PreviousAction(int sig) {
+  return sig == SIGINT ? g_previous_int : sig == SIGUSR1 ? g_previous_usr1 : g_previous_term;
+}
+
+// A rank that exits with 128 + SIGINT/SIGTERM/SIGUSR1 stopped on request
+// (trainer/stop_signals.h: it saved a checkpoint first): not a failure.
+bool IsStopCode(int code) { return code == 128 + SIGINT || code == 128 + SIGTERM || code == 128 + SIGUSR1; }
+bool StoppedOnRequest(int status) { return WIFEXITED(status) && IsStopCode(WEXITSTATUS(status)); }
 
 void ForwardSignal(int sig, siginfo_t* info, void* context) {
   const int saved_errno = errno;
@@ -64,7 +74,7 @@ void ForwardSignal(int sig, siginfo_t* info, void* context) {
   }
   if (chain) {
     // This process is rank 0: let the signal take the course it had before.
-    const struct sigaction& previous = sig == SIGINT ? g_previous_int : g_previous_term;
+    const struct sigaction& previous = PreviousAction(sig);
     if (previous.sa_flags & SA_SIGINFO) {
       if (previous.sa_sigaction != nullptr) previous.sa_sigaction(sig, info, context);
     } else if (previous.sa_handler == SIG_DFL) {
@@ -90,11 +100,13 @@ void InstallSignalHandlers(bool chain) {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &g_previous_int);
   sigaction(SIGTERM, &sa, &g_previous_term);
+  sigaction(SIGUSR1, &sa, &g_previous_usr1);
 }
 
 void RestoreSignalHandlers() {
   sigaction(SIGINT, &g_previous_int, nullptr);
   sigaction(SIGTERM, &g_previous_term, nullptr);
+  sigaction(SIGUSR1, &g_previous_usr1, nullptr);
 }
 
 struct Child {
@@ -137,6 +149,7 @@ struct LocalLauncher::State {
   bool done = false;  // every child reaped
   int result = 0;     // Join's result once done
   int failed_rank = -1;
+  int stop_code = 0;  // a rank's exit status after a requested stop (StoppedOnRequest)
   std::string failure_message;
   std::thread monitor;
   std::atomic<bool> stop_monitor{false};
@@ -210,6 +223,10 @@ struct LocalLauncher::State {
     for (auto& c : children) {
       if (!TryReap(c)) continue;
       std::string what = DescribeFailure(c.status);
+      if (StoppedOnRequest(c.status)) {
+        stop_code = WEXITSTATUS(c.status);
+        continue;
+      }
       if (!what.empty() && failed_rank < 0) {
         RecordFailure(c, what);
         TerminateAll();
@@ -246,7 +263,7 @@ struct LocalLauncher::State {
     if (failed_rank >= 0) {
       result = 1;
     } else {
-      result = 0;
+      result = stop_code;
     }
     if (sig != 0 && !g_chain_to_previous.load()) {
       std::fprintf(stderr, "ShardTrain launcher: received %s and forwarded it to the ranks\n",
@@ -332,7 +349,7 @@ std::vector<std::string> ChildEnvironment(const std::vector<std::pair<std::strin
 }
 
 // Forks and executes `program` with `argv` (null-terminated) and `env` for
-// `rank`. With SIGINT/SIGTERM blocked around fork, so `record(pid)` (in the
+// `rank`. With SIGINT/SIGTERM/SIGUSR1 blocked around fork, so `record(pid)` (in the
 // parent) stores the pid before a forwarding handler can run, and the child
 // does not run that handler before exec. Returns the pid, or -1 with
 // *fork_errno set.
@@ -349,12 +366,13 @@ pid_t ForkRank(const std::string& program, std::vector<char*>& argv, std::vector
   sigemptyset(&block);
   sigaddset(&block, SIGINT);
   sigaddset(&block, SIGTERM);
+  sigaddset(&block, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &block, &old_mask);
   pid_t pid = fork();
   if (pid == 0) {
     // The dispositions exec would give: ignored stays ignored, else default.
-    for (int sig : {SIGINT, SIGTERM}) {
-      const struct sigaction& previous = sig == SIGINT ? g_previous_int : g_previous_term;
+    for (int sig : {SIGINT, SIGTERM, SIGUSR1}) {
+      const struct sigaction& previous = PreviousAction(sig);
       struct sigaction sa {};
       sa.sa_handler = (!(previous.sa_flags & SA_SIGINFO) && previous.sa_handler == SIG_IGN) ? SIG_IGN : SIG_DFL;
       sigemptyset(&sa.sa_mask);
@@ -456,7 +474,7 @@ void LocalLauncher::MonitorInBackground() {
 int LocalLauncher::Join(int rank0_exit_code) {
   State& s = *state_;
   if (!s.started || s.children.empty()) return rank0_exit_code;
-  if (rank0_exit_code != 0) {
+  if (rank0_exit_code != 0 && !IsStopCode(rank0_exit_code)) {
     if (s.monitor.joinable()) {
       s.stop_monitor.store(true);
       s.monitor.join();
@@ -478,12 +496,13 @@ int LocalLauncher::Join(int rank0_exit_code) {
     return rank0_exit_code;
   }
   std::unique_lock<std::mutex> lock(s.mu);
-  if (s.done) return s.result;
+  if (s.done) return rank0_exit_code != 0 ? rank0_exit_code : s.result;
   if (s.monitor_running) {
     s.cv.wait(lock, [&s] { return s.done || !s.monitor_running; });
-    if (s.done) return s.result;
+    if (s.done) return rank0_exit_code != 0 ? rank0_exit_code : s.result;
   }
-  return s.RunToCompletion(lock, /*exit_process_on_failure=*/false);
+  const int result = s.RunToCompletion(lock, /*exit_process_on_failure=*/false);
+  return rank0_exit_code != 0 ? rank0_exit_code : result;
 }
 
 std::vector<pid_t> LocalLauncher::child_pids() const {

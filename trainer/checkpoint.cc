@@ -2,11 +2,9 @@
 
 #include <ATen/ATen.h>
 #include <caffe2/serialize/inline_container.h>
-#include <fcntl.h>
 #include <torch/csrc/jit/serialization/export.h>
 #include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/csrc/jit/serialization/pickler.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -58,43 +56,6 @@ std::string PickleSavePlain(const c10::IValue& value) {
     writer.writeEndOfFile();
   }
   return out;
-}
-
-void WriteFileAtomically(const std::string& path, const std::string& bytes) {
-  fs::path p(path);
-  fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  const std::string tmp = (dir / ("." + p.filename().string() + ".tmp." + std::to_string(::getpid()))).string();
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) ST_THROW(Error, "cannot create '", tmp, "': ", std::strerror(errno));
-  size_t off = 0;
-  while (off < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      ST_THROW(Error, "failed writing '", tmp, "': ", std::strerror(err));
-    }
-    off += static_cast<size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    ST_THROW(Error, "failed flushing '", tmp, "': ", std::strerror(err));
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    ST_THROW(Error, "cannot rename '", tmp, "' to '", path, "': ", std::strerror(err));
-  }
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
 }
 
 void FinishCheckpoint(ArchiveWriter& w, const CheckpointData& data, const c10::IValue& streamed_state_dict,

@@ -48,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/file_util.h"  // WriteFileAtomically (kept reachable from here)
 #include "trainer/grad_scaler.h"
 
 namespace c10 {
@@ -115,9 +116,6 @@ std::string PickleSavePlain(const c10::IValue& value);
 // IValue: throws c10::Error when keys are missing or mistyped.
 c10::IValue GradScalerStateToIValue(const GradScalerState& state);
 GradScalerState GradScalerStateFromIValue(const c10::IValue& value);
-
-// Writes `bytes` to `path` atomically (temp file, fsync, rename, fsync dir).
-void WriteFileAtomically(const std::string& path, const std::string& bytes);
 
 }  // namespace shardtrain::trainer
 

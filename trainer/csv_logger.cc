@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "base/errors.h"
+#include "trainer/file_util.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;
@@ -17,34 +18,8 @@ CsvLogger::CsvLogger(std::string root_dir, std::string name, int version) {
   version_ = version;
 }
 
-namespace {
-void WriteAtomically(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    ST_CHECK_ARG(out.good(), "cannot write '", tmp, "'");
-    out << content;
-    out.flush();
-    ST_CHECK_ARG(out.good(), "failed writing '", tmp, "'");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  ST_CHECK_ARG(!ec, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
-}
-}  // namespace
-
 void CsvLogger::LogHyperparams(const std::map<std::string, std::string>& hparams) {
-  std::ostringstream os;
-  for (const auto& [k, v] : hparams) {
-    const bool quote = v.empty() || v.find_first_of(":#{}[],&*?|<>=!%@`'\"\n") != std::string::npos;
-    os << k << ": " << (quote ? "'" : "");
-    for (char c : v) {
-      if (quote && c == '\'') os << "''";
-      else os << c;
-    }
-    os << (quote ? "'" : "") << "\n";
-  }
-  WriteAtomically((fs::path(log_dir_) / "hparams.yaml").string(), os.str());
+  WriteHparamsYaml(log_dir_, hparams);
 }
 
 void CsvLogger::LogMetrics(const std::map<std::string, double>& metrics, int64_t step) {
@@ -79,7 +54,7 @@ void CsvLogger::Save() {
     }
     os << "\n";
   }
-  WriteAtomically((fs::path(log_dir_) / "metrics.csv").string(), os.str());
+  WriteFileAtomically((fs::path(log_dir_) / "metrics.csv").string(), os.str());
 }
 
 }  // namespace shardtrain::trainer

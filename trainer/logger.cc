@@ -1,9 +1,12 @@
 #include "trainer/logger.h"
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
+#include <sstream>
 
 #include "base/errors.h"
+#include "trainer/file_util.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;
@@ -30,6 +33,26 @@ std::string MakeVersionedLogDir(const std::string& logger, const std::string& ro
   fs::create_directories(dir, ec);
   ST_CHECK_ARG(!ec, logger, ": cannot create '", dir, "': ", ec.message());
   return dir;
+}
+
+void WriteHparamsYaml(const std::string& log_dir, const std::map<std::string, std::string>& hparams) {
+  std::ostringstream os;
+  for (const auto& [k, v] : hparams) {
+    const bool quote = v.empty() || v.find_first_of(":#{}[],&*?|<>=!%@`'\"\n") != std::string::npos;
+    os << k << ": " << (quote ? "'" : "");
+    for (char c : v) {
+      if (quote && c == '\'') os << "''";
+      else os << c;
+    }
+    os << (quote ? "'" : "") << "\n";
+  }
+  WriteFileAtomically((fs::path(log_dir) / "hparams.yaml").string(), os.str());
+}
+
+std::string HparamValue(double value) {
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof(buf), value);  // shortest round-trip form
+  return std::string(buf, r.ptr);
 }
 
 }  // namespace shardtrain::trainer

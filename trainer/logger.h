@@ -29,6 +29,15 @@ class Logger {
 std::string MakeVersionedLogDir(const std::string& logger, const std::string& root_dir, const std::string& name,
                                 int* version);
 
+// Writes <log_dir>/hparams.yaml atomically, one "key: value" line per entry
+// (values quoted where YAML needs it). The one writer both loggers use.
+void WriteHparamsYaml(const std::string& log_dir, const std::map<std::string, std::string>& hparams);
+
+// A number for hparams(): the shortest text that reads back as the same
+// double (1e-05 stays 1e-05; std::to_string would write 0.000010, and 1e-7
+// as 0.000000).
+std::string HparamValue(double value);
+
 }  // namespace shardtrain::trainer
 
 #endif  // SHARDTRAIN_TRAINER_LOGGER_H_

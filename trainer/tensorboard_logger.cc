@@ -146,26 +146,7 @@ void TensorBoardLogger::Write(const std::string& event) {
 }
 
 void TensorBoardLogger::LogHyperparams(const std::map<std::string, std::string>& hparams) {
-  std::ostringstream os;
-  for (const auto& [k, v] : hparams) {
-    const bool quote = v.empty() || v.find_first_of(":#{}[],&*?|<>=!%@`'\"\n") != std::string::npos;
-    os << k << ": " << (quote ? "'" : "");
-    for (char c : v) {
-      if (quote && c == '\'') os << "''";
-      else os << c;
-    }
-    os << (quote ? "'" : "") << "\n";
-  }
-  const std::string path = (fs::path(log_dir_) / "hparams.yaml").string();
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << os.str();
-    ST_CHECK_ARG(out.good(), "TensorBoardLogger: failed writing '", tmp, "'");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  ST_CHECK_ARG(!ec, "TensorBoardLogger: cannot rename '", tmp, "' to '", path, "': ", ec.message());
+  WriteHparamsYaml(log_dir_, hparams);
 }
 
 void TensorBoardLogger::LogMetrics(const std::map<std::string, double>& metrics, int64_t step) {

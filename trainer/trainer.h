@@ -37,9 +37,21 @@
 //
 // Callbacks (TrainerOptions::callbacks) run at fixed points on every rank;
 // loggers (CSV, TensorBoard) write on rank 0.
+//
+// Each optimizer step makes one all-reduce of scalars (more only with
+// callbacks: see set_should_stop): the step's loss, what training_step
+// log()ged, the should-stop request, the stop-signal flags and the 16-mixed
+// overflow flag travel in one tensor.
+//
+// Preemption (trainer/stop_signals.h): SIGTERM, SIGINT or SIGUSR1 on any rank
+// or on the launcher make every rank finish the current optimizer step, then
+// the checkpoint is written (<checkpoint_dir>/last.ckpt) and Fit throws
+// Preempted on every rank (exit status 128 + signal). Resume with
+// ckpt_path="last" or TrainerOptions::resume="auto".
 #ifndef SHARDTRAIN_TRAINER_TRAINER_H_
 #define SHARDTRAIN_TRAINER_TRAINER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -134,6 +146,16 @@ struct TrainerOptions {
   int64_t val_batch_size = 0;  // 0: batch_size
   bool shuffle = true;
   bool drop_last = false;      // drop the last partial batch; ranks are always padded to equal shares
+  // "never", or "auto": a Fit given no ckpt_path resumes from the newest
+  // complete checkpoint under default_root_dir when there is one
+  // (FindLatestCheckpoint in trainer/resume.h; as ckpt_path="last"), and
+  // starts afresh when there is none: a requeued SLURM job or a torchrun
+  // --max-restarts restart continues with the same command line.
+  std::string resume = "never";
+  // Limit on every collective and on the rendezvous (meeting the other
+  // ranks) of a Trainer that makes its own processes; PyTorch's default.
+  // Must be > 0. (An injected communicator keeps its own.)
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);
 };
 
 class Trainer {
@@ -145,7 +167,10 @@ class Trainer {
   ~Trainer();
 
   // Trains `module` on `train`; validates on `val` when given. `ckpt_path`:
-  // resume from this checkpoint.
+  // resume from this checkpoint; "last": from the newest complete checkpoint
+  // of the newest run under default_root_dir (InvalidArgumentError if none).
+  // Throws Preempted (trainer/stop_signals.h) after a stop signal, once the
+  // checkpoint is written.
   void Fit(TrainingModule& module, const Dataset& train, const Dataset* val = nullptr,
            const std::string& ckpt_path = "");
   // Lightning's trainer.validate: one validation pass (collective) with the
@@ -206,7 +231,9 @@ class Trainer {
   const std::map<std::string, double>& callback_metrics() const { return callback_metrics_; }
   // Asks Fit to stop after the current optimizer step. The flag is
   // all-reduced at step ends, validation ends and epoch ends, so a request
-  // from any rank stops every rank at the same point.
+  // from any rank stops every rank at the same point. (A request made in
+  // on_train_batch_end must stop the same step, as in Lightning: with
+  // callbacks, each step makes a second one-scalar all-reduce after them.)
   void set_should_stop(bool stop) { should_stop_ = stop; }
   bool should_stop() const { return should_stop_; }
   // Sends a row of scalars to every logger (rank 0; a no-op elsewhere).
@@ -235,6 +262,19 @@ class Trainer {
   // Throws on every rank when `failed` on any (with this rank's message if it failed).
   void AgreeOrThrow(bool failed, const std::string& message, const std::string& what);
   void SyncShouldStop();
+  // Fit's steps, in the order Lightning's fit loop runs them (trainer.cc).
+  struct FitLoop;
+  std::string ResolveCheckpointPath(const std::string& ckpt_path);
+  void RunEpoch(FitLoop& loop);
+  at::Tensor TrainStep(FitLoop& loop, const std::vector<int64_t>& batch, int64_t i);
+  bool SyncStep(FitLoop& loop, bool overflow);
+  void OptimizerStep(FitLoop& loop, bool skip);
+  void OnStepEnd(FitLoop& loop);
+  void OnEpochEnd(FitLoop& loop);
+  void FinishFit(FitLoop& loop);
+  std::string SaveLast(FitLoop& loop);
+  std::vector<double> AllReduceSum(std::vector<double> values);
+  std::string BroadcastString(const std::string& s);
   std::map<std::string, std::map<std::string, std::string>> CallbackStates() const;
 
   TrainerOptions options_;

@@ -11,6 +11,7 @@
 
 #include "base/errors.h"
 #include "launch/cluster_environment.h"
+#include "trainer/resume.h"
 
 namespace shardtrain::examples {
 namespace fs = std::filesystem;
@@ -88,25 +89,10 @@ std::string ResolveCheckpointPath(const std::string& flag, const std::string& ro
     ST_CHECK_ARG(fs::exists(p, ec), "--ckpt_path=", flag, ": no such checkpoint (", p, ")");
     return p;
   }
-  const fs::path dir = fs::path(root_dir) / logger_name;
-  int best = -1;
-  std::string found;
-  std::error_code ec;
-  if (fs::is_directory(dir, ec)) {
-    for (const auto& e : fs::directory_iterator(dir, ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.rfind("version_", 0) != 0) continue;
-      char* end = nullptr;
-      const long v = std::strtol(name.c_str() + 8, &end, 10);
-      if (end == name.c_str() + 8 || *end != '\0') continue;
-      const fs::path ckpt = e.path() / "checkpoints" / "last.ckpt";
-      if (v > best && fs::exists(ckpt, ec)) {
-        best = static_cast<int>(v);
-        found = ckpt.string();
-      }
-    }
-  }
-  ST_CHECK_ARG(!found.empty(), "--ckpt_path=last: no ", (dir / "version_N/checkpoints/last.ckpt").string(),
+  // The newest complete checkpoint of the newest run (periodic, preemption or end): trainer/resume.h.
+  const std::string found = trainer::FindLatestCheckpoint(root_dir, logger_name);
+  ST_CHECK_ARG(!found.empty(), "--ckpt_path=last: no complete checkpoint under ",
+               (fs::path(root_dir) / logger_name / "version_N" / "checkpoints").string(),
                " found; run once without --ckpt_path first, or pass a checkpoint file");
   return found;
 }

@@ -39,8 +39,8 @@ std::map<std::string, std::string> ParseKeyValueList(const std::string& list, co
 std::string UserPath(const std::string& path);
 
 // --ckpt_path: "" (none), a file or sharded-checkpoint directory, or "last":
-// the last.ckpt of the highest <root>/<logger>/version_N that has one
-// (InvalidArgumentError when there is none).
+// the newest complete checkpoint of the newest run under <root>
+// (trainer/resume.h FindLatestCheckpoint; InvalidArgumentError when none).
 std::string ResolveCheckpointPath(const std::string& flag, const std::string& root_dir,
                                   const std::string& logger_name = "lightning_logs");
 

@@ -3,8 +3,10 @@
 #include <cstdio>
 #include <exception>
 
+#include "base/errors.h"
 #include "launch/launcher.h"
 #include "trainer/accelerator.h"
+#include "trainer/stop_signals.h"
 
 DEFINE_string(strategy, "fsdp_native", "strategy by registered name (fsdp_native, fsdp, ddp, single_device, ...)");
 DEFINE_string(strategy_options, "",
@@ -15,6 +17,12 @@ DEFINE_string(devices, "2",
 DEFINE_string(accelerator, "cpu",
               "cpu, cuda (alias gpu: one rank per GPU, NCCL; needs a --config=cuda build) or auto (cuda when "
               "available, else cpu)");
+DEFINE_int64(timeout_s, 1800,
+             "seconds a collective or the rendezvous may take before the run fails (TrainerOptions::timeout; "
+             "PyTorch's default 30 min); > 0");
+DEFINE_string(resume, "never",
+              "never, or auto: resume from the newest complete checkpoint under the run's root when one exists "
+              "(for requeued SLURM jobs and torchrun --max-restarts; TrainerOptions::resume)");
 DEFINE_string(precision, "32-true",
               "32-true, bf16-mixed, 16-mixed or bf16-true (bf16-true: ddp and single_device only)");
 
@@ -32,6 +40,10 @@ ProcessPlan ApplyTrainerFlags(trainer::TrainerOptions& options) {
   options.devices = plan.devices;
   options.num_nodes = plan.num_nodes;
   options.precision = FLAGS_precision;
+  ST_CHECK_ARG(FLAGS_timeout_s > 0 && FLAGS_timeout_s <= 7 * 24 * 3600, "--timeout_s must be in [1, 604800], got ",
+               FLAGS_timeout_s);
+  options.timeout = std::chrono::seconds(FLAGS_timeout_s);
+  options.resume = FLAGS_resume;  // checked by the Trainer: never or auto
   return plan;
 }
 
@@ -41,6 +53,8 @@ int RunExampleMain(int argc, char** argv, const char* usage, int (*run)()) {
   int code = 1;
   try {
     code = run();
+  } catch (const trainer::Preempted& e) {
+    code = e.exit_code();  // stopped by a signal after saving; rank 0 printed what and how to resume
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     code = 1;

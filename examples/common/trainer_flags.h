@@ -14,6 +14,8 @@ DECLARE_string(strategy_options);
 DECLARE_string(devices);
 DECLARE_string(accelerator);
 DECLARE_string(precision);
+DECLARE_int64(timeout_s);
+DECLARE_string(resume);
 
 namespace shardtrain::examples {
 

@@ -89,8 +89,8 @@ class FashionMnistModule : public trainer::TrainingModule {
     return {{"model", "cnn"},
             {"channels", std::to_string(config_.channels1) + "," + std::to_string(config_.channels2)},
             {"hidden", std::to_string(config_.hidden)},
-            {"dropout", std::to_string(config_.dropout)},
-            {"lr", std::to_string(lr_)},
+            {"dropout", shardtrain::trainer::HparamValue(config_.dropout)},
+            {"lr", shardtrain::trainer::HparamValue(lr_)},
             {"lr_schedule", total_steps_ > 0 ? "cosine over " + std::to_string(total_steps_) + " steps" : "constant"}};
   }
 

@@ -181,9 +181,9 @@ class GptModule : public trainer::TrainingModule {
             {"n_layer", std::to_string(config_.n_layer)},
             {"n_head", std::to_string(config_.n_head)},
             {"n_embd", std::to_string(config_.n_embd)},
-            {"dropout", std::to_string(config_.dropout)},
-            {"lr", std::to_string(lr_)},
-            {"weight_decay", std::to_string(weight_decay_)}};
+            {"dropout", shardtrain::trainer::HparamValue(config_.dropout)},
+            {"lr", shardtrain::trainer::HparamValue(lr_)},
+            {"weight_decay", shardtrain::trainer::HparamValue(weight_decay_)}};
   }
 
   // Samples `n` tokens after `prompt` ([1, T]). Collective: every rank calls it

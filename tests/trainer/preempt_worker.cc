@@ -1,0 +1,82 @@
+// A small real training program for preemption_test.sh: the fixtures'
+// classifier, fsdp_native, 2 ranks (launched by the Trainer itself, or by
+// torchrun), a checkpoint every 2 steps, 3 epochs of 4 steps.
+//   preempt_worker ROOT MAX_STEPS [auto]     (auto: TrainerOptions::resume)
+// Rank 0 prints "attempt A step N loss L" (L with 17 digits) after each step.
+// Environment: PREEMPT_SLEEP_MS: sleep after each step (time to send a
+// signal; only on rank PREEMPT_SLEEP_RANK when set); PREEMPT_TIMEOUT_MS:
+// TrainerOptions::timeout; PREEMPT_KILL_RANK / PREEMPT_KILL_STEP: that rank SIGKILLs itself
+// after that step on the first attempt (TORCHELASTIC_RESTART_COUNT unset or 0).
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "launch/launcher.h"
+#include "tests/trainer/fixtures.h"
+#include "trainer/stop_signals.h"
+
+namespace {
+using namespace shardtrain::trainer;
+
+int EnvInt(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+class Report : public Callback {
+ public:
+  void on_train_batch_end(Trainer& t, TrainingModule&, const at::Tensor&, int64_t) override {
+    const int attempt = EnvInt("TORCHELASTIC_RESTART_COUNT", 0);
+    if (t.rank() == 0) {
+      std::printf("attempt %d step %lld loss %.17g\n", attempt, static_cast<long long>(t.global_step()),
+                  t.callback_metrics().at("train_loss"));
+      std::fflush(stdout);
+    }
+    if (attempt == 0 && t.rank() == EnvInt("PREEMPT_KILL_RANK", -1) &&
+        t.global_step() == EnvInt("PREEMPT_KILL_STEP", -1)) {
+      raise(SIGKILL);
+    }
+    const int sleeper = EnvInt("PREEMPT_SLEEP_RANK", -1);
+    if (sleeper < 0 || sleeper == t.rank()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(EnvInt("PREEMPT_SLEEP_MS", 0)));
+    }
+  }
+};
+
+int Run(int argc, char** argv) {
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: preempt_worker ROOT MAX_STEPS [auto]\n");
+    return 2;
+  }
+  auto train = fixtures::MakeData(64, 1);
+  TrainerOptions o = fixtures::BaseOptions(argv[1], 2);
+  o.devices = 2;
+  o.strategy = "fsdp_native";
+  o.max_steps = std::atoi(argv[2]);
+  o.checkpoint_every_n_steps = 2;
+  o.resume = argc > 3 ? argv[3] : "never";
+  o.callbacks = {std::make_shared<Report>()};
+  o.timeout = std::chrono::milliseconds(EnvInt("PREEMPT_TIMEOUT_MS", 1800 * 1000));
+  fixtures::Classifier module;
+  Trainer trainer(o);
+  trainer.Fit(module, *train);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int code = 1;
+  try {
+    code = Run(argc, argv);
+  } catch (const Preempted& e) {
+    code = e.exit_code();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+  }
+  return shardtrain::JoinLocalRanks(code);
+}
