@@ -62,7 +62,7 @@ export OMP_NUM_THREADS=1
 t1=$SECONDS
 set +e
 "$WORK/checkpoint_fuzzer" "$WORK/corpus" "$ROOT/tests/fuzz/corpus" \
-  -max_total_time="$SECONDS_TO_RUN" -max_len=65536 -timeout=10 -malloc_limit_mb=256 -rss_limit_mb=2048 \
+  -max_total_time="$SECONDS_TO_RUN" -max_len=65536 -timeout=10 -malloc_limit_mb="${SHARDTRAIN_FUZZ_MALLOC_LIMIT_MB:-256}" -rss_limit_mb=2048 \
   -artifact_prefix="$WORK/artifacts/" -print_final_stats=1 2>&1 | tee "$WORK/last_run.log" | grep -vE '^#[0-9]+.*(NEW|REDUCE)'
 rc=${PIPESTATUS[0]}
 set -e
