@@ -2,6 +2,7 @@
 # Installs what ShardTrain needs on a fresh Debian 12 machine, idempotently:
 #   - Debian packages: Bazel 4 (bazel-bootstrap) and its rule sets, Abseil, glog,
 #     gflags, GoogleTest, nlohmann-json, Gloo's headers, zlib, the Fashion-MNIST data set;
+#     clang-14 and its libFuzzer/sanitizer runtimes (tools/fuzz/run_checkpoint_fuzzer.sh);
 #     iproute2, Open MPI, SLURM and MUNGE for the multi-host tests (tests/cluster);
 #   - the pinned PyPI torch (LibTorch's C++ headers and libraries plus Python
 #     PyTorch for reference runs) into the project-local prefix .deps/venv.
@@ -16,7 +17,7 @@ DEBIAN_PACKAGES=(
   bazel-bootstrap bazel-rules-java bazel-platforms
   libabsl-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev
   nlohmann-json3-dev libgloo-dev zlib1g-dev dataset-fashion-mnist fortunes
-  python3 python3-venv binutils g++
+  python3 python3-venv binutils g++ clang-14 libclang-rt-14-dev
   iproute2 util-linux openmpi-bin slurmctld slurmd slurm-client munge
 )
 

@@ -71,6 +71,56 @@ class MappingReader final : public caffe2::serialize::ReadAdapterInterface {
 
 void ReleaseMapping(void* ctx) { delete static_cast<std::shared_ptr<Mapping>*>(ctx); }
 
+// A pickle names each storage's element count itself: a tensor whose storage
+// or view reaches past its record's bytes (a corrupt or crafted file) would
+// read outside the mapping. `records` maps each record's first byte to its
+// size. Returns "" when every tensor in `v` stays inside its record, else what
+// is wrong.
+std::string CheckTensorsInRecords(const c10::IValue& v, const std::unordered_map<const void*, size_t>& records) {
+  if (v.isTensor()) {
+    const at::Tensor& t = v.toTensor();
+    if (!t.defined() || !t.has_storage()) return "";
+    const size_t nbytes = t.storage().nbytes();
+    auto it = records.find(t.storage().data());
+    if (nbytes > 0 && (it == records.end() || nbytes > it->second)) {
+      return "a tensor storage of " + std::to_string(nbytes) + " bytes over a record of " +
+             (it == records.end() ? std::string("unknown size") : std::to_string(it->second) + " bytes");
+    }
+    if (t.numel() == 0) return "";
+    // The last element's byte end: (offset + sum((size_i - 1) * stride_i) + 1) * itemsize.
+    int64_t last = t.storage_offset();
+    bool bad = last < 0;
+    for (int64_t d = 0; d < t.dim() && !bad; ++d) {
+      int64_t step = 0;
+      bad = t.stride(d) < 0 || __builtin_mul_overflow(t.size(d) - 1, t.stride(d), &step) ||
+            __builtin_add_overflow(last, step, &last);
+    }
+    int64_t end = 0;
+    if (bad || __builtin_mul_overflow(last + 1, static_cast<int64_t>(t.itemsize()), &end) ||
+        static_cast<uint64_t>(end) > nbytes) {
+      return "a tensor of shape " + c10::str(t.sizes()) + " that reaches past its storage of " +
+             std::to_string(nbytes) + " bytes";
+    }
+    return "";
+  }
+  std::string bad;
+  if (v.isList()) {
+    for (const auto& e : v.toListRef()) {
+      if (!(bad = CheckTensorsInRecords(e, records)).empty()) return bad;
+    }
+  } else if (v.isGenericDict()) {
+    for (const auto& e : v.toGenericDict()) {
+      if (!(bad = CheckTensorsInRecords(e.key(), records)).empty()) return bad;
+      if (!(bad = CheckTensorsInRecords(e.value(), records)).empty()) return bad;
+    }
+  } else if (v.isTuple()) {
+    for (const auto& e : v.toTupleRef().elements()) {
+      if (!(bad = CheckTensorsInRecords(e, records)).empty()) return bad;
+    }
+  }
+  return bad;
+}
+
 std::string FirstLine(const std::exception& e) {
   std::string what = e.what();
   return what.substr(0, what.find('\n'));
@@ -228,27 +278,36 @@ c10::IValue MapArchive(const std::string& path) {
   if (m->base == MAP_FAILED) ST_THROW(Error, "cannot map '", path, "': ", std::strerror(map_err));
   try {
     caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MappingReader>(m));
-    auto [pickle_ptr, pickle_size] = reader.getRecord("data.pkl");
+    auto record = reader.getRecord("data.pkl");
+    const at::DataPtr& pickle_ptr = std::get<0>(record);
+    const size_t pickle_size = std::get<1>(record);  // not a structured binding: clang 14 cannot capture those
     const char* pickle = static_cast<const char*>(pickle_ptr.get());
     size_t pos = 0;
     auto read = [&](char* buf, size_t n) -> size_t {
       n = std::min(n, pickle_size - pos);
-      std::memcpy(buf, pickle + pos, n);
+      if (n > 0) std::memcpy(buf, pickle + pos, n);  // an empty data.pkl has no buffer (fuzzer finding, UBSan)
       pos += n;
       return n;
     };
+    std::unordered_map<const void*, size_t> records;  // first byte -> size, for CheckTensorsInRecords
     auto read_record = [&](const std::string& key) -> at::DataPtr {
       const std::string name = "data/" + key;
       const size_t size = reader.getRecordSize(name);
       const size_t offset = reader.getRecordOffset(name);
-      if (offset + size > m->size) ST_THROW(Error, "checkpoint '", path, "': record '", name, "' lies past the end of the file");
+      if (offset > m->size || size > m->size - offset) {
+        ST_THROW(Error, "checkpoint '", path, "': record '", name, "' lies past the end of the file");
+      }
       char* data = static_cast<char*>(m->base) + offset;
+      records[data] = std::max(records[data], size);
       return at::DataPtr(data, new std::shared_ptr<Mapping>(m), &ReleaseMapping, c10::Device(c10::kCPU));
     };
     torch::jit::Unpickler unpickler(read, /*type_resolver=*/nullptr, /*obj_loader=*/nullptr, read_record,
                                     /*device=*/std::nullopt);
     unpickler.set_version(reader.version());
-    return unpickler.parse_ivalue();
+    c10::IValue root = unpickler.parse_ivalue();
+    const std::string bad = CheckTensorsInRecords(root, records);
+    if (!bad.empty()) ST_THROW(Error, "checkpoint '", path, "' is corrupt: it holds ", bad);
+    return root;
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -168,6 +168,8 @@ CheckpointData LoadCheckpoint(const std::string& path) {
   } catch (const c10::Error& e) {
     std::string what = e.what();
     ST_THROW(Error, "checkpoint '", path, "' has an unexpected layout: ", what.substr(0, what.find('\n')));
+  } catch (const std::out_of_range& e) {  // c10::Dict::at on a missing key
+    ST_THROW(Error, "checkpoint '", path, "' has an unexpected layout: an entry is missing (", e.what(), ")");
   }
   return out;
 }

@@ -358,6 +358,9 @@ ShardedCheckpoint LoadShardedCheckpoint(const std::string& path) {
     std::string what = e.what();
     ST_THROW(Error, "sharded checkpoint metadata '", meta_path, "' has an unexpected layout: ",
              what.substr(0, what.find('\n')));
+  } catch (const std::out_of_range& e) {  // c10::Dict::at on a missing key (fuzzer finding)
+    ST_THROW(Error, "sharded checkpoint metadata '", meta_path, "' has an unexpected layout: an entry is missing (",
+             e.what(), ")");
   }
   const int64_t W = ck.meta.world_size;
   if (W < 1 || static_cast<int64_t>(files.size()) != W) {

@@ -370,7 +370,7 @@ void SharedMemoryMesh::Exchange(const std::vector<PeerTraffic>& traffic, const C
         const int64_t pos = static_cast<int64_t>(head % cap);
         const int64_t k = std::min({space, cap - pos, left, chunk});
         const uint8_t* src = padding ? kZeros : static_cast<const uint8_t*>(pieces[g.piece].first) + g.offset;
-        std::memcpy(Segment::Data(out) + pos, src, k);
+        if (k > 0) std::memcpy(Segment::Data(out) + pos, src, k);  // src is null for an empty tensor (UBSan)
         head += k;
         g.unsent -= k;
         out->head.store(head, std::memory_order_release);

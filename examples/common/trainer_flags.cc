@@ -1,10 +1,12 @@
 #include "examples/common/trainer_flags.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 
 #include "base/errors.h"
 #include "launch/launcher.h"
+#include "strategies/registry.h"
 #include "trainer/accelerator.h"
 #include "trainer/stop_signals.h"
 
@@ -47,14 +49,53 @@ ProcessPlan ApplyTrainerFlags(trainer::TrainerOptions& options) {
   return plan;
 }
 
-int RunExampleMain(int argc, char** argv, const char* usage, int (*run)()) {
+void CheckTrainerFlags() {
+  const std::vector<std::string> names = strategies::StrategyRegistry::Names();
+  CheckChoiceFlag("strategy", FLAGS_strategy, names);
+  const std::vector<std::string> keys = strategies::StrategyRegistry::ValidKeys(FLAGS_strategy);
+  std::string list;
+  for (const auto& k : keys) list += (list.empty() ? "" : ", ") + k;
+  const std::string valid = "key=value,key=value,... with keys of strategy " + FLAGS_strategy + ": " + list;
+  std::map<std::string, std::string> strategy_options;
+  try {
+    strategy_options = ParseKeyValueList(FLAGS_strategy_options, "--strategy_options");
+  } catch (const InvalidArgumentError&) {
+    FailFlag("strategy_options", FLAGS_strategy_options, valid, "an entry is not key=value");
+  }
+  for (const auto& [key, value] : strategy_options) {
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) {
+      FailFlag("strategy_options", FLAGS_strategy_options, valid, "unknown key '" + key + "'");
+    }
+  }
+  try {
+    trainer::ParseDevices(FLAGS_devices, "devices");
+  } catch (const InvalidArgumentError&) {
+    FailFlag("devices", FLAGS_devices, "auto or an integer in [1, 99999999] (ranks on this machine)");
+  }
+  CheckChoiceFlag("accelerator", FLAGS_accelerator, {"cpu", "cuda", "gpu", "auto"});
+  CheckIntFlag("timeout_s", FLAGS_timeout_s, 1, 7 * 24 * 3600);
+  CheckChoiceFlag("resume", FLAGS_resume, {"never", "auto"});
+  CheckChoiceFlag("precision", FLAGS_precision, {"32-true", "bf16-mixed", "16-mixed", "bf16-true"});
+}
+
+int RunExampleMain(int argc, char** argv, const char* usage, int (*run)(), void (*check_flags)()) {
   gflags::SetUsageMessage(usage);
   gflags::ParseCommandLineFlags(&argc, &argv, true);
+  try {
+    CheckTrainerFlags();
+    if (check_flags != nullptr) check_flags();
+  } catch (const FlagError& e) {
+    std::fprintf(stderr, "error: %s\n(see --help for every flag and its range)\n", e.what());
+    return kUsageErrorExitCode;
+  }
   int code = 1;
   try {
     code = run();
   } catch (const trainer::Preempted& e) {
     code = e.exit_code();  // stopped by a signal after saving; rank 0 printed what and how to resume
+  } catch (const FlagError& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    code = kUsageErrorExitCode;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     code = 1;

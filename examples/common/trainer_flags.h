@@ -7,6 +7,7 @@
 #include <gflags/gflags.h>
 
 #include "examples/common/example_util.h"
+#include "examples/common/flag_checks.h"
 #include "trainer/trainer.h"
 
 DECLARE_string(strategy);
@@ -25,10 +26,18 @@ namespace shardtrain::examples {
 // accelerator, devices, number of nodes and precision of `options`.
 ProcessPlan ApplyTrainerFlags(trainer::TrainerOptions& options);
 
-// An example's main(): parses the flags (with `usage`), runs `run`, prints
-// "error: ..." for an exception (exit code 1), and in a process that
-// launched local ranks waits for them (JoinLocalRanks: non-zero when any failed).
-int RunExampleMain(int argc, char** argv, const char* usage, int (*run)());
+// Checks the flags above (flag_checks.h): --strategy is a registered name and
+// --strategy_options names only its keys, --devices, --accelerator and
+// --precision are valid. Throws FlagError.
+void CheckTrainerFlags();
+
+// An example's main(): parses the flags (with `usage`), checks them
+// (CheckTrainerFlags, then `check_flags` when given: a FlagError prints
+// "error: ..." and exits kUsageErrorExitCode before any rank starts), runs
+// `run`, prints "error: ..." for an exception (exit code 1; 2 for a FlagError),
+// and in a process that launched local ranks waits for them (JoinLocalRanks:
+// non-zero when any failed).
+int RunExampleMain(int argc, char** argv, const char* usage, int (*run)(), void (*check_flags)() = nullptr);
 
 }  // namespace shardtrain::examples
 

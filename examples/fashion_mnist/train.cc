@@ -22,6 +22,7 @@
 
 #include "base/errors.h"
 #include "examples/common/example_util.h"
+#include "examples/common/flag_checks.h"
 #include "examples/common/trainer_flags.h"
 #include "examples/fashion_mnist/cnn_model.h"
 #include "examples/fashion_mnist/fashion_mnist.h"
@@ -182,6 +183,23 @@ EvalResult Evaluate(FashionMnistModule& module, const examples::FashionMnist& da
   return res;
 }
 
+// Every numeric and enum flag's range (docs: examples/README.md); RunExampleMain exits 2 on a bad one.
+void CheckFlags() {
+  using examples::CheckIntFlagOr;
+  CheckIntFlagOr("max_epochs", FLAGS_max_epochs, -1, "no limit", 1);
+  CheckIntFlagOr("max_steps", FLAGS_max_steps, -1, "no limit", 1);
+  examples::CheckIntFlag("batch_size", FLAGS_batch_size, 1, 1 << 20);
+  examples::CheckDoubleFlag("lr", FLAGS_lr, 0, examples::kNoMax, /*min_open=*/true);
+  examples::CheckChoiceFlag("lr_schedule", FLAGS_lr_schedule, {"cosine", "constant"});
+  if (FLAGS_lr_schedule == "cosine" && FLAGS_max_epochs == -1 && FLAGS_max_steps == -1) {
+    examples::FailFlag("lr_schedule", FLAGS_lr_schedule, "constant, or give --max_epochs or --max_steps",
+                       "cosine decays over a finite run");
+  }
+  examples::CheckDoubleFlag("dropout", FLAGS_dropout, 0, 1, false, /*max_open=*/true);
+  examples::CheckIntFlag("val_size", FLAGS_val_size, 0);  // and < the training images: checked once they are read
+  examples::CheckIntFlag("log_every_n_steps", FLAGS_log_every_n_steps, 1);
+}
+
 int Run() {
   const auto t_start = std::chrono::steady_clock::now();
   trainer::TrainerOptions o;
@@ -191,8 +209,7 @@ int Run() {
   const std::string data_dir = examples::UserPath(FLAGS_data_dir);
   examples::FashionMnist full_train = examples::FashionMnist::Load(data_dir, "train");
   examples::FashionMnist test = examples::FashionMnist::Load(data_dir, "test");
-  ST_CHECK_ARG(FLAGS_val_size >= 0 && FLAGS_val_size < full_train.size(), "--val_size must be in [0, ",
-               full_train.size(), "), got ", FLAGS_val_size);
+  examples::CheckIntFlag("val_size", FLAGS_val_size, 0, full_train.size() - 1);
   const int64_t n_train = full_train.size() - FLAGS_val_size;
   examples::FashionMnist train(full_train.images().slice(0, 0, n_train), full_train.labels().slice(0, 0, n_train));
   examples::FashionMnist val(full_train.images().slice(0, n_train), full_train.labels().slice(0, n_train));
@@ -211,8 +228,6 @@ int Run() {
   examples::CnnConfig cfg;
   cfg.dropout = FLAGS_dropout;
   // The schedule spans the whole run (Lightning's estimated_stepping_batches).
-  ST_CHECK_ARG(FLAGS_lr_schedule == "cosine" || FLAGS_lr_schedule == "constant", "--lr_schedule=", FLAGS_lr_schedule,
-               " is not valid; valid: cosine, constant");
   const int64_t total_steps = trainer.estimated_stepping_batches(train);
   ST_CHECK_ARG(FLAGS_lr_schedule == "constant" || total_steps > 0,
                "--lr_schedule=cosine needs a finite run (--max_epochs or --max_steps); use --lr_schedule=constant");
@@ -255,5 +270,5 @@ int Run() {
 int main(int argc, char** argv) {
   return shardtrain::examples::RunExampleMain(
       argc, argv, "train a CNN on Fashion-MNIST with the ShardTrain Trainer: train --strategy=fsdp_native --devices=2",
-      Run);
+      Run, CheckFlags);
 }

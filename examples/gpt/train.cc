@@ -36,6 +36,7 @@
 
 #include "base/errors.h"
 #include "examples/common/example_util.h"
+#include "examples/common/flag_checks.h"
 #include "examples/common/trainer_flags.h"
 #include "examples/gpt/gpt_model.h"
 #include "strategies/registry.h"
@@ -63,7 +64,7 @@ DEFINE_string(ckpt_path, "", "resume from this checkpoint (.../checkpoints/last.
 DEFINE_int64(checkpoint_every_n_steps, 0, "also write checkpoints/step=N.ckpt every N steps (0: only last.ckpt)");
 DEFINE_int32(sample_tokens, 300, "characters to generate at the end (0: none)");
 DEFINE_double(temperature, 0.8, "sampling temperature");
-DEFINE_int32(top_k, 0, "sample from the k most likely characters (0: all)");
+DEFINE_int32(top_k, 0, "sample from the k most likely characters (0: all; at most 256)");
 DEFINE_uint64(seed, 1337, "random seed (initial weights, shuffling, sampling)");
 
 namespace {
@@ -242,14 +243,38 @@ class ValLossPrinter : public trainer::Callback {
   int64_t last_step_ = -1;
 };
 
+// Every numeric flag's range (docs: examples/README.md); RunExampleMain exits 2 on a bad one.
+void CheckFlags() {
+  using examples::CheckDoubleFlag;
+  using examples::CheckIntFlag;
+  CheckIntFlag("max_steps", FLAGS_max_steps, 1);
+  CheckIntFlag("batch_size", FLAGS_batch_size, 1, 1 << 20);
+  CheckIntFlag("block_size", FLAGS_block_size, 1, 1 << 16);
+  CheckIntFlag("n_layer", FLAGS_n_layer, 1, 1024);
+  CheckIntFlag("n_head", FLAGS_n_head, 1, 1024);
+  CheckIntFlag("n_embd", FLAGS_n_embd, 1, 1 << 16);
+  if (FLAGS_n_embd % FLAGS_n_head != 0) {
+    examples::FailFlag("n_embd", std::to_string(FLAGS_n_embd),
+                       "a multiple of --n_head=" + std::to_string(FLAGS_n_head), "each head gets n_embd / n_head");
+  }
+  CheckDoubleFlag("dropout", FLAGS_dropout, 0, 1, false, /*max_open=*/true);
+  CheckDoubleFlag("lr", FLAGS_lr, 0, examples::kNoMax, /*min_open=*/true);
+  CheckDoubleFlag("weight_decay", FLAGS_weight_decay, 0);
+  CheckDoubleFlag("grad_clip", FLAGS_grad_clip, 0);
+  CheckIntFlag("eval_every", FLAGS_eval_every, 2);
+  CheckIntFlag("val_samples", FLAGS_val_samples, 1);
+  CheckIntFlag("log_every_n_steps", FLAGS_log_every_n_steps, 1);
+  CheckIntFlag("checkpoint_every_n_steps", FLAGS_checkpoint_every_n_steps, 0);
+  CheckIntFlag("sample_tokens", FLAGS_sample_tokens, 0, 1 << 20);
+  CheckDoubleFlag("temperature", FLAGS_temperature, 0, examples::kNoMax, /*min_open=*/true);
+  CheckIntFlag("top_k", FLAGS_top_k, 0, 256);
+}
+
 int Run() {
   const auto t_start = std::chrono::steady_clock::now();
   trainer::TrainerOptions o;
   const examples::ProcessPlan plan = examples::ApplyTrainerFlags(o);  // strategy, devices, accelerator, precision
   const bool rank0 = plan.rank == 0;
-  ST_CHECK_ARG(FLAGS_eval_every >= 2, "--eval_every must be >= 2, got ", FLAGS_eval_every);
-  ST_CHECK_ARG(FLAGS_max_steps >= 1, "--max_steps must be >= 1, got ", FLAGS_max_steps);
-  ST_CHECK_ARG(FLAGS_temperature > 0, "--temperature must be > 0, got ", FLAGS_temperature);
 
   Corpus corpus = Encode(ReadCorpus(examples::UserPath(FLAGS_data)), FLAGS_block_size);
   WindowDataset train = WindowDataset::Tiled(corpus.train, FLAGS_block_size);
@@ -331,5 +356,5 @@ int Run() {
 int main(int argc, char** argv) {
   return shardtrain::examples::RunExampleMain(
       argc, argv, "train a character-level GPT with the ShardTrain Trainer: train --strategy=fsdp_native --devices=2",
-      Run);
+      Run, CheckFlags);
 }

@@ -1,0 +1,103 @@
+// The checkpoint readers against the fuzz seed corpus (tests/fuzz/corpus, the
+// inputs libFuzzer starts from and what it found worth keeping) and against
+// truncations and byte flips of valid files made here: each input is either
+// read or rejected with shardtrain::Error, never a crash or another exception
+// (built with gcc as part of //...; tools/fuzz/run_checkpoint_fuzzer.sh runs
+// the same entry point under libFuzzer + ASan).
+//
+// SHARDTRAIN_WRITE_CORPUS=DIR writes the valid seeds and their variants into
+// DIR instead (how tests/fuzz/corpus was made).
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "tests/fuzz/checkpoint_readers_fuzz.h"
+
+namespace shardtrain::fuzz {
+namespace {
+namespace fs = std::filesystem;
+
+// Runs one input; a failure names it and what escaped.
+void ExpectReadOrRejected(const std::vector<uint8_t>& input, const std::string& name) {
+  try {
+    FuzzCheckpointReaders(input.data(), input.size());
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << name << ": a reader threw something other than shardtrain::Error: " << e.what();
+  }
+}
+
+// Variants of a valid input: truncations and single-byte changes spread over the file.
+std::vector<std::pair<std::string, std::vector<uint8_t>>> Variants(const Seed& seed, size_t count) {
+  std::vector<std::pair<std::string, std::vector<uint8_t>>> out;
+  const size_t n = seed.bytes.size();
+  for (size_t i = 0; i < count; ++i) {
+    const size_t cut = 1 + (n - 1) * i / count;
+    out.push_back({seed.name + "_truncated_" + std::to_string(cut),
+                   std::vector<uint8_t>(seed.bytes.begin(), seed.bytes.begin() + static_cast<long>(cut))});
+    std::vector<uint8_t> flipped = seed.bytes;
+    const size_t at = 1 + (n - 2) * i / count;
+    flipped[at] ^= static_cast<uint8_t>(0x5a + i);
+    out.push_back({seed.name + "_flipped_" + std::to_string(at), std::move(flipped)});
+  }
+  return out;
+}
+
+TEST(CheckpointCorpus, ValidSeedsAreRead) {
+  const auto seeds = ValidSeeds();
+  ASSERT_EQ(seeds.size(), static_cast<size_t>(kNumReaders));
+  for (const auto& s : seeds) EXPECT_TRUE(FuzzCheckpointReaders(s.bytes.data(), s.bytes.size())) << s.name;
+}
+
+TEST(CheckpointCorpus, CheckedInCorpusIsReadOrRejected) {
+  const fs::path dir = "tests/fuzz/corpus";
+  ASSERT_TRUE(fs::is_directory(dir)) << "no " << dir << " in the runfiles";
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    std::ifstream in(e.path(), std::ios::binary);
+    std::vector<uint8_t> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+    ExpectReadOrRejected(bytes, e.path().filename().string());
+    ++files;
+  }
+  EXPECT_GE(files, 8);
+}
+
+TEST(CheckpointCorpus, TruncatedAndFlippedFilesAreReadOrRejected) {
+  int rejected = 0, total = 0;
+  for (const auto& seed : ValidSeeds()) {
+    for (const auto& [name, bytes] : Variants(seed, 40)) {
+      ++total;
+      try {
+        rejected += FuzzCheckpointReaders(bytes.data(), bytes.size()) ? 0 : 1;
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << name << ": a reader threw something other than shardtrain::Error: " << e.what();
+      }
+    }
+  }
+  // Every truncation breaks the zip directory at the end: at least those are rejected.
+  EXPECT_GE(rejected, total / 2) << rejected << " of " << total << " variants rejected";
+}
+
+}  // namespace
+}  // namespace shardtrain::fuzz
+
+int main(int argc, char** argv) {
+  if (const char* out = std::getenv("SHARDTRAIN_WRITE_CORPUS")) {
+    namespace fs = std::filesystem;
+    fs::create_directories(out);
+    for (const auto& seed : shardtrain::fuzz::ValidSeeds()) {
+      std::vector<std::pair<std::string, std::vector<uint8_t>>> files = {{seed.name, seed.bytes}};
+      for (auto& v : shardtrain::fuzz::Variants(seed, 3)) files.push_back(std::move(v));
+      for (const auto& [name, bytes] : files) {
+        std::ofstream(fs::path(out) / name, std::ios::binary)
+            .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+      }
+    }
+    return 0;
+  }
+  testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}

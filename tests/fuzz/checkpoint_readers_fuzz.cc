@@ -1,0 +1,222 @@
+#include "tests/fuzz/checkpoint_readers_fuzz.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <caffe2/serialize/inline_container.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "base/errors.h"
+#include "trainer/archive.h"
+#include "trainer/checkpoint.h"
+#include "trainer/sharded_checkpoint.h"
+
+namespace shardtrain::fuzz {
+namespace fs = std::filesystem;
+namespace {
+
+// Reads every byte of t (a clone does), so an out-of-bounds view is found.
+void Touch(const at::Tensor& t) {
+  if (t.defined()) (void)t.clone();
+}
+
+void TouchAll(const c10::IValue& v) {
+  if (v.isTensor()) {
+    Touch(v.toTensor());
+  } else if (v.isList()) {
+    for (const auto& e : v.toListRef()) TouchAll(e);
+  } else if (v.isGenericDict()) {
+    for (const auto& e : v.toGenericDict()) {
+      TouchAll(e.key());
+      TouchAll(e.value());
+    }
+  } else if (v.isTuple()) {
+    for (const auto& e : v.toTupleRef().elements()) TouchAll(e);
+  }
+}
+
+void TouchCheckpoint(const trainer::CheckpointData& d) {
+  for (const auto& [k, t] : d.state_dict) Touch(t);
+  Touch(d.rng_state);
+  for (const auto& [name, keys] : d.optimizer_full.state) {
+    for (const auto& [k, t] : keys) Touch(t);
+  }
+}
+
+trainer::CheckpointData SmallCheckpoint() {
+  trainer::CheckpointData d;
+  d.state_dict = {{"fc.weight", at::arange(6, at::kFloat).reshape({2, 3})},
+                  {"fc.bias", at::ones({2}, at::kFloat)},
+                  {"bn.num_batches_tracked", at::tensor({int64_t{7}})}};
+  d.optimizer_states = {"opt"};
+  d.epoch = 1;
+  d.global_step = 12;
+  d.batch_in_epoch = 2;
+  d.world_size = 2;
+  d.strategy = "fsdp_native";
+  d.rng_state = at::arange(16, at::kByte);
+  d.hparams = {{"lr", "0.001"}, {"model", "mlp"}};
+  d.optimizer_full.kind = "Adam";
+  d.optimizer_full.state["fc.weight"] = {{"exp_avg", at::zeros({2, 3})}, {"exp_avg_sq", at::ones({2, 3})}};
+  d.optimizer_full.step["fc.weight"] = 12;
+  d.callbacks = {{"ModelCheckpoint", {{"best_model_path", "x.ckpt"}}}};
+  return d;
+}
+
+trainer::ShardedCheckpoint SmallShardedCheckpoint() {
+  trainer::ShardedCheckpoint ck;
+  ck.meta = SmallCheckpoint();
+  ck.meta.state_dict.clear();
+  ck.meta.optimizer_states.clear();
+  ck.meta.optimizer_full = {};
+  ck.meta.world_size = 1;
+  trainer::ShardedPiece p;
+  trainer::SavedUnit u;
+  u.name = "";
+  u.param_names = {"fc.weight", "fc.bias"};
+  u.param_shapes = {{2, 3}, {2}};
+  u.numel = 8;
+  u.padded_numel = 8;
+  u.shard_numel = 8;
+  p.units = {u};
+  p.shards = {at::arange(8, at::kFloat)};
+  p.buffers = {{"bn.running_mean", at::zeros({3})}};
+  p.optimizer_kind = "Adam";
+  p.optimizer_units = {{{"exp_avg", at::zeros({8})}, {"exp_avg_sq", at::ones({8})}}};
+  p.optimizer_steps = {12};
+  ck.pieces = {p};
+  return ck;
+}
+
+std::vector<uint8_t> ReadFile(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void WriteFile(const fs::path& p, const uint8_t* data, size_t size) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+}
+
+// A per-process scratch directory holding a valid sharded checkpoint ("valid")
+// and the directory each input is written into ("input").
+struct Scratch {
+  fs::path root, valid, input;
+  std::vector<uint8_t> valid_metadata, valid_rank0, valid_pickle;
+  std::vector<std::pair<std::string, std::string>> records;  // the full checkpoint's data/* records
+  Scratch() {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    root = fs::path(tmp ? tmp : fs::temp_directory_path().string()) /
+           ("shardtrain_fuzz_" + std::to_string(::getpid()));
+    fs::remove_all(root);
+    fs::create_directories(root);
+    valid = root / "valid";
+    trainer::SaveShardedCheckpoint(valid.string(), SmallShardedCheckpoint());
+    valid_metadata = ReadFile(valid / trainer::kShardedMetadataFile);
+    valid_rank0 = ReadFile(valid / trainer::ShardedPieceFileName(0));
+    const fs::path full = root / "full.ckpt";
+    trainer::SaveCheckpoint(full.string(), SmallCheckpoint());
+    caffe2::serialize::PyTorchStreamReader reader(full.string());
+    for (const auto& name : reader.getAllRecords()) {
+      auto [ptr, size] = reader.getRecord(name);
+      const char* b = static_cast<const char*>(ptr.get());
+      if (name == "data.pkl") {
+        valid_pickle.assign(b, b + size);
+      } else if (name.rfind("data/", 0) == 0) {
+        records.emplace_back(name, std::string(b, size));
+      }
+    }
+    input = root / "input";
+    fs::create_directories(input);
+    WriteFile(input / trainer::kShardedCompleteMarker, nullptr, 0);
+  }
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(root, ec);
+  }
+};
+
+Scratch& GetScratch() {
+  static Scratch s;
+  return s;
+}
+
+}  // namespace
+
+// The full checkpoint's tensor records with `pickle` as its data.pkl, zipped.
+void WriteArchiveWithPickle(const Scratch& s, const fs::path& path, const uint8_t* pickle, size_t n) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  caffe2::serialize::PyTorchStreamWriter w([&](const void* buf, size_t k) -> size_t {
+    out.write(static_cast<const char*>(buf), static_cast<std::streamsize>(k));
+    return k;
+  });
+  for (const auto& [name, bytes] : s.records) w.writeRecord(name, bytes.data(), bytes.size());
+  static const uint8_t kNone = 0;
+  w.writeRecord("data.pkl", n ? pickle : &kNone, n);
+  w.writeEndOfFile();
+}
+
+bool FuzzCheckpointReaders(const uint8_t* data, size_t size) {
+  if (size == 0) return false;
+  Scratch& s = GetScratch();
+  const int reader = data[0] % kNumReaders;
+  const uint8_t* bytes = data + 1;
+  const size_t n = size - 1;
+  const fs::path file = s.input / "file.pt";
+  const fs::path meta = s.input / trainer::kShardedMetadataFile;
+  const fs::path rank0 = s.input / trainer::ShardedPieceFileName(0);
+  try {
+    switch (reader) {
+      case 0:
+        WriteFile(file, bytes, n);
+        TouchAll(trainer::MapArchive(file.string()));
+        break;
+      case 1:
+        WriteFile(file, bytes, n);
+        TouchCheckpoint(trainer::LoadCheckpoint(file.string()));
+        break;
+      case 2:
+      case 3: {
+        WriteFile(meta, reader == 2 ? bytes : s.valid_metadata.data(), reader == 2 ? n : s.valid_metadata.size());
+        WriteFile(rank0, reader == 3 ? bytes : s.valid_rank0.data(), reader == 3 ? n : s.valid_rank0.size());
+        trainer::ShardedCheckpoint ck = trainer::LoadShardedCheckpoint(s.input.string());
+        TouchCheckpoint(trainer::ConsolidateShardedCheckpoint(ck));
+        break;
+      }
+      case 4:
+        WriteArchiveWithPickle(s, file, bytes, n);
+        TouchAll(trainer::MapArchive(file.string()));
+        break;
+      case 5:
+        WriteArchiveWithPickle(s, file, bytes, n);
+        TouchCheckpoint(trainer::LoadCheckpoint(file.string()));
+        break;
+    }
+  } catch (const Error&) {
+    return false;
+  }
+  return true;
+}
+
+std::vector<Seed> ValidSeeds() {
+  Scratch& s = GetScratch();
+  const fs::path full = s.root / "full.ckpt";
+  trainer::SaveCheckpoint(full.string(), SmallCheckpoint());
+  const std::vector<uint8_t> full_bytes = ReadFile(full);
+  auto with = [](uint8_t selector, const std::vector<uint8_t>& b) {
+    std::vector<uint8_t> out{selector};
+    out.insert(out.end(), b.begin(), b.end());
+    return out;
+  };
+  return {{"archive", with(0, full_bytes)},
+          {"full_checkpoint", with(1, full_bytes)},
+          {"sharded_metadata", with(2, s.valid_metadata)},
+          {"sharded_rank_file", with(3, s.valid_rank0)},
+          {"archive_pickle", with(4, s.valid_pickle)},
+          {"full_checkpoint_pickle", with(5, s.valid_pickle)}};
+}
+
+}  // namespace shardtrain::fuzz

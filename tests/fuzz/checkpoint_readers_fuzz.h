@@ -1,0 +1,46 @@
+// One fuzz entry point for ShardTrain's checkpoint readers, shared by the
+// libFuzzer target (checkpoint_fuzzer_main.cc, built with clang by
+// tools/fuzz/run_checkpoint_fuzzer.sh) and the gcc-built corpus replay test
+// (checkpoint_corpus_test.cc, part of //...).
+//
+// An input's first byte picks the reader, the rest are the bytes of a file:
+//   0  MapArchive (trainer/archive.h): any torch.save-format zip archive
+//   1  LoadCheckpoint (trainer/checkpoint.h): a full checkpoint
+//   2  LoadShardedCheckpoint: the bytes are <dir>/metadata.pt, next to a
+//      valid rank_0.pt and COMPLETE
+//   3  LoadShardedCheckpoint + ConsolidateShardedCheckpoint: the bytes are
+//      <dir>/rank_0.pt, next to valid metadata.pt and COMPLETE
+//   4  MapArchive, 5 LoadCheckpoint: the bytes are the pickle (data.pkl) of
+//      a full checkpoint whose tensor records are kept, zipped with valid
+//      CRCs (a random change to a zip's data.pkl only fails its CRC check;
+//      this reaches the unpickler and the checks after it)
+// Every tensor a reader returns is read in full (as a caller would), so a
+// tensor that claims more bytes than its record holds is found. A reader may
+// only succeed or throw shardtrain::Error; any other exception escapes.
+#ifndef SHARDTRAIN_TESTS_FUZZ_CHECKPOINT_READERS_FUZZ_H_
+#define SHARDTRAIN_TESTS_FUZZ_CHECKPOINT_READERS_FUZZ_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace shardtrain::fuzz {
+
+inline constexpr int kNumReaders = 6;
+
+// Runs the reader `data[0] % kNumReaders` on data[1..]. Returns true when the
+// reader accepted the input, false when it threw shardtrain::Error.
+bool FuzzCheckpointReaders(const uint8_t* data, size_t size);
+
+// The seed inputs: for each reader a valid file written by the real writers
+// (SaveCheckpoint, SaveShardedCheckpoint), with the selector byte in front.
+struct Seed {
+  std::string name;
+  std::vector<uint8_t> bytes;
+};
+std::vector<Seed> ValidSeeds();
+
+}  // namespace shardtrain::fuzz
+
+#endif  // SHARDTRAIN_TESTS_FUZZ_CHECKPOINT_READERS_FUZZ_H_
