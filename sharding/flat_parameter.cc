@@ -3,7 +3,10 @@
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
 
+#include <algorithm>
+
 #include "base/errors.h"
+#include "sharding/source_release.h"
 
 namespace shardtrain::sharding {
 
@@ -79,6 +82,22 @@ at::Tensor FlatParameter::Flatten(const std::vector<at::Tensor>& tensors, c10::S
     flat.narrow(0, e.offset, e.numel).copy_(tensors[i].reshape({-1}));
   }
   return flat;
+}
+
+at::Tensor FlatParameter::ShardOfFull(const std::vector<at::Tensor>& tensors, c10::ScalarType dtype) const {
+  ST_CHECK_ARG(tensors.size() == entries_.size(), "unit '", unit_name_, "': expected ", entries_.size(),
+               " tensors to shard, got ", tensors.size());
+  at::Tensor shard = at::zeros({shard_numel_}, at::TensorOptions().dtype(dtype).device(device_));
+  const int64_t lo = shard_offset(), hi = lo + shard_numel_;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const auto& e = entries_[i];
+    ST_CHECK_ARG(tensors[i].numel() == e.numel, "unit '", unit_name_, "': '", e.name, "' has ", tensors[i].numel(),
+                 " elements, expected ", e.numel, " (shape ", c10::IntArrayRef(e.shape), ")");
+    const int64_t b = std::max(lo, e.offset), end = std::min(hi, e.offset + e.numel);
+    if (b < end) shard.narrow(0, b - lo, end - b).copy_(tensors[i].reshape({-1}).narrow(0, b - e.offset, end - b));
+    SourceReleaseScope::Release(tensors[i]);  // e.g. drop a mapped checkpoint record's pages
+  }
+  return shard;
 }
 
 std::vector<at::Tensor> FlatParameter::Views(const at::Tensor& flat) const {

@@ -64,6 +64,10 @@ class FlatParameter {
   // Concatenates the given per-parameter tensors (one per entry, in order) into
   // a padded flat tensor of `dtype`.
   at::Tensor Flatten(const std::vector<at::Tensor>& tensors, c10::ScalarType dtype) const;
+  // This rank's shard of what Flatten would build, made without building it:
+  // only the part of each tensor that falls into the shard is read (so a
+  // tensor mapped from a file pages in only this rank's slice). Padding is 0.
+  at::Tensor ShardOfFull(const std::vector<at::Tensor>& tensors, c10::ScalarType dtype) const;
   // Splits a flat (padded or unpadded) tensor into clones shaped like the entries.
   std::vector<at::Tensor> Unflatten(const at::Tensor& flat) const;
   // Views of `flat` shaped like the entries (no copy).

@@ -1052,7 +1052,7 @@ std::vector<at::Tensor> ShardedModel::ShardsFromFull(const std::map<std::string,
       ST_CHECK_ARG(it != full.end(), "missing tensor for parameter '", e.name, "'");
       ts.push_back(it->second.to(flat.device()));
     }
-    out.push_back(flat.Flatten(ts, at::kFloat).narrow(0, flat.shard_offset(), flat.shard_numel()).clone());
+    out.push_back(flat.ShardOfFull(ts, at::kFloat));  // reads only this rank's slice of each tensor
   }
   return out;
 }

@@ -260,6 +260,22 @@ void ArchiveWriter::Finish(const c10::IValue& root) {
   FsyncDir(p.has_parent_path() ? p.parent_path() : fs::path("."));
 }
 
+void ReleaseMappedPages(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage() || !t.is_cpu()) return;
+  const at::DataPtr& dp = t.storage().data_ptr();
+  if (dp.get_deleter() != &ReleaseMapping || dp.get_context() == nullptr) return;
+  const auto& m = *static_cast<std::shared_ptr<Mapping>*>(dp.get_context());
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t base = reinterpret_cast<uintptr_t>(m->base);
+  uintptr_t lo = reinterpret_cast<uintptr_t>(dp.get());  // the whole record
+  uintptr_t hi = lo + t.storage().nbytes();
+  lo = std::max(lo, base);
+  hi = std::min(hi, base + m->size);
+  lo = (lo + page - 1) / page * page;  // whole pages inside the tensor's bytes only
+  hi = hi / page * page;
+  if (lo < hi) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+}
+
 c10::IValue MapArchive(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) ST_THROW(Error, "cannot open checkpoint '", path, "': ", std::strerror(errno));

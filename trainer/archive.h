@@ -63,6 +63,16 @@ class ArchiveWriter {
 // shardtrain::Error naming the file when it is missing or not such an archive.
 c10::IValue MapArchive(const std::string& path);
 
+// Drops from this process the whole pages of `t`'s bytes when `t` is a view
+// of a MapArchive mapping (they stay in the page cache; a later read pages
+// them in again from the file, so values written into the private mapping
+// would be lost: only for records nobody wrote to); does nothing for any
+// other tensor. For use
+// once a load has copied what it needs from a mapped record
+// (sharding::SourceReleaseScope), so a rank's resident memory does not grow
+// by the whole file.
+void ReleaseMappedPages(const at::Tensor& t);
+
 // `v` with every list and dict retyped to hold Any: LibTorch pickles lists of
 // a specialized element type (int, tensor, ...) as torch.jit._pickle.build_*
 // calls, which Python's weights_only unpickler rejects; plain ones it reads.

@@ -11,6 +11,8 @@
 
 #include "base/errors.h"
 #include "base/logging.h"
+#include "sharding/source_release.h"
+#include "trainer/archive.h"
 #include "trainer/checkpoint.h"
 #include "trainer/checkpoint_state.h"
 #include "trainer/optimizer_ownership.h"
@@ -153,6 +155,8 @@ void Trainer::LoadFrom(const std::string& path) {
   if (IsShardedCheckpoint(path)) sharded = LoadShardedCheckpoint(path);
   const bool direct = sharded && strategy_->sharded_model_or_null() != nullptr;
   CheckpointData ck = direct ? sharded->meta : sharded ? ConsolidateShardedCheckpoint(*sharded) : LoadCheckpoint(path);
+  // Each rank copies its slices of the mapped records, then drops their pages.
+  sharding::SourceReleaseScope release_pages(&ReleaseMappedPages);
   const int W = world_size();
   // The per-rank LibTorch archives restore everything (including parameter
   // group options) but only into the same strategy at the same world size;

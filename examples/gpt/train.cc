@@ -40,6 +40,7 @@
 #include "examples/common/trainer_flags.h"
 #include "examples/gpt/gpt_model.h"
 #include "strategies/registry.h"
+#include "strategies/sharded_strategy_base.h"
 #include "trainer/callbacks.h"
 #include "trainer/trainer.h"
 
@@ -66,6 +67,9 @@ DEFINE_int32(sample_tokens, 300, "characters to generate at the end (0: none)");
 DEFINE_double(temperature, 0.8, "sampling temperature");
 DEFINE_int32(top_k, 0, "sample from the k most likely characters (0: all; at most 256)");
 DEFINE_uint64(seed, 1337, "random seed (initial weights, shuffling, sampling)");
+DEFINE_bool(sharded_construction, true,
+            "with fsdp/fsdp_native: build each block straight into this rank's shard (no rank ever holds the whole "
+            "model; same initial weights at any world size)");
 
 namespace {
 
@@ -301,6 +305,11 @@ int Run() {
   o.callbacks = {printer};
   const std::string ckpt = examples::ResolveCheckpointPath(FLAGS_ckpt_path, o.default_root_dir, o.logger_name);
   trainer::Trainer trainer(o);  // validates strategy name, options and precision
+  if (o.strategy != "auto") {
+    if (auto* s = dynamic_cast<strategies::ShardedStrategyBase*>(&trainer.strategy())) {
+      s->set_sharded_construction(FLAGS_sharded_construction);  // GptImpl initialises inside each block's constructor
+    }
+  }
 
   GptModule module(cfg, FLAGS_lr, FLAGS_weight_decay);
   if (rank0) {

@@ -17,6 +17,7 @@
 
 #include "sharding/sharded_init.h"
 #include "sharding/sharded_model.h"
+#include "sharding/source_release.h"
 #include "strategies/sharded_strategy_base.h"
 #include "strategies/registry.h"
 #include "tests/testing/counting_allocator.h"
@@ -287,6 +288,48 @@ TEST(ShardedInit, PeakWhileConstructingIsShardsPlusOneUnit) {
     EXPECT_LE(scoped_peak, kBound);
     EXPECT_GT(plain_peak, kBound) << "the bound must be able to fail: plain construction holds the whole model";
   });
+}
+
+// A full checkpoint loads record by record, each rank taking only its slice:
+// ShardOfFull equals the slice of what Flatten builds (uneven sizes, padding
+// 0, W=1..4), allocates nothing beyond the shard (Flatten builds the whole
+// unit), and hands every source to the active SourceReleaseScope once.
+std::vector<const void*> g_released;
+void NoteReleased(const at::Tensor& t) { g_released.push_back(t.const_data_ptr()); }
+
+TEST(ShardedInit, ShardOfFullReadsOnlyThisRanksSlice) {
+  shardtrain::testing::InstallCountingCpuAllocator();
+  const std::vector<std::vector<int64_t>> shapes = {{300, 50}, {7001}, {20, 20, 20}};  // 30001 elements
+  for (int world : {1, 2, 3, 4}) {
+    for (int rank = 0; rank < world; ++rank) {
+      std::vector<FlatParamEntry> entries;
+      std::vector<at::Tensor> full;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        FlatParamEntry e;
+        e.name = "p" + std::to_string(i);
+        e.param = at::randn(shapes[i]);
+        full.push_back(e.param.detach().clone());
+        entries.push_back(std::move(e));
+      }
+      FlatParameter flat("u", std::move(entries), rank, world);
+      at::Tensor want = flat.Flatten(full, at::kFloat).narrow(0, flat.shard_offset(), flat.shard_numel());
+      g_released.clear();
+      at::Tensor got;
+      const int64_t base = shardtrain::testing::LiveCpuBytesOfThisThread();
+      shardtrain::testing::ResetPeakCpuBytesOfThisThread();
+      {
+        SourceReleaseScope scope(&NoteReleased);
+        got = flat.ShardOfFull(full, at::kFloat);
+      }
+      const int64_t peak = shardtrain::testing::PeakCpuBytesOfThisThread() - base;
+      EXPECT_TRUE(at::equal(got, want)) << "W=" << world << " rank " << rank;
+      EXPECT_LE(peak, flat.shard_numel() * 4 + 1024) << "W=" << world << " rank " << rank << ": more than the shard";
+      ASSERT_EQ(g_released.size(), full.size());
+      for (size_t i = 0; i < full.size(); ++i) EXPECT_EQ(g_released[i], full[i].const_data_ptr());
+      flat.ShardOfFull(full, at::kFloat);  // without a scope: nothing released
+      EXPECT_EQ(g_released.size(), full.size());
+    }
+  }
 }
 
 // The strategies offer the scope (off by default) for the Trainer to hold

@@ -228,6 +228,43 @@ TEST(ArchiveTest, MapArchiveDoesNotAllocateTheFile) {
   EXPECT_LE(peak, 1 << 20);
 }
 
+// This process's resident pages of file mappings (RssFile), in KiB.
+int64_t RssFileKb() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("RssFile:", 0) == 0) return std::stoll(line.substr(8));
+  }
+  return -1;
+}
+
+// A record read in full is resident in this process until ReleaseMappedPages
+// drops its pages; its values read the same afterwards (paged in again from
+// the file); a tensor not from a mapping is left alone.
+TEST(ArchiveTest, ReleaseMappedPagesDropsAReadRecordFromThisProcess) {
+  const std::string path = TempDir("release") + "/a.pt";
+  constexpr int64_t kNumel = 8 << 20;  // 32 MiB of float32
+  {
+    ArchiveWriter w(path);
+    w.Finish(w.Add(at::arange(kNumel, at::kFloat)));
+  }
+  c10::IValue v = MapArchive(path);
+  at::Tensor t = v.toTensor();
+  const int64_t before = RssFileKb();
+  const double sum = t.sum(at::kDouble).item<double>();  // pages in the whole record
+  const int64_t read = RssFileKb();
+  ReleaseMappedPages(t.reshape({-1, 1024}));  // any view of the record
+  const int64_t released = RssFileKb();
+  std::printf("RssFile: %lld KiB before reading, %lld after, %lld after release\n", static_cast<long long>(before),
+              static_cast<long long>(read), static_cast<long long>(released));
+  EXPECT_GE(read - before, 30 << 10) << "reading the record pages it in";
+  EXPECT_LE(released, before + (1 << 10)) << "ReleaseMappedPages left the record resident";
+  EXPECT_EQ(t.sum(at::kDouble).item<double>(), sum) << "values changed after release";
+  at::Tensor plain = at::ones({1024});
+  ReleaseMappedPages(plain);
+  EXPECT_EQ(plain.sum().item<float>(), 1024.f);
+}
+
 }  // namespace
 }  // namespace shardtrain::trainer
 

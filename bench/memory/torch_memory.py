@@ -1,0 +1,139 @@
+"""Memory benchmark, Python PyTorch side: the GPT of examples/gpt
+(tests/python/torch_gpt.py) with FSDP2 (fully_shard on each block and the
+root, built on the meta device and materialised shard by shard with to_empty)
+and torch.distributed.checkpoint, on CPU with Gloo. Records the peak resident
+set size (VmHWM) of each rank's process for each phase, reset between phases
+through /proc/self/clear_refs, as one JSON line per rank and phase in --out.
+
+  torch_memory.py --mode train --world W --dir D --out F         construction, step, full save, sharded save
+  torch_memory.py --mode load_full|load_sharded --world W ...    construction, full / sharded load
+"""
+import argparse
+import json
+import os
+import socket
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "python"))
+from torch_gpt import GPT  # noqa: E402
+
+
+def status_kb(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return -1
+
+
+def reset_peak():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def run(rank, args, port):
+    baseline = status_kb("VmRSS")
+    world = args.world
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(minutes=20))
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_state_dict, set_state_dict)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.fsdp import fully_shard
+
+    def record(phase):
+        line = json.dumps({"impl": "pytorch_fsdp2_dcp", "model": args.label, "W": world, "rank": rank,
+                           "phase": phase, "peak_mib": status_kb("VmHWM") / 1024.0,
+                           "baseline_mib": baseline / 1024.0}) + "\n"
+        fd = os.open(args.out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        os.write(fd, line.encode())
+        os.close(fd)
+        dist.barrier()
+        reset_peak()
+
+    reset_peak()
+    torch.manual_seed(1)
+    with torch.device("meta"):
+        model = GPT(args.vocab, args.block_size, args.n_layer, args.n_head, args.n_embd)
+    for block in model.h:
+        fully_shard(block)
+    fully_shard(model)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            local = p.to_local()
+            if name.endswith("bias"):
+                local.zero_()
+            elif "ln" in name:
+                local.fill_(1.0)
+            else:
+                local.normal_(0.0, 0.02)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    record("construction")
+
+    full_path = os.path.join(args.dir, "full.pt")
+    sharded_dir = os.path.join(args.dir, "dcp")
+    if args.mode == "train":
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(args.steps):
+            tok = torch.randint(args.vocab, (1, args.block_size + 1), generator=g)
+            logits = model(tok[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tok[:, 1:].reshape(-1))
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        record("step")
+        msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if rank == 0:
+            torch.save({"model": msd, "optim": osd}, full_path)
+        del msd, osd
+        record("full_save")
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=sharded_dir)
+        del msd, osd
+        record("sharded_save")
+    elif args.mode == "load_full":
+        # Every rank maps the file (no copy) and takes its shards from it
+        # (broadcast_from_rank0=True hung here with Gloo on CPU).
+        full = torch.load(full_path, mmap=True, weights_only=True)
+        set_state_dict(model, opt, model_state_dict=full["model"], optim_state_dict=full["optim"],
+                       options=StateDictOptions(full_state_dict=True))
+        del full
+        record("full_load")
+    else:
+        msd, osd = get_state_dict(model, opt)
+        sd = {"model": msd, "optim": osd}
+        dcp.load(sd, checkpoint_id=sharded_dir)
+        set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+        del sd, msd, osd
+        record("sharded_load")
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--mode", choices=["train", "load_full", "load_sharded"], required=True)
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--dir", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--label", default="")
+    for name, default in [("n_layer", 16), ("n_embd", 1024), ("n_head", 16), ("block_size", 32), ("vocab", 96),
+                          ("steps", 1)]:
+        p.add_argument(f"--{name}", type=int, default=default)
+    args = p.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(run, args=(args, port), nprocs=args.world, start_method="spawn")
+
+
+if __name__ == "__main__":
+    main()
