@@ -1,4 +1,5 @@
-// Parsing and naming of the sharding core's option enums (sharding/options.h).
+// Parsing and naming of the sharding core's option enums, and what the core
+// derives from the options (sharding/options.h).
 #include "sharding/options.h"
 
 #include <cctype>
@@ -47,6 +48,43 @@ BackwardPrefetch ParseBackwardPrefetch(const std::string& name) {
     if (u == BackwardPrefetchName(p)) return p;
   }
   ST_THROW(InvalidArgumentError, "unknown backward_prefetch '", name, "'; valid: BACKWARD_PRE, BACKWARD_POST, NONE");
+}
+
+void ValidateShardingOptions(const ShardingOptions& options) {
+  ST_CHECK_ARG(options.limit_all_gathers >= 0, "limit_all_gathers must be >= 0 (0 = unlimited), got ",
+               options.limit_all_gathers);
+  for (auto dt : {ParamDtype(options), ReduceDtype(options)}) {
+    ST_CHECK_ARG(dt == c10::kFloat || dt == c10::kBFloat16 || dt == c10::kHalf,
+                 "mixed_precision dtypes must be float32, bfloat16 or float16, got ", dt);
+  }
+}
+
+c10::ScalarType ParamDtype(const ShardingOptions& options) {
+  return options.mixed_precision.param_dtype.value_or(c10::kFloat);
+}
+
+c10::ScalarType ReduceDtype(const ShardingOptions& options) {
+  return options.fp32_reduce_scatter ? c10::kFloat : options.mixed_precision.reduce_dtype.value_or(ParamDtype(options));
+}
+
+int HybridShardGroupSize(const ShardingOptions& options, int world_size, int local_world_size) {
+  const int s = options.hybrid_shard_group_size > 0 ? options.hybrid_shard_group_size
+                : local_world_size > 0              ? local_world_size
+                                                    : world_size;
+  ST_CHECK_ARG(world_size % s == 0, "HYBRID_SHARD: shard group size ", s, " must divide the world size ", world_size);
+  return s;
+}
+
+std::pair<double, double> GradientDivideFactors(const ShardingOptions& options, int world_size) {
+  if (options.gradient_predivide_factor > 0 || options.gradient_postdivide_factor > 0) {
+    const double pre = options.gradient_predivide_factor > 0 ? options.gradient_predivide_factor : 1.0;
+    const double post =
+        options.gradient_postdivide_factor > 0 ? options.gradient_postdivide_factor : world_size / pre;
+    return {pre, post};
+  }
+  int factor = 1;
+  while (world_size % factor == 0 && world_size / factor > factor) factor *= 2;
+  return {static_cast<double>(factor), static_cast<double>(world_size) / factor};
 }
 
 }  // namespace shardtrain::sharding

@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace shardtrain::sharding {
 
@@ -70,6 +71,25 @@ struct ShardingOptions {
   // each reduced gradient comes back to the CPU. With CPU compute it changes nothing.
   bool offload_params = false;
 };
+
+// What the sharding core derives from ShardingOptions, in one place.
+//
+// Checks the values that do not depend on the world: limit_all_gathers >= 0
+// and mixed-precision dtypes among float32, bfloat16, float16. Throws
+// InvalidArgumentError naming the option and its valid values.
+void ValidateShardingOptions(const ShardingOptions& options);
+// The dtype the model computes in (mixed_precision.param_dtype or float32).
+c10::ScalarType ParamDtype(const ShardingOptions& options);
+// The dtype gradients are reduced in (float32 with fp32_reduce_scatter, else
+// mixed_precision.reduce_dtype, else the param dtype).
+c10::ScalarType ReduceDtype(const ShardingOptions& options);
+// HYBRID_SHARD's shard group size: hybrid_shard_group_size, else
+// `local_world_size` when known (> 0), else the world size. Throws when it
+// does not divide `world_size`.
+int HybridShardGroupSize(const ShardingOptions& options, int world_size, int local_world_size);
+// Gradients are divided by .first before and .second after the sum over the
+// world (PyTorch's split of the world size unless the options set them).
+std::pair<double, double> GradientDivideFactors(const ShardingOptions& options, int world_size);
 
 }  // namespace shardtrain::sharding
 

@@ -31,11 +31,7 @@ ShardGroupPlace ShardGroupOf(int world_rank, int world_size, const ShardingOptio
     case ShardingStrategy::kNoShard:
       return {0, 1};
     case ShardingStrategy::kHybridShard: {
-      const int s = options.hybrid_shard_group_size > 0 ? options.hybrid_shard_group_size
-                    : local_world_size > 0              ? local_world_size
-                                                        : world_size;
-      ST_CHECK_ARG(world_size % s == 0, "HYBRID_SHARD: shard group size ", s, " must divide the world size ",
-                   world_size);
+      const int s = HybridShardGroupSize(options, world_size, local_world_size);
       return {world_rank % s, s};
     }
   }

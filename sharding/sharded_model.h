@@ -29,6 +29,8 @@
 
 #include "comm/communicator.h"
 #include "sharding/options.h"
+#include "sharding/shard_layout.h"
+#include "sharding/sharded_state.h"
 #include "sharding/wrap_point.h"
 
 namespace torch::nn {
@@ -51,31 +53,6 @@ struct WrapPolicy {
   static WrapPolicy ByType(std::vector<std::string> type_names);
 };
 
-// What each unit looks like (for tests, logs and checkpoints).
-struct UnitInfo {
-  std::string name;  // module path of the wrap point ("" for the root)
-  std::vector<std::string> param_names;
-  int64_t numel = 0;
-  int64_t padded_numel = 0;
-  int64_t shard_numel = 0;
-};
-
-// A rank's piece of a sharded checkpoint: its shard of every unit plus the
-// metadata needed to rebuild the full parameters at any world size.
-// GetShardedStateDict fills it without copies (on the CPU the shards and
-// buffers are the model's own tensors: copy them to keep them past the next
-// optimizer step); a loaded one may hold views of a mapped file.
-struct ShardedStateDict {
-  int shard_rank = 0;
-  int shard_world = 1;
-  std::vector<UnitInfo> units;
-  std::vector<at::Tensor> shards;                 // one per unit, float32
-  std::map<std::string, at::Tensor> buffers;      // full buffers (replicated)
-  // Per unit, the saved shape of each parameter (in units[i].param_names
-  // order). Empty: the model's shapes are assumed.
-  std::vector<std::vector<std::vector<int64_t>>> param_shapes;
-};
-
 class ShardedModel {
  public:
   // `module` must not be sharded already. `world` is the process group;
@@ -90,6 +67,7 @@ class ShardedModel {
   ShardedModel& operator=(const ShardedModel&) = delete;
 
   torch::nn::Module& module() { return *module_; }
+  const torch::nn::Module& module() const { return *module_; }
   const ShardingOptions& options() const { return options_; }
   // dtype the model computes in (mixed_precision.param_dtype or float32).
   c10::ScalarType compute_dtype() const { return param_dtype_; }
@@ -163,6 +141,15 @@ class ShardedModel {
   // unit and order, else by name; names, sizes and buffer shapes are checked
   // first and on mismatch nothing changes and the error lists every problem.
   void LoadShardedStateDict(const std::vector<ShardedStateDict>& pieces);
+  // What LoadShardedStateDict would refuse, one line per problem (empty: the
+  // pieces fit). No communication; nothing changes.
+  std::vector<std::string> CheckShardedStateDict(const std::vector<ShardedStateDict>& pieces) const;
+  // The copies that fill this rank's shards from `pieces` (by_rank: the
+  // piece of each saved shard rank, PieceOfShardRank), one list per unit;
+  // what does not fit (parameters, buffers) is added to `problems`.
+  std::vector<std::vector<ShardCopy>> PlanShardedLoad(const std::vector<ShardedStateDict>& pieces,
+                                                      const std::vector<size_t>& by_rank,
+                                                      std::vector<std::string>* problems) const;
 
   // For optimizer-state consolidation: turns per-unit tensors shaped like this
   // rank's shards (e.g. Adam's exp_avg) into full tensors by parameter name
@@ -215,6 +202,8 @@ class ShardedModel {
   void BeginForward();
   void EndForward(const std::vector<at::Tensor>& outputs);
   void BuildUnits(const WrapPolicy& policy, const std::function<bool(const WrapPoint&)>& checkpoint);
+  void InitUnitRuntime(ShardedUnit* u, int index);
+  void BuildOrigParamViews();
   void SyncModuleStates();
   void Unshard(ShardedUnit* u);
   void WaitUnshard(ShardedUnit* u);

@@ -35,6 +35,7 @@ class ShardedUnit;
 class ShardedInitScope;
 namespace internal {
 struct PrebuiltUnit;
+class UnitCollector;
 }
 
 class WrapPoint {
@@ -67,6 +68,7 @@ class WrapPoint {
  private:
   friend class ShardedModel;
   friend class ShardedInitScope;
+  friend class internal::UnitCollector;
   ShardedUnit* unit_ = nullptr;
   // This rank's shard made at construction by a ShardedInitScope, until a
   // ShardedModel adopts it as the unit's FlatParameter.

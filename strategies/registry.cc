@@ -1,8 +1,6 @@
 #include "strategies/registry.h"
 
 #include <algorithm>
-#include <cctype>
-#include <cmath>
 #include <mutex>
 
 #include "base/errors.h"
@@ -11,7 +9,8 @@ namespace shardtrain::strategies {
 namespace {
 
 struct Entry {
-  std::vector<std::string> valid_keys;
+  std::vector<OptionDoc> options;
+  std::vector<std::string> valid_keys;  // sorted
   StrategyFactory factory;
   std::string description;
 };
@@ -31,24 +30,19 @@ std::string Join(const std::vector<std::string>& v) {
   return out.empty() ? "(none)" : out;
 }
 
-std::string Lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 }  // namespace
 
-void StrategyRegistry::Register(const std::string& name, std::vector<std::string> valid_keys, StrategyFactory factory,
+void StrategyRegistry::Register(const std::string& name, std::vector<OptionDoc> options, StrategyFactory factory,
                                 std::string description) {
   std::lock_guard<std::mutex> lock(Mu());
   ST_CHECK_ARG(!Entries().count(name), "strategy '", name, "' is registered twice");
-  std::sort(valid_keys.begin(), valid_keys.end());
-  Entries()[name] = Entry{std::move(valid_keys), std::move(factory), std::move(description)};
+  std::vector<std::string> keys = OptionKeys(options);
+  Entries()[name] = Entry{std::move(options), std::move(keys), std::move(factory), std::move(description)};
 }
 
-bool RegisterStrategy(const std::string& name, std::vector<std::string> valid_keys, StrategyFactory factory,
+bool RegisterStrategy(const std::string& name, std::vector<OptionDoc> options, StrategyFactory factory,
                       std::string description) {
-  StrategyRegistry::Register(name, std::move(valid_keys), std::move(factory), std::move(description));
+  StrategyRegistry::Register(name, std::move(options), std::move(factory), std::move(description));
   return true;
 }
 
@@ -93,6 +87,39 @@ std::vector<std::string> StrategyRegistry::ValidKeys(const std::string& name) {
   return it->second.valid_keys;
 }
 
+std::vector<OptionDoc> StrategyRegistry::Options(const std::string& name) {
+  std::lock_guard<std::mutex> lock(Mu());
+  auto it = Entries().find(name);
+  ST_CHECK_ARG(it != Entries().end(), "unknown strategy '", name, "'");
+  return it->second.options;
+}
+
+std::string StrategyRegistry::OptionReference() {
+  std::lock_guard<std::mutex> lock(Mu());
+  std::string out =
+      "# Strategy options\n\n"
+      "Generated from the strategies' option tables (strategies/option_table.h) by\n"
+      "`tools/bazel run //tests/strategies:strategies_test -- --gtest_filter=OptionReference.*`;\n"
+      "tests/strategies checks that this file matches them. Options are given as\n"
+      "strings: `StrategyRegistry::Create(name, {{key, value}, ...})` or the examples'\n"
+      "`--strategy_options=key=value,...`.\n";
+  std::map<std::vector<std::string>, std::string> first_with_keys;
+  for (const auto& [name, e] : Entries()) {
+    out += "\n## " + name + "\n\n" + (e.description.empty() ? "" : e.description + ".\n\n");
+    if (e.options.empty()) {
+      out += "No options.\n";
+      continue;
+    }
+    auto [it, fresh] = first_with_keys.emplace(e.valid_keys, name);
+    if (!fresh) {
+      out += "Options as `" + it->second + "`.\n";
+      continue;
+    }
+    out += OptionDocsMarkdown(e.options);
+  }
+  return out;
+}
+
 std::string StrategyRegistry::Description(const std::string& name) {
   std::lock_guard<std::mutex> lock(Mu());
   auto it = Entries().find(name);
@@ -100,58 +127,4 @@ std::string StrategyRegistry::Description(const std::string& name) {
   return it->second.description;
 }
 
-namespace option_parsing {
-
-bool ParseBool(const std::string& strategy, const std::string& key, const std::string& value) {
-  std::string v = Lower(value);
-  if (v == "true" || v == "1" || v == "yes") return true;
-  if (v == "false" || v == "0" || v == "no") return false;
-  ST_THROW(InvalidArgumentError, "strategy '", strategy, "': option ", key, "='", value,
-           "' is not a boolean; valid: true, false, 1, 0, yes, no");
-}
-
-int64_t ParseInt(const std::string& strategy, const std::string& key, const std::string& value) {
-  // Accept "1e8" (fairscale's default is written that way) when it is integral.
-  double d = ParseDouble(strategy, key, value);
-  ST_CHECK_ARG(std::floor(d) == d && std::abs(d) < 9e18, "strategy '", strategy, "': option ", key, "='", value,
-               "' is not an integer");
-  return static_cast<int64_t>(d);
-}
-
-double ParseDouble(const std::string& strategy, const std::string& key, const std::string& value) {
-  size_t pos = 0;
-  double d = 0;
-  try {
-    d = std::stod(value, &pos);
-  } catch (const std::exception&) {
-    pos = 0;
-  }
-  ST_CHECK_ARG(pos == value.size() && !value.empty() && std::isfinite(d), "strategy '", strategy, "': option ", key,
-               "='", value, "' is not a number");
-  return d;
-}
-
-c10::ScalarType ParseDtype(const std::string& strategy, const std::string& key, const std::string& value) {
-  std::string v = Lower(value);
-  if (v == "bf16" || v == "bfloat16") return c10::ScalarType::BFloat16;
-  if (v == "fp16" || v == "float16" || v == "half") return c10::ScalarType::Half;
-  if (v == "fp32" || v == "float32" || v == "float") return c10::ScalarType::Float;
-  ST_THROW(InvalidArgumentError, "strategy '", strategy, "': option ", key, "='", value,
-           "' is not a supported dtype; valid: bf16, fp16, fp32");
-}
-
-std::string DtypeName(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::BFloat16:
-      return "bf16";
-    case c10::ScalarType::Half:
-      return "fp16";
-    case c10::ScalarType::Float:
-      return "fp32";
-    default:
-      return c10::toString(t);
-  }
-}
-
-}  // namespace option_parsing
 }  // namespace shardtrain::strategies

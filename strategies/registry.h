@@ -16,18 +16,18 @@
 #include <string>
 #include <vector>
 
+#include "strategies/option_table.h"
 #include "strategies/strategy.h"
 
 namespace shardtrain::strategies {
 
-using StrategyOptions = std::map<std::string, std::string>;
 using StrategyFactory = std::function<StrategyPtr(const StrategyOptions&)>;
 
 class StrategyRegistry {
  public:
-  // Registers `name`. `valid_keys` are the option keys its factory accepts.
-  // Registering a name twice throws InvalidArgumentError.
-  static void Register(const std::string& name, std::vector<std::string> valid_keys, StrategyFactory factory,
+  // Registers `name`. `options` are the options its factory accepts (its
+  // OptionTable's Docs()). Registering a name twice throws InvalidArgumentError.
+  static void Register(const std::string& name, std::vector<OptionDoc> options, StrategyFactory factory,
                        std::string description = "");
   // Creates a strategy; see the header comment for errors.
   static StrategyPtr Create(const std::string& name, const StrategyOptions& options = {});
@@ -35,23 +35,17 @@ class StrategyRegistry {
   static std::vector<std::string> Names();
   static std::vector<std::string> ValidKeys(const std::string& name);
   static std::string Description(const std::string& name);
+  static std::vector<OptionDoc> Options(const std::string& name);
+  // The option reference of every registered strategy (Markdown; the text of
+  // docs/strategy_options.md when every strategy is linked).
+  static std::string OptionReference();
 };
 
 // Helper that strategies use at static-initialization time:
-//   static const bool kRegistered = RegisterStrategy("ddp", {...}, factory);
-bool RegisterStrategy(const std::string& name, std::vector<std::string> valid_keys, StrategyFactory factory,
+//   static const bool kRegistered = RegisterStrategy("ddp", Table().Docs(), factory);
+bool RegisterStrategy(const std::string& name, std::vector<OptionDoc> options, StrategyFactory factory,
                       std::string description = "");
 
-// Typed reads of string options, with messages naming the strategy and key.
-// Booleans: true/false/1/0/yes/no (case-insensitive).
-namespace option_parsing {
-bool ParseBool(const std::string& strategy, const std::string& key, const std::string& value);
-int64_t ParseInt(const std::string& strategy, const std::string& key, const std::string& value);
-double ParseDouble(const std::string& strategy, const std::string& key, const std::string& value);
-// "bf16"/"bfloat16", "fp16"/"float16"/"half", "fp32"/"float32"/"float".
-c10::ScalarType ParseDtype(const std::string& strategy, const std::string& key, const std::string& value);
-std::string DtypeName(c10::ScalarType t);
-}  // namespace option_parsing
 
 }  // namespace shardtrain::strategies
 

@@ -9,6 +9,7 @@
 
 #include "base/errors.h"
 #include "base/logging.h"
+#include "sharding/optimizer_state.h"
 #include "sharding/sharded_init.h"
 
 namespace shardtrain::strategies {
@@ -161,14 +162,82 @@ void ShardedStrategyBase::LoadFullStateDict(const std::map<std::string, at::Tens
   sm_->LoadFullStateDict(state);
 }
 
-sharding::ShardedStateDict ShardedStrategyBase::GetShardedStateDict() const {
-  CheckWrapped("GetShardedStateDict");
+void ShardedStrategyBase::ForEachFullStateTensor(int root, const FullStateSink& sink) {
+  CheckWrapped("ForEachFullStateTensor");
+  at::NoGradGuard no_grad;
+  // Parameters, one unit at a time; a tied weight's names share one record
+  // (ForEachFullUnit gives its names one after another, as the same tensor).
+  at::Tensor last_full, last_stored;
+  sm_->ForEachFullUnit(nullptr, root, [&](const std::string& name, const at::Tensor& full) {
+    if (!last_full.defined() || !last_full.is_same(full)) {
+      last_full = full;
+      last_stored = sink.add(full);
+    }
+    sink.name(name, last_stored);
+  });
+  last_full = last_stored = at::Tensor();
+  if (rank() != root) return;
+  for (const auto& item : module_->named_buffers(true)) {
+    at::Tensor b = item.value().detach();
+    if (at::isFloatingType(b.scalar_type())) b = b.to(at::kFloat);
+    sink.name(item.key(), sink.add(b));
+  }
+}
+
+void ShardedStrategyBase::ForEachFullOptimizerState(const std::vector<at::Tensor>& params,
+                                                    const sharding::OptimizerStates& states, int root,
+                                                    const FullOptimizerStateFn& fn,
+                                                    std::map<std::string, int64_t>* steps) {
+  CheckWrapped("ForEachFullOptimizerState");
+  sharding::ForEachFullOptimizerState(*sm_, params, states, root, fn, steps);
+}
+
+sharding::OptimizerStates ShardedStrategyBase::OptimizerStatesFromFull(
+    const std::vector<at::Tensor>& params, const std::map<std::string, std::map<std::string, at::Tensor>>& state,
+    const std::map<std::string, int64_t>& step) {
+  CheckWrapped("OptimizerStatesFromFull");
+  return sharding::OptimizerStatesFromFull(*sm_, params, state, step);
+}
+
+sharding::ShardedStateDict ShardedStrategyBase::ShardedState() const {
+  if (!sm_) NotSharded("ShardedState");
   return sm_->GetShardedStateDict();
 }
 
-void ShardedStrategyBase::LoadShardedStateDict(const std::vector<sharding::ShardedStateDict>& pieces) {
-  CheckWrapped("LoadShardedStateDict");
+std::vector<int64_t> ShardedStrategyBase::ShardedOptimizerSteps(const std::vector<at::Tensor>& params,
+                                                                const sharding::OptimizerStates& states) const {
+  if (!sm_) NotSharded("ShardedOptimizerSteps");
+  return sharding::UnitOptimizerSteps(*sm_, params, states);
+}
+
+std::map<std::string, at::Tensor> ShardedStrategyBase::ShardedOptimizerUnit(const std::vector<at::Tensor>& params,
+                                                                            const sharding::OptimizerStates& states,
+                                                                            int unit) const {
+  if (!sm_) NotSharded("ShardedOptimizerUnit");
+  return sharding::UnitOptimizerState(*sm_, params, states, unit);
+}
+
+std::vector<std::string> ShardedStrategyBase::CheckShardedState(
+    const std::vector<sharding::ShardedStateDict>& pieces) const {
+  if (!sm_) NotSharded("CheckShardedState");
+  return sm_->CheckShardedStateDict(pieces);
+}
+
+void ShardedStrategyBase::LoadShardedState(const std::vector<sharding::ShardedStateDict>& pieces) {
+  if (!sm_) NotSharded("LoadShardedState");
   sm_->LoadShardedStateDict(pieces);
+}
+
+sharding::OptimizerStates ShardedStrategyBase::OptimizerStatesFromShards(
+    const std::vector<at::Tensor>& params, const std::vector<sharding::ShardedStateDict>& pieces,
+    const std::vector<sharding::ShardedOptimizerState>& optimizer) const {
+  if (!sm_) NotSharded("OptimizerStatesFromShards");
+  return sharding::OptimizerStatesFromShards(*sm_, params, pieces, optimizer);
+}
+
+void CheckTypeList(const std::string& strategy, const std::string& key, const std::vector<std::string>& types) {
+  ST_CHECK_ARG(!types.empty(), "strategy '", strategy, "': ", key,
+               " needs at least one module type name, e.g. BlockImpl,MlpImpl");
 }
 
 std::vector<std::string> SplitTypeNames(const std::string& list) {

@@ -10,6 +10,7 @@
 
 #include "sharding/options.h"
 #include "sharding/sharded_model.h"
+#include "strategies/option_table.h"
 #include "strategies/strategy.h"
 
 namespace shardtrain::strategies {
@@ -44,12 +45,31 @@ class ShardedStrategyBase : public Strategy {
   std::map<std::string, at::Tensor> FullStateDict() override;
   void LoadFullStateDict(const std::map<std::string, at::Tensor>& state) override;
 
-  // Sharded checkpoints (one piece per rank, loadable at any world size).
-  sharding::ShardedStateDict GetShardedStateDict() const;
-  void LoadShardedStateDict(const std::vector<sharding::ShardedStateDict>& pieces);
+  // Checkpoint state (strategies/strategy.h), through the sharding core
+  // (sharding/sharded_model.h, sharding/optimizer_state.h).
+  void ForEachFullStateTensor(int root, const FullStateSink& sink) override;
+  void ForEachFullOptimizerState(const std::vector<at::Tensor>& params, const sharding::OptimizerStates& states,
+                                 int root, const FullOptimizerStateFn& fn,
+                                 std::map<std::string, int64_t>* steps) override;
+  sharding::OptimizerStates OptimizerStatesFromFull(
+      const std::vector<at::Tensor>& params, const std::map<std::string, std::map<std::string, at::Tensor>>& state,
+      const std::map<std::string, int64_t>& step) override;
+  bool has_sharded_state() const override { return sm_ != nullptr; }
+  sharding::ShardedStateDict ShardedState() const override;
+  std::vector<int64_t> ShardedOptimizerSteps(const std::vector<at::Tensor>& params,
+                                             const sharding::OptimizerStates& states) const override;
+  std::map<std::string, at::Tensor> ShardedOptimizerUnit(const std::vector<at::Tensor>& params,
+                                                         const sharding::OptimizerStates& states,
+                                                         int unit) const override;
+  std::vector<std::string> CheckShardedState(const std::vector<sharding::ShardedStateDict>& pieces) const override;
+  void LoadShardedState(const std::vector<sharding::ShardedStateDict>& pieces) override;
+  sharding::OptimizerStates OptimizerStatesFromShards(
+      const std::vector<at::Tensor>& params, const std::vector<sharding::ShardedStateDict>& pieces,
+      const std::vector<sharding::ShardedOptimizerState>& optimizer) const override;
 
+  // The sharding core, for tests and benchmarks that inspect it (units,
+  // communication times). The Trainer does not use it.
   sharding::ShardedModel& sharded_model();
-  sharding::ShardedModel* sharded_model_or_null() override { return sm_.get(); }
   // The options handed to the sharding core: before WrapModel what the
   // strategy's own options set, after it what the core got (precision and
   // device applied).
@@ -82,6 +102,18 @@ class ShardedStrategyBase : public Strategy {
 
 // Parses a comma-separated list of module type names ("BlockImpl,MlpImpl").
 std::vector<std::string> SplitTypeNames(const std::string& list);
+// Throws InvalidArgumentError when `types` (option `key`'s value) is empty.
+void CheckTypeList(const std::string& strategy, const std::string& key, const std::vector<std::string>& types);
+
+// An option row for a list of module type names ("BlockImpl,MlpImpl"), at least one.
+template <typename O>
+OptionRow<O> OptionTypeList(std::string key, std::vector<std::string> O::*field, std::string doc) {
+  return {{std::move(key), "TypeA,TypeB", std::move(doc)},
+          [field](O& o, const std::string& s, const std::string& k, const std::string& v) {
+            o.*field = SplitTypeNames(v);
+            CheckTypeList(s, k, o.*field);
+          }};
+}
 
 }  // namespace shardtrain::strategies
 

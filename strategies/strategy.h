@@ -34,12 +34,10 @@
 
 #include "comm/communicator.h"
 #include "launch/cluster_environment.h"
+#include "sharding/sharded_state.h"
 
 namespace torch::nn {
 class Module;
-}
-namespace shardtrain::sharding {
-class ShardedModel;
 }
 
 namespace shardtrain::strategies {
@@ -145,13 +143,63 @@ class Strategy {
   // Whether checkpoints should be sharded (one piece per rank) by default.
   virtual bool prefers_sharded_checkpoint() const { return false; }
 
-  // The sharding core of sharded strategies (fsdp, fsdp_native) once the
-  // model is wrapped; nullptr for replicated strategies. The Trainer uses it
-  // for sharded checkpoints (each rank's shards, resharding at another world
-  // size) and to consolidate or reshard the optimizer state
-  // (sharding/sharded_model.h: GetShardedStateDict, GatherFullFromShards,
-  // ShardsFromFull).
-  virtual sharding::ShardedModel* sharded_model_or_null() { return nullptr; }
+  // --- Checkpoint state -----------------------------------------------------
+  // What the model's and optimizer's state are, for the Trainer's checkpoint
+  // files (trainer/checkpoint_state.cc reads and writes the files; how state
+  // is sharded, gathered and resharded stays in the strategy and, for sharded
+  // strategies, in sharding/optimizer_state.h). `params` are the tensors an
+  // optimizer steps (a subset of parameters()) and `states` their state, in
+  // the same order (sharding/sharded_state.h).
+
+  // Receives the full state one tensor at a time.
+  struct FullStateSink {
+    // Stores a tensor (valid only during the call); returns what the state
+    // dict holds for it.
+    std::function<at::Tensor(const at::Tensor&)> add;
+    // Names a stored tensor. A tensor with several names (a tied weight) is
+    // stored once and named once per name.
+    std::function<void(const std::string& name, const at::Tensor& stored)> name;
+  };
+  // The full (unsharded) parameters and buffers by their unwrapped names,
+  // float32 for floating tensors, into `sink` on world rank `root`. Sharded
+  // strategies gather one unit at a time (a rank holds one unit beyond its
+  // shards); collective for them: every rank calls.
+  virtual void ForEachFullStateTensor(int root, const FullStateSink& sink);
+  // The full optimizer state: fn(parameter name, state key, tensor valid
+  // during the call) on `root`, and the steps by parameter name into `steps`
+  // there. Collective for sharded strategies.
+  using FullOptimizerStateFn =
+      std::function<void(const std::string& name, const std::string& key, const at::Tensor& full)>;
+  virtual void ForEachFullOptimizerState(const std::vector<at::Tensor>& params, const sharding::OptimizerStates& states,
+                                         int root, const FullOptimizerStateFn& fn,
+                                         std::map<std::string, int64_t>* steps);
+  // This rank's state of `params` from the full state by parameter name
+  // (every rank passes the same; the caller checked names and sizes).
+  virtual sharding::OptimizerStates OptimizerStatesFromFull(
+      const std::vector<at::Tensor>& params, const std::map<std::string, std::map<std::string, at::Tensor>>& state,
+      const std::map<std::string, int64_t>& step);
+
+  // Sharded checkpoints (one piece per rank, loadable at any world size): only
+  // where has_sharded_state() (a sharded strategy after WrapModel); elsewhere
+  // the methods below throw InvalidArgumentError.
+  virtual bool has_sharded_state() const { return false; }
+  // This rank's piece of the model state (no copies, no communication).
+  virtual sharding::ShardedStateDict ShardedState() const;
+  // Each unit's optimizer step, and one unit's optimizer state laid out like
+  // its shard (sharding/optimizer_state.h), for writing a unit at a time.
+  virtual std::vector<int64_t> ShardedOptimizerSteps(const std::vector<at::Tensor>& params,
+                                                     const sharding::OptimizerStates& states) const;
+  virtual std::map<std::string, at::Tensor> ShardedOptimizerUnit(const std::vector<at::Tensor>& params,
+                                                                 const sharding::OptimizerStates& states,
+                                                                 int unit) const;
+  // Loading pieces saved at any world size: what does not fit the model, one
+  // line per problem (empty: they fit); the parameters and buffers; this
+  // rank's state of `params` (`optimizer[i]` is pieces[i]'s).
+  virtual std::vector<std::string> CheckShardedState(const std::vector<sharding::ShardedStateDict>& pieces) const;
+  virtual void LoadShardedState(const std::vector<sharding::ShardedStateDict>& pieces);
+  virtual sharding::OptimizerStates OptimizerStatesFromShards(
+      const std::vector<at::Tensor>& params, const std::vector<sharding::ShardedStateDict>& pieces,
+      const std::vector<sharding::ShardedOptimizerState>& optimizer) const;
 
  protected:
   void CheckSetUp(const char* what) const;
@@ -164,6 +212,8 @@ class Strategy {
   void ApplyTruePrecision(torch::nn::Module& module);
   // Elementwise clamp of parameters()' gradients.
   void ClampGrads(double clip_value);
+  // Throws InvalidArgumentError: `what` needs a sharded strategy.
+  [[noreturn]] void NotSharded(const char* what) const;
 
   comm::CommunicatorPtr world_;
   ClusterInfo cluster_;

@@ -3,11 +3,11 @@
 //
 // Optimizer state is handled generically for Adam, AdamW and SGD: per
 // optimized tensor, the state tensors shaped like it (exp_avg, exp_avg_sq,
-// max_exp_avg_sq, momentum_buffer) and Adam's step. For sharded strategies an
-// optimized tensor is a unit's shard (or, with use_orig_params, one
-// parameter's part of it), so its state is laid out like the unit's flat
-// parameter and reshards the same way. Other optimizers are saved as their
-// LibTorch archive (same world size only).
+// max_exp_avg_sq, momentum_buffer) and Adam's step, handed to the strategy
+// (strategies/strategy.h, "Checkpoint state"), which gathers, shards and
+// reshards it (for sharded strategies it is laid out like the units' flat
+// parameters). Other optimizers are saved as their LibTorch archive (same
+// world size only).
 #ifndef SHARDTRAIN_TRAINER_CHECKPOINT_STATE_H_
 #define SHARDTRAIN_TRAINER_CHECKPOINT_STATE_H_
 
@@ -34,11 +34,6 @@ std::string SerializeOptimizer(const torch::optim::Optimizer& opt);
 // Loads an archive; throws shardtrain::Error naming `path` when it does not fit.
 void LoadOptimizerArchive(torch::optim::Optimizer& opt, const std::string& bytes, const std::string& path);
 
-// The optimizer state by parameter name (unsharded). Collective for sharded
-// strategies: every rank calls; every rank gets the result. Empty kind for
-// unsupported optimizers.
-FullOptimizerState GatherFullOptimizerState(strategies::Strategy& strategy, torch::optim::Optimizer& opt);
-
 // The "state_dict" and "optimizer_full" entries of a full checkpoint, their
 // tensors already written to the archive (placeholders), on rank 0; None
 // elsewhere. `error` is rank 0's first write error ("" when none).
@@ -50,14 +45,14 @@ struct StreamedState {
 
 // Writes the full (unsharded) model state and optimizer state by name into
 // `writer` (rank 0's; nullptr on other ranks), one tensor at a time: sharded
-// strategies gather one unit at a time (ShardedModel::ForEachFullUnit), each
-// full tensor is written and dropped before the next unit is gathered.
+// strategies gather one unit at a time (Strategy::ForEachFullStateTensor),
+// each full tensor is written and dropped before the next unit is gathered.
 // Collective for sharded strategies. A write error on rank 0 stops its
 // writing but not its part in the collectives (returned in `error`).
 StreamedState StreamFullState(strategies::Strategy& strategy, torch::optim::Optimizer& opt, ArchiveWriter* writer);
 
 // This rank's piece of a sharded checkpoint (no communication). The strategy
-// must be sharded (sharded_model_or_null() != nullptr).
+// must be sharded (Strategy::has_sharded_state()).
 ShardedPiece MakeShardedPiece(strategies::Strategy& strategy, torch::optim::Optimizer& opt);
 
 // Loading a sharded checkpoint into a sharded strategy at any world size

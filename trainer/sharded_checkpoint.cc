@@ -16,6 +16,7 @@
 #include <set>
 
 #include "base/errors.h"
+#include "sharding/sharded_state.h"
 #include "trainer/archive.h"
 
 namespace shardtrain::trainer {
@@ -200,15 +201,15 @@ std::vector<const ShardedPiece*> ByShardRank(const ShardedCheckpoint& ck) {
   return out;
 }
 
-// Splits a unit's unpadded flat tensor into its parameters by name.
-void SplitUnit(const SavedUnit& u, const at::Tensor& flat, std::map<std::string, at::Tensor>& out) {
-  int64_t offset = 0;
-  for (size_t k = 0; k < u.param_names.size(); ++k) {
-    int64_t n = 1;
-    for (auto s : u.param_shapes[k]) n *= s;
-    out[u.param_names[k]] = flat.narrow(0, offset, n).reshape(u.param_shapes[k]).clone();
-    offset += n;
-  }
+// The saved unit as the sharding core's model-free helpers take it.
+sharding::UnitInfo InfoOf(const SavedUnit& u) {
+  sharding::UnitInfo info;
+  info.name = u.name;
+  info.param_names = u.param_names;
+  info.numel = u.numel;
+  info.padded_numel = u.padded_numel;
+  info.shard_numel = u.shard_numel;
+  return info;
 }
 
 }  // namespace
@@ -432,8 +433,8 @@ std::map<std::string, at::Tensor> ConsolidateParameters(const ShardedCheckpoint&
   const auto& units = ck.pieces.front().units;
   for (size_t i = 0; i < units.size(); ++i) {
     std::vector<at::Tensor> parts;
-    for (const auto* p : by) parts.push_back(p->shards[i].reshape({-1}).to(at::kFloat));
-    SplitUnit(units[i], at::cat(parts).narrow(0, 0, units[i].numel), out);
+    for (const auto* p : by) parts.push_back(p->shards[i]);
+    out.merge(sharding::ConsolidateUnit(InfoOf(units[i]), units[i].param_shapes, parts));
   }
   return out;
 }
@@ -457,12 +458,10 @@ FullOptimizerState ConsolidateOptimizerState(const ShardedCheckpoint& ck) {
       std::vector<at::Tensor> parts;
       for (const auto* p : by) {
         auto it = p->optimizer_units[i].find(key);
-        parts.push_back(it != p->optimizer_units[i].end() ? it->second.reshape({-1})
+        parts.push_back(it != p->optimizer_units[i].end() ? it->second
                                                           : at::zeros({u.shard_numel}, p->shards[i].options()));
       }
-      std::map<std::string, at::Tensor> split;
-      SplitUnit(u, at::cat(parts).narrow(0, 0, u.numel), split);
-      for (auto& [name, t] : split) out.state[name][key] = t;
+      for (auto& [name, t] : sharding::ConsolidateUnit(InfoOf(u), u.param_shapes, parts)) out.state[name][key] = t;
     }
     if (!keys.empty() && step >= 0) {
       for (const auto& name : u.param_names) out.step[name] = step;

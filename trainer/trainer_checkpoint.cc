@@ -59,7 +59,7 @@ void Trainer::SaveCheckpoint(const std::string& path, CheckpointFormat format) {
   ST_CHECK_ARG(strategy_ && strategy_->wrapped(), "SaveCheckpoint needs a model (call Fit first)");
   const bool sharded = format == CheckpointFormat::kSharded ||
                        (format == CheckpointFormat::kAuto && strategy_->prefers_sharded_checkpoint());
-  ST_CHECK_ARG(!sharded || strategy_->sharded_model_or_null() != nullptr, "strategy '", strategy_->name(),
+  ST_CHECK_ARG(!sharded || strategy_->has_sharded_state(), "strategy '", strategy_->name(),
                "' is not sharded: it cannot write sharded checkpoints (use CheckpointFormat::kFull)");
   if (sharded) {
     SaveSharded(path);
@@ -153,7 +153,7 @@ void Trainer::LoadFrom(const std::string& path) {
   // Replicated strategies need the full model anyway: they load it consolidated.
   std::optional<ShardedCheckpoint> sharded;
   if (IsShardedCheckpoint(path)) sharded = LoadShardedCheckpoint(path);
-  const bool direct = sharded && strategy_->sharded_model_or_null() != nullptr;
+  const bool direct = sharded && strategy_->has_sharded_state();
   CheckpointData ck = direct ? sharded->meta : sharded ? ConsolidateShardedCheckpoint(*sharded) : LoadCheckpoint(path);
   // Each rank copies its slices of the mapped records, then drops their pages.
   sharding::SourceReleaseScope release_pages(&ReleaseMappedPages);

@@ -31,6 +31,7 @@
 #include "launch/launcher.h"
 #include "sharding/sharded_model.h"
 #include "strategies/registry.h"
+#include "strategies/sharded_strategy_base.h"
 
 DEFINE_string(dump_dir, "", "write init.pt and data.pt here and exit");
 DEFINE_string(data_dir, "", "read init.pt and data.pt from here");
@@ -201,6 +202,8 @@ int Bench() {
     strategy->Setup(world_comm, info);
   }
   strategy->WrapModel(model);
+  auto* sharded_base = dynamic_cast<strategies::ShardedStrategyBase*>(strategy.get());
+  sharding::ShardedModel* sharded = sharded_base ? &sharded_base->sharded_model() : nullptr;
   if (std::getenv("GPT_BENCH_RSS")) {
     struct rusage r {};
     getrusage(RUSAGE_SELF, &r);
@@ -220,7 +223,7 @@ int Bench() {
   double cpu_start = 0;
   double wire_start = 0;
   std::vector<comm::CommunicatorPtr> groups = {world_comm};
-  if (auto* sm = strategy->sharded_model_or_null()) groups = {world_comm, sm->shard_group(), sm->replicate_group()};
+  if (auto* sm = sharded) groups = {world_comm, sm->shard_group(), sm->replicate_group()};
   for (int s = 0; s < FLAGS_warmup + FLAGS_steps; ++s) {
     if (s == FLAGS_warmup) cpu_start = cpu_seconds();
     if (s == FLAGS_warmup && gloo) {
@@ -229,7 +232,7 @@ int Bench() {
       for (auto& g : groups)
         if (g) g->ResetStats();
     }
-    if (s == FLAGS_warmup && strategy->sharded_model_or_null()) strategy->sharded_model_or_null()->ResetCommTimes();
+    if (s == FLAGS_warmup && sharded) sharded->ResetCommTimes();
     at::Tensor x = data.at("x." + std::to_string(s)).slice(0, rank * per, (rank + 1) * per);
     at::Tensor y = data.at("y." + std::to_string(s)).slice(0, rank * per, (rank + 1) * per);
     auto t0 = std::chrono::steady_clock::now();
@@ -249,7 +252,7 @@ int Bench() {
   // the sharding core's time blocked on collectives (mean over ranks).
   const auto by_class = BytesByLinkClass(groups);
   double waited = 0;
-  if (auto* sm = strategy->sharded_model_or_null()) waited = sm->comm_times().gather_wait_s + sm->comm_times().reduce_wait_s;
+  if (auto* sm = sharded) waited = sm->comm_times().gather_wait_s + sm->comm_times().reduce_wait_s;
   at::Tensor link = at::tensor({info.local_rank == 0 ? Eth0TxBytes() - wire_start : 0.0, by_class[0], by_class[1],
                                 waited / world},
                                at::kDouble);
@@ -273,11 +276,11 @@ int Bench() {
   for (const auto& p : strategy->parameters()) local_numel += p.numel();
   const double persistent_mib = local_numel * 4.0 * 4.0 / (1 << 20);
   int64_t largest = 0;
-  if (auto* sm = strategy->sharded_model_or_null()) {
+  if (auto* sm = sharded) {
     for (const auto& u : sm->units()) largest = std::max(largest, u.padded_numel);
   }
   const double bound_mib = (Config().NumParameters() * 16.0 / world + largest * 4.0) / (1 << 20);
-  if (auto* sm = strategy->sharded_model_or_null()) {
+  if (auto* sm = sharded) {
     const auto& t = sm->comm_times();
     std::fprintf(stderr,
                  "[gpt_bench rank %d] per step: gather issue %.3f s, gather wait %.3f s, reduce issue %.3f s, "

@@ -10,24 +10,21 @@
 
 namespace shardtrain::strategies {
 
-using option_parsing::ParseBool;
-using option_parsing::ParseDouble;
-
-std::vector<std::string> DdpOptions::ValidKeys() {
-  return {"bucket_cap_mb", "broadcast_buffers", "find_unused_parameters"};
+const OptionTable<DdpOptions>& DdpOptions::Table() {
+  using O = DdpOptions;
+  static const OptionTable<O> table({
+      OptionDouble("bucket_cap_mb", &O::bucket_cap_mb,
+                   "gradients are all-reduced in buckets of at most this many MiB (default 25; > 0)"),
+      OptionBool("broadcast_buffers", &O::broadcast_buffers,
+                 "broadcast rank 0's buffers before every forward, as PyTorch DDP (default true)"),
+      OptionBool("find_unused_parameters", &O::find_unused_parameters,
+                 "accepted (default false): a parameter without a gradient contributes zeros, so ranks always "
+                 "issue the same collectives"),
+  });
+  return table;
 }
 
-DdpOptions DdpOptions::FromStrings(const StrategyOptions& in) {
-  DdpOptions o;
-  for (const auto& [k, v] : in) {
-    if (k == "bucket_cap_mb") o.bucket_cap_mb = ParseDouble("ddp", k, v);
-    else if (k == "broadcast_buffers") o.broadcast_buffers = ParseBool("ddp", k, v);
-    else if (k == "find_unused_parameters") o.find_unused_parameters = ParseBool("ddp", k, v);
-    else ST_THROW(InvalidArgumentError, "strategy 'ddp': unknown option ", k,
-                  "; valid options: bucket_cap_mb, broadcast_buffers, find_unused_parameters");
-  }
-  return o;
-}
+DdpOptions DdpOptions::FromStrings(const StrategyOptions& in) { return Table().Parse(in, "ddp"); }
 
 DdpStrategy::DdpStrategy(DdpOptions options) : options_(options) {
   ST_CHECK_ARG(options_.bucket_cap_mb > 0, "strategy 'ddp': bucket_cap_mb must be > 0, got ", options_.bucket_cap_mb);
@@ -220,7 +217,7 @@ void DdpStrategy::LoadFullStateDict(const std::map<std::string, at::Tensor>& sta
 
 namespace {
 const bool kRegistered = RegisterStrategy(
-    "ddp", DdpOptions::ValidKeys(),
+    "ddp", DdpOptions::Table().Docs(),
     [](const StrategyOptions& o) { return std::make_shared<DdpStrategy>(DdpOptions::FromStrings(o)); },
     "replicated data parallel: gradients all-reduced in buckets after backward");
 }  // namespace

@@ -11,10 +11,8 @@
 // parameters got no gradient (unused in this forward) launch when backward
 // ends. Backward returns once every bucket's average is in place.
 //
-// String options: bucket_cap_mb (default 25), broadcast_buffers (true: rank
-// 0's buffers are broadcast before every forward, as PyTorch DDP),
-// find_unused_parameters (accepted; a parameter without a gradient
-// contributes zeros, so ranks always issue the same collectives).
+// String options: DdpOptions::Table() (ddp_strategy.cc), listed in
+// docs/strategy_options.md.
 #ifndef SHARDTRAIN_STRATEGIES_DDP_DDP_STRATEGY_H_
 #define SHARDTRAIN_STRATEGIES_DDP_DDP_STRATEGY_H_
 
@@ -32,8 +30,9 @@ struct DdpOptions {
   bool broadcast_buffers = true;
   bool find_unused_parameters = false;
 
+  // The string options: key, values, doc, and which field each sets.
+  static const OptionTable<DdpOptions>& Table();
   static DdpOptions FromStrings(const StrategyOptions& options);
-  static std::vector<std::string> ValidKeys();
 };
 
 class DdpStrategy : public Strategy {

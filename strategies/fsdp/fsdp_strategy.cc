@@ -4,46 +4,41 @@
 
 namespace shardtrain::strategies {
 
-using option_parsing::ParseBool;
-using option_parsing::ParseDouble;
-using option_parsing::ParseDtype;
-using option_parsing::ParseInt;
-
-std::vector<std::string> FsdpOptions::ValidKeys() {
-  return {"reshard_after_forward", "flatten_parameters", "mixed_precision", "compute_dtype", "buffer_dtype",
-          "fp32_reduce_scatter", "move_grads_to_cpu", "cpu_offload", "bucket_cap_mb", "min_num_params",
-          "state_dict_to_cpu", "gradient_predivide_factor", "gradient_postdivide_factor", "activation_checkpointing"};
+const OptionTable<FsdpOptions>& FsdpOptions::Table() {
+  using O = FsdpOptions;
+  static const OptionTable<O> table({
+      OptionBool("reshard_after_forward", &O::reshard_after_forward,
+                 "true (default): FULL_SHARD, free full parameters after forward; false: SHARD_GRAD_OP"),
+      OptionBool("flatten_parameters", &O::flatten_parameters,
+                 "must be true (the core always flattens a unit's parameters; false is rejected)"),
+      OptionBool("mixed_precision", &O::mixed_precision,
+                 "fp32 master shards, compute and reduce in compute_dtype (default false)"),
+      OptionDtype("compute_dtype", &O::compute_dtype, "compute dtype with mixed_precision (default fp16, as fairscale)"),
+      OptionDtype("buffer_dtype", &O::buffer_dtype, "dtype of buffers (default: compute_dtype)"),
+      OptionBool("fp32_reduce_scatter", &O::fp32_reduce_scatter,
+                 "reduce gradients in fp32 (needs mixed_precision, as in fairscale)"),
+      OptionBool("move_grads_to_cpu", &O::move_grads_to_cpu,
+                 "reduced gradient shards in host memory: turns on the same offload as cpu_offload"),
+      OptionBool("cpu_offload", &O::cpu_offload,
+                 "with a CUDA accelerator, shards, gradients and the optimizer step in pinned host memory "
+                 "(needs mixed_precision); on CPU it stays off"),
+      OptionDouble("bucket_cap_mb", &O::bucket_cap_mb,
+                   "accepted for compatibility (default 25): each unit's gradient is reduce-scattered as one buffer"),
+      OptionInt("min_num_params", &O::min_num_params,
+                "0 (default): every Sharded<> wrap point is a unit; N > 0: smaller wrap points join their parent"),
+      OptionBool("state_dict_to_cpu", &O::state_dict_to_cpu, "full state dicts on the CPU (default true)"),
+      OptionDouble("gradient_predivide_factor", &O::gradient_predivide_factor,
+                   "divide gradients by this before the reduction (> 0; default: PyTorch's split of the world size)"),
+      OptionDouble("gradient_postdivide_factor", &O::gradient_postdivide_factor,
+                   "divide gradients by this after the reduction (> 0; default: the rest of the world size)"),
+      OptionTypeList("activation_checkpointing", &O::activation_checkpointing,
+                     "units of these module types (full name or its part after \"::\") recompute forward in "
+                     "backward"),
+  });
+  return table;
 }
 
-FsdpOptions FsdpOptions::FromStrings(const StrategyOptions& in, const std::string& n) {
-  FsdpOptions o;
-  for (const auto& [k, v] : in) {
-    if (k == "reshard_after_forward") o.reshard_after_forward = ParseBool(n, k, v);
-    else if (k == "flatten_parameters") o.flatten_parameters = ParseBool(n, k, v);
-    else if (k == "mixed_precision") o.mixed_precision = ParseBool(n, k, v);
-    else if (k == "compute_dtype") o.compute_dtype = ParseDtype(n, k, v);
-    else if (k == "buffer_dtype") o.buffer_dtype = ParseDtype(n, k, v);
-    else if (k == "fp32_reduce_scatter") o.fp32_reduce_scatter = ParseBool(n, k, v);
-    else if (k == "move_grads_to_cpu") o.move_grads_to_cpu = ParseBool(n, k, v);
-    else if (k == "cpu_offload") o.cpu_offload = ParseBool(n, k, v);
-    else if (k == "bucket_cap_mb") o.bucket_cap_mb = ParseDouble(n, k, v);
-    else if (k == "min_num_params") o.min_num_params = ParseInt(n, k, v);
-    else if (k == "state_dict_to_cpu") o.state_dict_to_cpu = ParseBool(n, k, v);
-    else if (k == "gradient_predivide_factor") o.gradient_predivide_factor = ParseDouble(n, k, v);
-    else if (k == "gradient_postdivide_factor") o.gradient_postdivide_factor = ParseDouble(n, k, v);
-    else if (k == "activation_checkpointing") {
-      o.activation_checkpointing = SplitTypeNames(v);
-      ST_CHECK_ARG(!o.activation_checkpointing.empty(), "strategy '", n,
-                   "': activation_checkpointing needs at least one module type name, e.g. BlockImpl,MlpImpl");
-    }
-    else {
-      std::string valid;
-      for (const auto& key : ValidKeys()) valid += (valid.empty() ? "" : ", ") + key;
-      ST_THROW(InvalidArgumentError, "strategy '", n, "': unknown option ", k, "; valid options: ", valid);
-    }
-  }
-  return o;
-}
+FsdpOptions FsdpOptions::FromStrings(const StrategyOptions& in, const std::string& n) { return Table().Parse(in, n); }
 
 FsdpStrategy::FsdpStrategy(FsdpOptions options, std::string name) : options_(options), name_(std::move(name)) {
   const auto& o = options_;
@@ -110,10 +105,10 @@ StrategyPtr MakeFsdp(const StrategyOptions& o, const std::string& name) {
   return std::make_shared<FsdpStrategy>(FsdpOptions::FromStrings(o, name), name);
 }
 const bool kRegistered = RegisterStrategy(
-    "fsdp", FsdpOptions::ValidKeys(), [](const StrategyOptions& o) { return MakeFsdp(o, "fsdp"); },
+    "fsdp", FsdpOptions::Table().Docs(), [](const StrategyOptions& o) { return MakeFsdp(o, "fsdp"); },
     "Fully Sharded Data Parallel with fairscale FSDP options");
 const bool kRegisteredAlias = RegisterStrategy(
-    "ddp_fully_sharded", FsdpOptions::ValidKeys(),
+    "ddp_fully_sharded", FsdpOptions::Table().Docs(),
     [](const StrategyOptions& o) { return MakeFsdp(o, "ddp_fully_sharded"); }, "alias of fsdp");
 }  // namespace
 

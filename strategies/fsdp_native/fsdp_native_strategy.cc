@@ -7,7 +7,6 @@
 namespace shardtrain::strategies {
 namespace {
 
-using option_parsing::ParseBool;
 using option_parsing::ParseDtype;
 using option_parsing::ParseInt;
 
@@ -37,60 +36,78 @@ void CheckDtype(const std::string& name, const char* field, const std::optional<
 
 }  // namespace
 
-std::vector<std::string> FsdpNativeOptions::ValidKeys() {
-  return {"sharding_strategy", "hybrid_shard_group_size", "cpu_offload", "offload_params", "auto_wrap_policy",
-          "backward_prefetch", "forward_prefetch", "limit_all_gathers", "mixed_precision", "param_dtype",
-          "reduce_dtype", "buffer_dtype", "sync_module_states", "use_orig_params",
-          "activation_checkpointing_policy", "activation_checkpointing", "state_dict_type"};
+namespace {
+using O = FsdpNativeOptions;
+using SetFn = std::function<void(O&, const std::string&, const std::string&, const std::string&)>;
+
+OptionRow<O> Row(std::string key, std::string values, std::string doc, SetFn set) {
+  return {{std::move(key), std::move(values), std::move(doc)}, std::move(set)};
+}
+
+// param_dtype, reduce_dtype, buffer_dtype: one field of MixedPrecision.
+OptionRow<O> MixedPrecisionDtype(std::string key, std::optional<c10::ScalarType> sharding::MixedPrecision::*field,
+                                 std::string doc) {
+  return Row(std::move(key), "bf16|fp16|fp32", std::move(doc),
+             [field](O& o, const std::string& n, const std::string& k, const std::string& v) {
+               o.mixed_precision.*field = ParseDtype(n, k, v);
+             });
+}
+}  // namespace
+
+const OptionTable<FsdpNativeOptions>& FsdpNativeOptions::Table() {
+  static const OptionTable<O> table({
+      Row("sharding_strategy", "FULL_SHARD|SHARD_GRAD_OP|NO_SHARD|HYBRID_SHARD", "how parameters, gradients and "
+          "optimizer state are split (default FULL_SHARD; case-insensitive)",
+          [](O& o, const std::string&, const std::string&, const std::string& v) {
+            o.sharding_strategy = sharding::ParseShardingStrategy(v);
+          }),
+      OptionInt("hybrid_shard_group_size", &O::hybrid_shard_group_size,
+                "ranks per shard group for HYBRID_SHARD (default 0: ranks per node); must divide the world size"),
+      OptionBool("cpu_offload", &O::cpu_offload,
+                 "CPUOffload(offload_params=...): with a CUDA accelerator, shards, gradients and the optimizer step "
+                 "in pinned host memory; on CPU it stays off (default false)"),
+      OptionBool("offload_params", &O::cpu_offload, "same as cpu_offload"),
+      OptionString("auto_wrap_policy", "always|never|size:N|type:TypeA,TypeB", &O::auto_wrap_policy,
+                   "which Sharded<> wrap points become units: all (default), none, those with at least N "
+                   "parameters, or those of the listed module types (transformer_auto_wrap_policy)"),
+      Row("backward_prefetch", "BACKWARD_PRE|BACKWARD_POST|NONE",
+          "when backward gathers the next unit (default BACKWARD_PRE)",
+          [](O& o, const std::string&, const std::string&, const std::string& v) {
+            o.backward_prefetch = sharding::ParseBackwardPrefetch(v);
+          }),
+      OptionBool("forward_prefetch", &O::forward_prefetch, "gather the next unit during forward (default false)"),
+      OptionBool("limit_all_gathers", &O::limit_all_gathers,
+                 "at most 2 units unsharded through prefetching (default true)"),
+      Row("mixed_precision", "bf16|fp16|fp32", "shorthand: param, reduce and buffer dtype not given otherwise",
+          [](O& o, const std::string& n, const std::string& k, const std::string& v) {
+            auto t = ParseDtype(n, k, v);
+            o.mixed_precision.param_dtype = o.mixed_precision.param_dtype.value_or(t);
+            o.mixed_precision.reduce_dtype = o.mixed_precision.reduce_dtype.value_or(t);
+            o.mixed_precision.buffer_dtype = o.mixed_precision.buffer_dtype.value_or(t);
+          }),
+      MixedPrecisionDtype("param_dtype", &sharding::MixedPrecision::param_dtype,
+                          "dtype of gathered parameters and compute (MixedPrecision.param_dtype)"),
+      MixedPrecisionDtype("reduce_dtype", &sharding::MixedPrecision::reduce_dtype,
+                          "dtype of gradient reduction (MixedPrecision.reduce_dtype)"),
+      MixedPrecisionDtype("buffer_dtype", &sharding::MixedPrecision::buffer_dtype,
+                          "dtype of buffers (MixedPrecision.buffer_dtype)"),
+      OptionBool("sync_module_states", &O::sync_module_states,
+                 "broadcast rank 0's parameters and buffers at setup (default true, unlike PyTorch: ranks that "
+                 "start different would silently train different replicas)"),
+      OptionBool("use_orig_params", &O::use_orig_params,
+                 "the optimizer steps per-parameter views of the shards (default false)"),
+      OptionString("activation_checkpointing_policy", "type:TypeA,TypeB", &O::activation_checkpointing_policy,
+                   "units of the listed module types recompute forward in backward (default none)"),
+      OptionTypeList("activation_checkpointing", &O::activation_checkpointing,
+                     "Lightning's spelling of the same: a list of module types (give one of the two)"),
+      OptionString("state_dict_type", "full|sharded", &O::state_dict_type,
+                   "checkpoint format: one full file (default) or one piece per rank (LOCAL is not supported)"),
+  });
+  return table;
 }
 
 FsdpNativeOptions FsdpNativeOptions::FromStrings(const StrategyOptions& in, const std::string& n) {
-  FsdpNativeOptions o;
-  for (const auto& [k, v] : in) {
-    if (k == "sharding_strategy") {
-      o.sharding_strategy = sharding::ParseShardingStrategy(v);
-    } else if (k == "hybrid_shard_group_size") {
-      o.hybrid_shard_group_size = static_cast<int>(ParseInt(n, k, v));
-    } else if (k == "cpu_offload" || k == "offload_params") {
-      o.cpu_offload = ParseBool(n, k, v);
-    } else if (k == "auto_wrap_policy") {
-      o.auto_wrap_policy = v;
-    } else if (k == "backward_prefetch") {
-      o.backward_prefetch = sharding::ParseBackwardPrefetch(v);
-    } else if (k == "forward_prefetch") {
-      o.forward_prefetch = ParseBool(n, k, v);
-    } else if (k == "limit_all_gathers") {
-      o.limit_all_gathers = ParseBool(n, k, v);
-    } else if (k == "mixed_precision") {
-      auto t = ParseDtype(n, k, v);
-      o.mixed_precision.param_dtype = o.mixed_precision.param_dtype.value_or(t);
-      o.mixed_precision.reduce_dtype = o.mixed_precision.reduce_dtype.value_or(t);
-      o.mixed_precision.buffer_dtype = o.mixed_precision.buffer_dtype.value_or(t);
-    } else if (k == "param_dtype") {
-      o.mixed_precision.param_dtype = ParseDtype(n, k, v);
-    } else if (k == "reduce_dtype") {
-      o.mixed_precision.reduce_dtype = ParseDtype(n, k, v);
-    } else if (k == "buffer_dtype") {
-      o.mixed_precision.buffer_dtype = ParseDtype(n, k, v);
-    } else if (k == "sync_module_states") {
-      o.sync_module_states = ParseBool(n, k, v);
-    } else if (k == "use_orig_params") {
-      o.use_orig_params = ParseBool(n, k, v);
-    } else if (k == "activation_checkpointing_policy") {
-      o.activation_checkpointing_policy = v;
-    } else if (k == "activation_checkpointing") {
-      o.activation_checkpointing = SplitTypeNames(v);
-      ST_CHECK_ARG(!o.activation_checkpointing.empty(), "strategy '", n,
-                   "': activation_checkpointing needs at least one module type name, e.g. BlockImpl,MlpImpl");
-    } else if (k == "state_dict_type") {
-      o.state_dict_type = v;
-    } else {
-      std::string valid;
-      for (const auto& key : ValidKeys()) valid += (valid.empty() ? "" : ", ") + key;
-      ST_THROW(InvalidArgumentError, "strategy '", n, "': unknown option ", k, "; valid options: ", valid);
-    }
-  }
-  return o;
+  return Table().Parse(in, n);
 }
 
 FsdpNativeStrategy::FsdpNativeStrategy(FsdpNativeOptions options, std::string name)
@@ -160,13 +177,13 @@ void FsdpNativeStrategy::PrepareOptions(sharding::ShardingOptions& s) const {
 
 namespace {
 const bool kRegistered = RegisterStrategy(
-    "fsdp_native", FsdpNativeOptions::ValidKeys(),
+    "fsdp_native", FsdpNativeOptions::Table().Docs(),
     [](const StrategyOptions& o) {
       return std::make_shared<FsdpNativeStrategy>(FsdpNativeOptions::FromStrings(o, "fsdp_native"), "fsdp_native");
     },
     "Fully Sharded Data Parallel with PyTorch FSDP options");
 const bool kRegisteredOffload = RegisterStrategy(
-    "fsdp_native_full_shard_offload", FsdpNativeOptions::ValidKeys(),
+    "fsdp_native_full_shard_offload", FsdpNativeOptions::Table().Docs(),
     [](const StrategyOptions& o) {
       StrategyOptions with = o;
       with.emplace("cpu_offload", "true");

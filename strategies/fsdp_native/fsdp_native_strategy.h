@@ -2,35 +2,15 @@
 // Fully Sharded Data Parallel with PyTorch torch.distributed.fsdp's options and
 // names, on the ShardTrain sharding core.
 //
-// String options (StrategyRegistry::Create("fsdp_native", {...})):
-//   sharding_strategy      FULL_SHARD (default) | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD
-//   hybrid_shard_group_size  ranks per shard group for HYBRID_SHARD (default: ranks per node)
-//   cpu_offload / offload_params  true|false (CPUOffload(offload_params=...); the
-//                          fsdp_native_full_shard_offload name sets it). With the Trainer's
-//                          accelerator cuda: ShardingOptions::offload_params (shards, gradients
-//                          and the optimizer step in pinned host memory). On CPU the parameters
-//                          already live in host memory: it stays off and WrapModel says so once
-//                          (rank 0).
-//   auto_wrap_policy       always (default) | never | size:N (size_based_auto_wrap_policy,
-//                          min_num_params=N) | type:BlockImpl,OtherImpl (transformer_auto_wrap_policy)
-//   backward_prefetch      BACKWARD_PRE (default) | BACKWARD_POST | NONE
-//   forward_prefetch       true|false (default false)
-//   limit_all_gathers      true|false (default true: at most 2 units unsharded through prefetch)
-//   mixed_precision        shorthand: bf16|fp16|fp32 sets param, reduce and buffer dtype
-//   param_dtype, reduce_dtype, buffer_dtype  bf16|fp16|fp32 (MixedPrecision fields)
-//   sync_module_states     true|false (default true; PyTorch defaults to false, but
-//                          ranks that start different would silently train different replicas)
-//   use_orig_params        true|false (default false)
-//   activation_checkpointing_policy  type:BlockImpl,OtherImpl (default none): units whose
-//                          module type is listed recompute their forward in backward
-//   activation_checkpointing  BlockImpl,OtherImpl (Lightning's spelling: a list of module
-//                          types); give it or activation_checkpointing_policy, not both.
-//                          Type names match as in auto_wrap_policy=type: (the full name,
-//                          or its trailing part after "::", e.g. "gpt::BlockImpl")
-//   state_dict_type        full (default) | sharded. (LOCAL is not supported.)
+// String options (StrategyRegistry::Create("fsdp_native", {...})): the table
+// FsdpNativeOptions::Table() (fsdp_native_strategy.cc) gives the keys, the
+// parsing and their reference, docs/strategy_options.md. Type names (in
+// auto_wrap_policy=type:, activation_checkpointing) match the full name or its
+// trailing part after "::" (e.g. "gpt::BlockImpl").
 #ifndef SHARDTRAIN_STRATEGIES_FSDP_NATIVE_FSDP_NATIVE_STRATEGY_H_
 #define SHARDTRAIN_STRATEGIES_FSDP_NATIVE_FSDP_NATIVE_STRATEGY_H_
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -58,9 +38,9 @@ struct FsdpNativeOptions {
   std::vector<std::string> activation_checkpointing;  // module type names (Lightning's list)
   std::string state_dict_type = "full";         // "full" or "sharded"
 
-  // Parses string options (keys as in the header comment).
+  // The string options: key, values, doc, and which field each sets.
+  static const OptionTable<FsdpNativeOptions>& Table();
   static FsdpNativeOptions FromStrings(const StrategyOptions& options, const std::string& strategy_name = "fsdp_native");
-  static std::vector<std::string> ValidKeys();
 };
 
 class FsdpNativeStrategy : public ShardedStrategyBase {

@@ -62,7 +62,7 @@ void SingleDeviceStrategy::LoadFullStateDict(const std::map<std::string, at::Ten
 
 namespace {
 const bool kRegistered = RegisterStrategy(
-    "single_device", {}, [](const StrategyOptions&) { return std::make_shared<SingleDeviceStrategy>(); },
+    "single_device", std::vector<OptionDoc>{}, [](const StrategyOptions&) { return std::make_shared<SingleDeviceStrategy>(); },
     "one process, no communication");
 }  // namespace
 

@@ -13,6 +13,7 @@
 
 #include "sharding/sharded_model.h"
 #include "strategies/registry.h"
+#include "strategies/sharded_strategy_base.h"
 #include "tests/sharding/option_test_models.h"
 #include "tests/testing/multi_rank.h"
 #include "tests/testing/recording_communicator.h"
@@ -225,7 +226,7 @@ Layout StrategyLayout(const std::string& name, const strategies::StrategyOptions
     auto s = strategies::StrategyRegistry::Create(name, opts);
     s->Setup(comm, {});
     s->WrapModel(std::make_shared<WrapNetImpl>());
-    if (rank == 0) out = LayoutOf(s->sharded_model_or_null()->units());
+    if (rank == 0) out = LayoutOf(dynamic_cast<strategies::ShardedStrategyBase&>(*s).sharded_model().units());
   });
   return out;
 }

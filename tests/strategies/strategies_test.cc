@@ -10,9 +10,12 @@
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 
+#include <cstdlib>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <set>
+#include <sstream>
 
 #include "base/errors.h"
 #include "sharding/wrap_point.h"
@@ -59,6 +62,43 @@ TEST(Registry, UnknownOptionListsValidKeys) {
   msg = ErrorOf([] { StrategyRegistry::Create("fsdp", {{"sharding_strategy", "FULL_SHARD"}}); });
   EXPECT_NE(msg.find("unknown option sharding_strategy"), std::string::npos) << msg;
   EXPECT_NE(msg.find("reshard_after_forward"), std::string::npos) << msg;
+}
+
+// The strategies' option tables are the valid-key lists: the registry's
+// check and FromStrings' name the same keys, and every documented key parses.
+TEST(OptionReference, TablesAreTheValidKeys) {
+  for (const auto& name : StrategyRegistry::Names()) {
+    const auto docs = StrategyRegistry::Options(name);
+    EXPECT_EQ(StrategyRegistry::ValidKeys(name), OptionKeys(docs)) << name;
+    const std::string msg = ErrorOf([&] { StrategyRegistry::Create(name, {{"no_such_option", "1"}}); });
+    for (const auto& d : docs) EXPECT_NE(msg.find(d.key), std::string::npos) << name << ": " << msg;
+  }
+  const std::string direct = ErrorOf([] { FsdpNativeOptions::FromStrings({{"no_such_option", "1"}}); });
+  EXPECT_NE(direct.find("unknown option no_such_option"), std::string::npos) << direct;
+  for (const auto& key : FsdpNativeOptions::Table().Keys()) EXPECT_NE(direct.find(key), std::string::npos) << key;
+  // Each row sets its field: a boolean row of each table flips a default.
+  EXPECT_TRUE(FsdpNativeOptions::FromStrings({{"offload_params", "true"}}).cpu_offload);
+  EXPECT_FALSE(FsdpOptions::FromStrings({{"state_dict_to_cpu", "false"}}).state_dict_to_cpu);
+  EXPECT_FALSE(DdpOptions::FromStrings({{"broadcast_buffers", "no"}}).broadcast_buffers);
+  EXPECT_EQ(FsdpNativeOptions::FromStrings({{"hybrid_shard_group_size", "4"}}).hybrid_shard_group_size, 4);
+}
+
+// docs/strategy_options.md is generated from the tables; `tools/bazel run
+// //tests/strategies:strategies_test -- --gtest_filter=OptionReference.*`
+// rewrites it.
+TEST(OptionReference, DocsMatchTables) {
+  const std::string generated = StrategyRegistry::OptionReference();
+  if (const char* workspace = std::getenv("BUILD_WORKSPACE_DIRECTORY")) {
+    std::ofstream(std::string(workspace) + "/docs/strategy_options.md") << generated;
+    return;
+  }
+  std::ifstream in("docs/strategy_options.md");
+  ASSERT_TRUE(in.good()) << "docs/strategy_options.md is not among the test's data files";
+  std::stringstream file;
+  file << in.rdbuf();
+  EXPECT_EQ(file.str(), generated)
+      << "docs/strategy_options.md does not match the strategies' option tables; regenerate it with "
+         "tools/bazel run //tests/strategies:strategies_test -- --gtest_filter=OptionReference.*";
 }
 
 TEST(Registry, InvalidValuesAndCombinations) {
@@ -139,6 +179,40 @@ TEST(Offload, EverySpellingTurnsOnOffloadParamsOnCudaOnly) {
     s->WrapModel(shardtrain::testing::MlpWithBatchNorm().make());
     EXPECT_FALSE(dynamic_cast<ShardedStrategyBase&>(*s).sharding_options().offload_params);
   });
+}
+
+// Checkpoint state goes through the Strategy interface: a sharded strategy's
+// pieces fit its own model and a renamed parameter is named as missing and
+// unexpected; replicated strategies have no sharded state and say so.
+TEST(CheckpointState, ShardedPiecesThroughTheStrategyInterface) {
+  std::mutex mu;
+  std::vector<sharding::ShardedStateDict> pieces(2);
+  RunRanks(2, [&](int rank, const auto& comm) {
+    auto s = StrategyRegistry::Create("fsdp_native");
+    s->Setup(comm, {});
+    s->WrapModel(shardtrain::testing::MlpWithBatchNorm().make());
+    ASSERT_TRUE(s->has_sharded_state());
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      pieces[rank] = s->ShardedState();
+    }
+    s->Barrier();
+    EXPECT_TRUE(s->CheckShardedState(pieces).empty());
+    auto renamed = pieces;
+    const std::string name = renamed[0].units[0].param_names[0];
+    for (auto& p : renamed) p.units[0].param_names[0] = "renamed";
+    std::string all;
+    for (const auto& line : s->CheckShardedState(renamed)) all += line + "\n";
+    EXPECT_NE(all.find("missing: '" + name + "'"), std::string::npos) << all;
+    EXPECT_NE(all.find("unexpected: 'renamed'"), std::string::npos) << all;
+    s->Barrier();
+  });
+  for (const std::string name : {"single_device", "ddp"}) {
+    auto s = StrategyRegistry::Create(name);
+    EXPECT_FALSE(s->has_sharded_state());
+    const std::string msg = ErrorOf([&] { s->ShardedState(); });
+    EXPECT_NE(msg.find("strategy '" + name + "' is not sharded"), std::string::npos) << msg;
+  }
 }
 
 // Sharded strategies keep float32 master shards, so Lightning's bf16-true

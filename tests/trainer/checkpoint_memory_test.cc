@@ -11,6 +11,7 @@
 #include <cstdio>
 
 #include "sharding/sharded_model.h"
+#include "strategies/sharded_strategy_base.h"
 #include "tests/testing/counting_allocator.h"
 #include "tests/trainer/fixtures.h"
 #include "trainer/checkpoint.h"
@@ -98,7 +99,7 @@ TEST(FullCheckpointMemory, SaveAndLoadHoldAboutOneUnitPerRank) {
     StackModule module;
     Trainer trainer(Options(dir + "/fit"), comm);
     trainer.Fit(module, *train, nullptr);
-    units[rank] = trainer.strategy().sharded_model_or_null()->num_units();
+    units[rank] = dynamic_cast<strategies::ShardedStrategyBase&>(trainer.strategy()).sharded_model().num_units();
     const int64_t base = st::LiveCpuBytesOfThisThread();  // shards, gradients, Adam state
     st::ResetPeakCpuBytesOfThisThread();
     trainer.SaveCheckpoint(path, CheckpointFormat::kFull);

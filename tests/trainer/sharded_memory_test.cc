@@ -27,6 +27,7 @@
 #include <mutex>
 
 #include "sharding/sharded_model.h"
+#include "strategies/sharded_strategy_base.h"
 #include "tests/testing/counting_allocator.h"
 #include "tests/trainer/fixtures.h"
 #include "trainer/sharded_checkpoint.h"
@@ -115,7 +116,7 @@ TrainerOptions Options(const std::string& root, int world, int64_t max_steps) {
 // This rank's Adam state (exp_avg, exp_avg_sq) in bytes: two shards per unit.
 int64_t OptimizerStateBytes(Trainer& t) {
   int64_t n = 0;
-  for (const auto& u : t.strategy().sharded_model_or_null()->units()) n += u.shard_numel;
+  for (const auto& u : dynamic_cast<strategies::ShardedStrategyBase&>(t.strategy()).sharded_model().units()) n += u.shard_numel;
   return 2 * 4 * n;
 }
 

@@ -1,0 +1,101 @@
+// Activation checkpointing of a unit: forward without saving activations,
+// recompute the unit's forward in backward (its parameters were re-gathered
+// by then). The WrapPoint side of it (sharding/wrap_point.h).
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <string>
+#include <vector>
+
+#include "base/errors.h"
+#include "sharding/internal/sharded_unit.h"
+#include "sharding/sharded_model.h"
+#include "sharding/wrap_point.h"
+
+namespace shardtrain::sharding {
+namespace {
+
+// One run of a checkpointed forward: what backward needs besides the inputs.
+struct CheckpointRun : torch::CustomClassHolder {
+  WrapPoint::TensorsFn fn;
+  at::Tensor rng_state;  // default CPU generator before the forward
+};
+
+struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
+  // `anchor` requires grad so that the outputs do even when no input does
+  // (the unit's parameters are not inputs of this Function).
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
+                                                const at::Tensor& anchor, const c10::intrusive_ptr<CheckpointRun>& run) {
+    run->rng_state = at::detail::getDefaultCPUGenerator().get_state();
+    ctx->saved_data["run"] = c10::IValue::make_capsule(run);
+    ctx->save_for_backward(inputs.vec());
+    at::NoGradGuard no_grad;
+    auto outputs = run->fn(inputs.vec());
+    for (const auto& o : outputs) {
+      if (o.defined() && !at::isFloatingType(o.scalar_type()) && !at::isComplexType(o.scalar_type())) {
+        ctx->mark_non_differentiable({o});
+      }
+    }
+    return outputs;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    // saved_data keeps the run alive.
+    auto* run = static_cast<CheckpointRun*>(ctx->saved_data["run"].toCapsule().get());
+    std::vector<at::Tensor> xs;
+    for (const auto& input : ctx->get_saved_variables()) {
+      xs.push_back(input.defined() ? input.detach().set_requires_grad(input.requires_grad()) : input);
+    }
+    auto gen = at::detail::getDefaultCPUGenerator();
+    at::Tensor rng_now = gen.get_state();
+    gen.set_state(run->rng_state);
+    std::vector<at::Tensor> outputs;
+    {
+      at::AutoGradMode enable(true);
+      outputs = run->fn(xs);
+    }
+    gen.set_state(rng_now);
+    // Backpropagate through the outputs that carry a gradient (unused outputs
+    // and ones that do not depend on anything trainable carry none).
+    std::vector<at::Tensor> outs, grads;
+    for (size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i) {
+      if (outputs[i].defined() && outputs[i].requires_grad() && grad_outputs[i].defined()) {
+        outs.push_back(outputs[i]);
+        grads.push_back(grad_outputs[i]);
+      }
+    }
+    if (!outs.empty()) torch::autograd::backward(outs, grads);
+    torch::autograd::variable_list result;
+    for (const auto& x : xs) result.push_back(x.defined() && x.requires_grad() ? x.grad() : at::Tensor());
+    result.push_back(at::Tensor());  // anchor
+    result.push_back(at::Tensor());  // run
+    return result;
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// WrapPoint
+
+void WrapPoint::PreForward() { unit_->model->UnitPreForward(unit_); }
+void WrapPoint::PostForward(const std::vector<at::Tensor>& outputs) { unit_->model->UnitPostForward(unit_, outputs); }
+bool WrapPoint::checkpointing() const { return unit_ && unit_->model->UnitCheckpointing(unit_); }
+
+void WrapPoint::CheckpointUnsupported(const std::string& why) const {
+  ST_THROW(InvalidArgumentError, "activation checkpointing of unit '", unit_ ? unit_->name : std::string("?"), "' (",
+           WrapTypeName(), ") is not possible: ", why,
+           "; leave this module type out of the activation checkpointing policy");
+}
+
+std::vector<at::Tensor> WrapPoint::MaybeCheckpoint(const std::vector<at::Tensor>& inputs, const TensorsFn& fn) {
+  if (!checkpointing() || !at::GradMode::is_enabled()) return fn(inputs);
+  auto run = c10::make_intrusive<CheckpointRun>();
+  run->fn = fn;
+  static const at::Tensor anchor = at::empty({0}).set_requires_grad(true);
+  return CheckpointFunction::apply(at::TensorList(inputs), anchor, run);
+}
+
+}  // namespace shardtrain::sharding

@@ -1,0 +1,246 @@
+// Backward of a ShardedModel: collecting each unit's gradients into its flat
+// gradient buffer, reduce-scattering them in one order on every rank while
+// backward runs, all-reducing across replicas (HYBRID_SHARD, NO_SHARD), and
+// handing the reduced shard gradients to the optimizer's tensors.
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "base/errors.h"
+#include "sharding/flat_parameter.h"
+#include "sharding/internal/sharded_unit.h"
+#include "sharding/sharded_model.h"
+
+namespace shardtrain::sharding {
+
+using internal::AliasRange;
+using internal::Stopwatch;
+
+// --- backward ----------------------------------------------------------------
+
+void ShardedModel::EnsureBackwardCallback() {
+  if (callback_queued_) return;
+  callback_queued_ = true;
+  torch::autograd::Engine::get_default_engine().queue_callback([this] { FinishBackward(); });
+}
+
+void ShardedModel::PreBackward(ShardedUnit* u) {
+  EnsureBackwardCallback();
+  if (u->pre_backward_done) return;
+  u->pre_backward_done = true;
+  Unshard(u);
+  if (options_.backward_prefetch == BackwardPrefetch::kBackwardPre) Prefetch(u, /*backward=*/true);
+  WaitUnshard(u);
+  ArmGrads(u);
+}
+
+// Prepares the unit's flat gradient buffer for a backward. A fresh buffer is
+// not zeroed as a whole: each parameter's first gradient of an accumulation
+// is copied into its view (AccumulateGrad hands over the gradient it
+// computed), so only what no gradient writes is zeroed: the padding and
+// frozen parameters here, parameters that got no gradient in LaunchReduce.
+// Later gradients (no_sync micro-batches) accumulate in place into the views.
+void ShardedModel::ArmGrads(ShardedUnit* u) {
+  if (u->grads_armed) return;
+  const auto& entries = u->flat->entries();
+  if (!u->flat_grad.defined()) {
+    u->flat_grad = at::empty({u->flat->padded_numel()}, u->full.options().dtype(param_dtype_));
+    u->grad_views = u->flat->Views(u->flat_grad);
+    u->grad_written.assign(entries.size(), false);
+    const int64_t numel = u->flat->numel();
+    u->flat_grad.narrow(0, numel, u->flat->padded_numel() - numel).zero_();
+    for (size_t k = 0; k < entries.size(); ++k) {
+      if (!entries[k].requires_grad) u->grad_views[k].zero_();
+      else entries[k].param.mutable_grad() = at::Tensor();  // AccumulateGrad produces a fresh one
+    }
+  } else {
+    for (size_t k = 0; k < entries.size(); ++k) {
+      if (entries[k].requires_grad && u->grad_written[k]) entries[k].param.mutable_grad() = u->grad_views[k];
+    }
+  }
+  u->grads_pending = u->trainable;
+  u->grads_armed = true;
+  u->ready = u->trainable == 0;
+}
+
+void ShardedModel::OnGradReady(ShardedUnit* u, size_t entry) {
+  EnsureBackwardCallback();
+  ST_CHECK_ARG(!at::GradMode::is_enabled(),
+               "backward with create_graph=true is not supported by sharded units (gradients are reduced in place)");
+  at::Tensor& g = u->flat->entries()[entry].param.mutable_grad();
+  if (!u->grads_armed) {
+    // A gradient arrived before the unit's pre-backward (an output hook could
+    // not be registered): arm now, keeping what AccumulateGrad produced.
+    at::Tensor produced = g;
+    ArmGrads(u);
+    if (produced.defined()) g = produced;
+  }
+  at::Tensor& view = u->grad_views[entry];
+  if (g.defined() && !g.is_same(view)) {
+    // AccumulateGrad's fresh gradient (or a replaced one): into the flat buffer.
+    if (u->grad_written[entry]) view.add_(g);
+    else view.copy_(g);
+    g = view;
+  }
+  u->grad_written[entry] = true;
+  if (--u->grads_pending == 0) {
+    u->ready = true;
+    LaunchReadyInOrder();
+  }
+}
+
+void ShardedModel::LaunchReadyInOrder() {
+  if (reduce_order_.empty()) {
+    // Canonical order, identical on every rank: reverse forward order, then
+    // units never seen in forward, root last.
+    for (auto it = forward_order_.rbegin(); it != forward_order_.rend(); ++it) reduce_order_.push_back(*it);
+    for (auto& u : units_) {
+      if (!u->is_root && std::find(reduce_order_.begin(), reduce_order_.end(), u.get()) == reduce_order_.end())
+        reduce_order_.push_back(u.get());
+    }
+    reduce_order_.push_back(root_);
+  }
+  while (next_launch_ < reduce_order_.size() && reduce_order_[next_launch_]->ready) {
+    LaunchReduce(reduce_order_[next_launch_]);
+    ++next_launch_;
+  }
+}
+
+void ShardedModel::LaunchReduce(ShardedUnit* u) {
+  if (options_.backward_prefetch == BackwardPrefetch::kBackwardPost) Prefetch(u, /*backward=*/true);
+  u->launched = true;
+  Reshard(u);
+  const auto& entries = u->flat->entries();
+  for (size_t k = 0; k < entries.size(); ++k) {
+    if (!entries[k].requires_grad || u->grad_written[k]) continue;
+    u->grad_views[k].zero_();  // no gradient this backward
+    entries[k].param.mutable_grad() = u->grad_views[k];
+    u->grad_written[k] = true;
+  }
+  if (no_sync_) return;  // keep the full gradient for the next micro-batch
+  for (const auto& e : entries) {
+    if (e.requires_grad) e.param.mutable_grad() = at::Tensor();
+  }
+  u->grad_views.clear();
+  u->grad_written.clear();
+  at::Tensor in = reduce_dtype_ == u->flat_grad.scalar_type() ? u->flat_grad : u->flat_grad.to(reduce_dtype_);
+  u->flat_grad = at::Tensor();
+  u->reduce_out = at::empty({u->flat->shard_numel()}, in.options());
+  comm::ReduceOptions ro;
+  ro.op = comm::ReduceOp::kSum;
+  ro.pre_divide = pre_divide_;
+  ro.post_divide = post_divide_;
+  {
+    Stopwatch sw(&comm_times_.reduce_issue_s);
+    u->reduce_work = shard_group_->ReduceScatter(in, u->reduce_out, ro);
+  }
+  u->reduce_in = in;
+  reducing_.push_back(u);
+  FinishReduces(kMaxReducesInFlight);
+}
+
+// Completes reduce-scatters in launch order: every finished one, and the
+// oldest ones until at most `keep` are in flight. Completing frees the unit's
+// full-size gradient (so at most `keep` of them outlive their reduce-scatter)
+// and, for communicators that finish a reduction on the waiting thread, spreads
+// that work over backward instead of leaving it all to its end.
+void ShardedModel::FinishReduces(size_t keep) {
+  while (!reducing_.empty() && (reducing_.size() > keep || reducing_.front()->reduce_work->IsCompleted())) {
+    ShardedUnit* u = reducing_.front();
+    reducing_.pop_front();
+    Stopwatch sw(&comm_times_.reduce_wait_s);
+    u->reduce_work->Wait();
+    u->reduce_work.reset();
+    u->reduce_in = at::Tensor();
+  }
+}
+
+void ShardedModel::FinishBackward() {
+  // Units whose parameters got no gradient still take part, in the same order on every rank.
+  if (reduce_order_.empty()) LaunchReadyInOrder();
+  for (auto* u : reduce_order_) {
+    if (!u->grads_armed) ArmGrads(u);
+    u->ready = true;
+  }
+  LaunchReadyInOrder();
+  FinishReduces(0);
+  std::vector<comm::WorkPtr> replicate_works;
+  for (auto* u : reduce_order_) {
+    if (replicate_group_ && u->reduce_out.defined()) {
+      replicate_works.push_back(replicate_group_->AllReduce(u->reduce_out));
+    }
+  }
+  for (auto& w : replicate_works) w->Wait();
+  // Accumulate into existing gradients (no zero_grad between backwards) or
+  // start fresh. With use_orig_params the optimizer sees (and clears) the
+  // per-parameter views, not the shard's gradient.
+  std::vector<bool> accumulate(units_.size(), false);
+  for (auto& u : units_) accumulate[u->index] = u->opt_param.grad().defined();
+  if (options_.use_orig_params) {
+    std::fill(accumulate.begin(), accumulate.end(), false);
+    for (size_t i = 0; i < orig_param_views_.size(); ++i) {
+      if (orig_param_views_[i].second.grad().defined()) accumulate[orig_view_ranges_[i].first] = true;
+    }
+  }
+  for (auto* u : reduce_order_) {
+    if (!u->reduce_out.defined()) continue;
+    at::Tensor g = u->reduce_out.to(u->flat->shard().device(), at::kFloat);  // back to the CPU when offloaded
+    at::Tensor shard = u->flat->shard();
+    if (accumulate[u->index]) {
+      shard.mutable_grad().add_(g);
+    } else if (shard.grad().defined()) {
+      shard.mutable_grad().copy_(g);  // keep the storage: views may alias it
+    } else {
+      shard.mutable_grad() = g;  // this unit's reduce_out (or its float32 copy), owned by nobody else
+    }
+    if (!u->opt_param.is_same(shard)) {
+      // The optimizer's view of the trainable prefix sees that part of the shard's gradient.
+      u->opt_param.mutable_grad() = AliasRange(shard.grad(), 0, u->opt_param.numel());
+    }
+    u->reduce_out = at::Tensor();
+  }
+  for (auto& u : units_) {
+    Reshard(u.get());
+    u->grads_armed = false;
+    u->pre_backward_done = false;
+    u->ready = false;
+    u->launched = false;
+  }
+  next_launch_ = 0;
+  callback_queued_ = false;
+  // Under no_sync nothing was reduced: the shard gradient may be last step's,
+  // which must not reappear as the parameters' gradients.
+  if (!no_sync_) RealiasOrigParamGrads();
+}
+
+void ShardedModel::ResetIteration() {
+  for (auto& u : units_) {
+    if (u->reduce_work) {
+      try {
+        u->reduce_work->Wait();
+      } catch (...) {
+      }
+    }
+    u->reduce_work.reset();
+    u->reduce_in = u->reduce_out = at::Tensor();
+    u->grads_armed = u->pre_backward_done = u->ready = u->launched = false;
+    Reshard(u.get());
+  }
+  reducing_.clear();
+  next_launch_ = 0;
+  callback_queued_ = false;
+}
+
+void ShardedModel::RealiasOrigParamGrads() {
+  if (!options_.use_orig_params) return;
+  for (size_t i = 0; i < orig_param_views_.size(); ++i) {
+    const auto& [unit, range] = orig_view_ranges_[i];
+    at::Tensor g = units_[unit]->flat->shard().grad();
+    if (!g.defined()) continue;
+    orig_param_views_[i].second.mutable_grad() = AliasRange(g, range.first, range.second);
+  }
+}
+
+}  // namespace shardtrain::sharding

@@ -1,0 +1,70 @@
+// Optimizer state of a ShardedModel in the forms checkpoints need.
+//
+// An optimizer over ShardedModel::parameters() steps one tensor per unit (the
+// unit's shard, or its trainable prefix) or, with use_orig_params, each
+// trainable parameter's part of the shard. Its state tensors (Adam's exp_avg,
+// SGD's momentum_buffer, ...) are laid out like those tensors, so a unit's
+// state can be laid out like the unit's flat shard and then gathered,
+// resharded and consolidated exactly like the parameters. Which state an
+// optimizer holds is the caller's business (trainer/checkpoint_state.cc reads
+// and writes LibTorch's optimizers): these functions take and return it as
+// OptimizerStates, parallel to the optimized tensors `params` (a subset of
+// model.parameters(), in any order). Strategies reach these through the
+// Strategy interface (strategies/strategy.h); the trainer never calls them.
+#ifndef SHARDTRAIN_SHARDING_OPTIMIZER_STATE_H_
+#define SHARDTRAIN_SHARDING_OPTIMIZER_STATE_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "sharding/sharded_state.h"
+
+namespace shardtrain::sharding {
+
+class ShardedModel;
+
+// This rank's optimizer state laid out like its shards, per unit: the state
+// itself when one optimized tensor is a unit's whole shard (no copy), else a
+// shard-sized float32 copy (zeros where no tensor has the key). Throws
+// InvalidArgumentError when a tensor of `params` is not one of
+// model.parameters().
+std::map<std::string, at::Tensor> UnitOptimizerState(const ShardedModel& model, const std::vector<at::Tensor>& params,
+                                                     const OptimizerStates& states, int unit);
+// Each unit's step: the largest of its optimized tensors' steps (-1: none).
+std::vector<int64_t> UnitOptimizerSteps(const ShardedModel& model, const std::vector<at::Tensor>& params,
+                                        const OptimizerStates& states);
+
+// Streams the full (unsharded) optimizer state: for each state key in turn,
+// one unit at a time, gathers the unit's state and on world rank `root`
+// calls fn(parameter name, key, full tensor; valid during the call), and
+// fills `steps` by parameter name on `root`. Collective: every rank calls;
+// the ranks first agree on which (unit, key) pairs exist anywhere.
+void ForEachFullOptimizerState(ShardedModel& model, const std::vector<at::Tensor>& params,
+                               const OptimizerStates& states, int root,
+                               const std::function<void(const std::string& name, const std::string& key,
+                                                        const at::Tensor& full)>& fn,
+                               std::map<std::string, int64_t>* steps);
+
+// This rank's state of each optimized tensor from the full state by parameter
+// name (each rank passes the same; sizes are the caller's to check first).
+// Parameters of a unit with any state get zeros for keys they lack.
+OptimizerStates OptimizerStatesFromFull(const ShardedModel& model, const std::vector<at::Tensor>& params,
+                                        const std::map<std::string, std::map<std::string, at::Tensor>>& state,
+                                        const std::map<std::string, int64_t>& step);
+
+// This rank's state of each optimized tensor from the pieces of a sharded
+// checkpoint saved at any world size (`optimizer[i]` is pieces[i]'s state):
+// per unit, only the ranges of the saved shards that overlap this rank's
+// shards are read, and a unit's dense state is dropped before the next one's
+// is built. The pieces must fit the model (ShardedModel::CheckShardedStateDict).
+OptimizerStates OptimizerStatesFromShards(const ShardedModel& model, const std::vector<at::Tensor>& params,
+                                          const std::vector<ShardedStateDict>& pieces,
+                                          const std::vector<ShardedOptimizerState>& optimizer);
+
+}  // namespace shardtrain::sharding
+
+#endif  // SHARDTRAIN_SHARDING_OPTIMIZER_STATE_H_
