@@ -41,7 +41,7 @@ std::string Runfile(const std::string& path) {
 }
 
 std::string HelperPath() { return Runfile("tests/comm/launcher_test_helper"); }
-std::string LaunchBinaryPath() { return Runfile("comm/shardtrain_launch"); }
+std::string LaunchBinaryPath() { return Runfile("launch/shardtrain_launch"); }
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
