@@ -23,25 +23,20 @@ namespace shardtrain::comm {
 using ::shardtrain::internal::StrCat;
 
 namespace internal {
-
 using Clock = std::chrono::steady_clock;
 
-namespace {
-// "<what> failed: NCCL error 6 (remote process exited ...): <last error>".
-std::string NcclFailure(const std::string& what, ncclResult_t state, ncclComm_t comm) {
-  const char* last = ncclGetLastError(comm);
+// "<what> failed: NCCL error N (name): <last error>", naming peers as a possible cause when `peer_note`.
+std::string NcclFailure(const std::string& what, ncclResult_t state, ncclComm_t comm, bool peer_note) {
+  const char* last = ncclGetLastError(comm);  // comm may be null (init failed): the last global error
   return StrCat(what, " failed: NCCL error ", static_cast<int>(state), " (", ncclGetErrorString(state), ")",
-                (last && *last) ? std::string(": ") + last : std::string());
+                (last && *last) ? std::string(": ") + last : std::string(),
+                peer_note ? " (a peer rank may have died or failed)" : "");
 }
 
-// "<what> timed out after <ms> ms (a peer rank may have ...)".
-std::string NcclTimeout(const std::string& what, std::chrono::milliseconds timeout) {
-  return StrCat(what, " timed out after ", timeout.count(),
-                " ms (a peer rank may have died, hung, or not reached this collective)");
+// "<what> timed out after <ms> ms (...)".
+std::string NcclTimeout(const std::string& what, std::chrono::milliseconds t) {
+  return StrCat(what, " timed out after ", t.count(), " ms (a peer rank may have died, hung, or not reached this collective)");
 }
-
-constexpr const char* kPeerMayHaveFailed = " (a peer rank may have died or failed)";
-}  // namespace
 
 // One collective in flight.
 struct NcclOp {
@@ -155,7 +150,7 @@ void NcclState::WaitReadyLocked(const std::string& what, std::chrono::millisecon
     if (r != ncclSuccess) state = r;
     if (state == ncclSuccess) return;
     if (state != ncclInProgress) {
-      AbortLocked(NcclFailure(what, state, comm) + kPeerMayHaveFailed, false);
+      AbortLocked(NcclFailure(what, state, comm, true), false);
       ThrowErrorLocked();
     }
     if (Clock::now() > deadline) {
@@ -185,7 +180,7 @@ void NcclState::PollLocked(NcclOp& op, Clock::time_point deadline) {
   const ncclResult_t r = comm ? ncclCommGetAsyncError(comm, &state) : ncclInvalidUsage;
   if (r != ncclSuccess) state = r;
   if (state != ncclSuccess && state != ncclInProgress) {
-    AbortLocked(NcclFailure(op.what, state, comm) + kPeerMayHaveFailed, false);
+    AbortLocked(NcclFailure(op.what, state, comm, true), false);
     return;
   }
   if (Clock::now() > deadline) {
@@ -388,7 +383,7 @@ NcclCommunicator::NcclCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
     const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
     s.comm = comm;
     if (r != ncclSuccess && r != ncclInProgress) {
-      s.AbortLocked(internal::NcclFailure(what, r, comm), false);
+      s.AbortLocked(internal::NcclFailure(what, r, comm, false), false);
       s.ThrowErrorLocked();
     }
     s.WaitReadyLocked(what, timeout_, Clock::now() + timeout_);
