@@ -12,7 +12,9 @@
 # each to a value never seen before, and requires that no action was a remote
 # cache hit and at least one ran; results of these runs are not uploaded. After
 # each, with the real values again, every action must be a remote cache hit
-# (which shows that hits are seen at all).
+# (which shows that hits are seen at all). Before that it checks that the values
+# follow their sources: a compiler reporting another version ($CC) and a LibTorch
+# with another version.py ($LIBTORCH_HOME) give other identities.
 set -euo pipefail
 URL="${1:?usage: $0 REMOTE_CACHE_URL [OUTPUT_BASE] [TARGET]}"
 OB="${2:-}"
@@ -53,6 +55,20 @@ build() {
     ((ran == 0 && hits > 0)) || die "$name: expected only remote cache hits, got $hits hits and $ran actions run"
   fi
 }
+
+# First, that the identities follow what they describe: a compiler that reports
+# another version and a LibTorch with another version.py give other values.
+scratch="$(mktemp -d)"
+trap 'rm -f "$LOG"; rm -rf "$scratch"' EXIT
+printf '#!/bin/sh\necho "gcc version 99.1.0 (not the real one)"\n' >"$scratch/cc"
+chmod +x "$scratch/cc"
+mkdir -p "$scratch/torch/include" "$scratch/torch/lib"
+echo "__version__ = '9.9.9+changed'" >"$scratch/torch/version.py"
+other_cc="$(CC="$scratch/cc" bash -c 'source "$1"; shardtrain_build_identity "$2"; echo "$SHARDTRAIN_CC_ID"' _ "$ROOT/tools/ci/build_identity.sh" "$ROOT")"
+other_torch="$(LIBTORCH_HOME="$scratch/torch" bash -c 'source "$1"; shardtrain_build_identity "$2"; echo "$SHARDTRAIN_TORCH_STAMP"' _ "$ROOT/tools/ci/build_identity.sh" "$ROOT")"
+[[ "$other_cc" != "$SHARDTRAIN_CC_ID" ]] || die "SHARDTRAIN_CC_ID did not change with a compiler that reports another version ('$other_cc')"
+[[ "$other_torch" != "$SHARDTRAIN_TORCH_STAMP" ]] || die "SHARDTRAIN_TORCH_STAMP did not change with another LibTorch version.py ('$other_torch')"
+say "identities follow their sources: another gcc version gives SHARDTRAIN_CC_ID '$other_cc', another torch version.py gives SHARDTRAIN_TORCH_STAMP $other_torch (real: $SHARDTRAIN_TORCH_STAMP)"
 
 new="changed $(date +%s%N)"
 build "baseline (real values)" any
