@@ -145,7 +145,8 @@ exports_files(["defs.bzl"])
 
 cc_library(
     name = "c10",
-    hdrs = glob(["include/c10/**"]),
+    # c10's headers include torch/headeronly/ (found undeclared by a sandboxed build).
+    hdrs = glob(["include/c10/**", "include/torch/headeronly/**"]),
     includes = ["include"],
     srcs = {c10_libs},
     defines = ["_GLIBCXX_USE_CXX11_ABI={abi}"],
@@ -154,7 +155,7 @@ cc_library(
 
 cc_library(
     name = "torch_cpu",
-    hdrs = glob(["include/**"], exclude = ["include/c10/**", "include/torch/csrc/distributed/**"]),
+    hdrs = glob(["include/**"], exclude = ["include/c10/**", "include/torch/headeronly/**", "include/torch/csrc/distributed/**"]),
     includes = ["include", "include/torch/csrc/api/include"],
     srcs = {cpu_libs},
     deps = [":c10"],
