@@ -60,7 +60,10 @@ http {
 CONF
   "$NGINX" -e "$run/error.log" -p "$run" -c "$run/nginx.conf" || die "nginx did not start; see $run/error.log"
   for _ in $(seq 50); do port_open "$port" && break; sleep 0.1; done
-  port_open "$port" || die "nginx started but 127.0.0.1:$port does not answer; see $run/error.log"
+  if ! port_open "$port"; then
+    stop "$port"  # leave no nginx behind
+    die "nginx started but 127.0.0.1:$port does not answer; see $run/error.log"
+  fi
   echo "http://127.0.0.1:$port"
 }
 

@@ -38,6 +38,8 @@ cleanup() {
   if [[ "${SHARDTRAIN_PROOF_KEEP:-0}" != 1 ]]; then chmod -R u+w "$SCRATCH" 2>/dev/null; rm -rf "$SCRATCH"; fi
 }
 trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM  # a cancelled CI also shuts clone B's Bazel down and removes the scratch dir
 
 mkdir -p "$B"
 (cd "$ROOT" && git ls-files -co --exclude-standard -z | tar --null -T - -c) | tar -x -C "$B"
