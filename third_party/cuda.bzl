@@ -52,12 +52,13 @@ cc_library(name = "nccl")
 package(default_visibility = ["//visibility:public"])
 exports_files(["defs.bzl"])
 
+# No -rpath: the .so files are declared inputs, so Bazel gives each binary
+# $ORIGIN-relative run paths into its _solib tree (no absolute path of the venv).
 cc_library(
     name = "cudart",
     hdrs = glob(["cuda/include/**"]),
     includes = ["cuda/include"],
     srcs = ["cuda/lib/libcudart.so"],
-    linkopts = ["-Wl,-rpath,{cudalib}"],
 )
 
 cc_library(
@@ -65,10 +66,9 @@ cc_library(
     hdrs = ["nccl/include/nccl.h"],
     includes = ["nccl/include"],
     srcs = ["nccl/lib/{ncclname}"],
-    linkopts = ["-Wl,-rpath,{nccllib}"],
     deps = [":cudart"],
 )
-""".format(cudalib = cuda_home.get_child("lib64").realpath, ncclname = nccl_lib.basename, nccllib = nccl_lib.dirname.realpath))
+""".format(ncclname = nccl_lib.basename))
 
 cuda_repository = repository_rule(
     implementation = _cuda_repository_impl,

@@ -4,6 +4,7 @@
 #     gflags, GoogleTest, nlohmann-json, Gloo's headers, zlib, the Fashion-MNIST data set;
 #     clang-14 and its libFuzzer/sanitizer runtimes (tools/fuzz/run_checkpoint_fuzzer.sh);
 #     iproute2, Open MPI, SLURM and MUNGE for the multi-host tests (tests/cluster);
+#     nginx (CI's remote cache);
 #   - the pinned PyPI torch (LibTorch's C++ headers and libraries plus Python
 #     PyTorch for reference runs) into the project-local prefix .deps/venv.
 # pip's download cache stays in the user's cache directory, outside the clone.
@@ -20,6 +21,9 @@ DEBIAN_PACKAGES=(
   python3 python3-venv binutils g++ clang-14 libclang-rt-14-dev
   iproute2 util-linux openmpi-bin slurmctld slurmd slurm-client munge
 )
+# The remote cache .ci/run serves on loopback (tools/ci/remote_cache.sh): nginx
+# with WebDAV PUT.
+DEBIAN_PACKAGES+=(nginx-light)
 
 say() { echo "[bootstrap] $*" >&2; }
 
