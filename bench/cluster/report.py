@@ -108,7 +108,7 @@ def main():
     section = "\n".join(out)
 
     md = open(md_path).read()
-    m = re.search(r"^## Across hosts\n.*?(?=^## |\Z)", md, flags=re.S | re.M)
+    m = re.search(r"^## Across hosts\n.*?(?=^##? |\Z)", md, flags=re.S | re.M)
     md = md[:m.start()] + section + md[m.end():] if m else md.rstrip("\n") + "\n\n" + section
     open(md_path, "w").write(md)
     try:
