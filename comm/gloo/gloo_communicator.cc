@@ -116,21 +116,16 @@ std::string ListenAddressFor(c10d::Store& store) {
   return "";
 }
 
-// Reads the peers' heartbeats for the stall watch (GlooPeerMonitor's keys).
-std::function<std::vector<std::optional<PeerBeat>>()> MakeBeatReader(const c10::intrusive_ptr<c10d::Store>& store,
-                                                                      const std::string& name, int rank, int size) {
-  return [store, name, rank, size] {
-    std::vector<std::string> keys;
-    for (int r = 0; r < size; ++r)
-      if (r != rank) keys.push_back("shardtrain/heartbeat/" + name + "/" + std::to_string(r));
-    std::vector<std::optional<PeerBeat>> beats(size);
-    if (!store->check(keys)) return beats;  // not every peer published yet
-    const auto values = store->multiGet(keys);
-    for (int r = 0, i = 0; r < size && i < static_cast<int>(values.size()); ++r) {
-      if (r == rank) continue;
-      const std::string text(values[i].begin(), values[i].end());
-      ++i;
-      if (auto h = Heartbeat::Parse(text)) beats[r] = PeerBeat{h->wall_ms, h->issued, h->op, h->pid, h->host, h->closed};
+// The stall watch's view of the peers' heartbeats, as the peer monitor reads them.
+PeerWatch::Reader MakeBeatReader(std::shared_ptr<GlooPeerMonitor> monitor) {
+  return [monitor = std::move(monitor)] {
+    std::vector<std::optional<PeerBeat>> beats;
+    for (const auto& h : monitor->ReadPeers()) {
+      if (h) {
+        beats.push_back(PeerBeat{h->wall_ms, h->issued, h->op, h->pid, h->host, h->closed});
+      } else {
+        beats.push_back(std::nullopt);
+      }
     }
     return beats;
   };
@@ -234,7 +229,7 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
   if (monitor_ && (options_.stall_warning.count() > 0 || options_.stall_timeout.count() > 0)) {
     watch = std::make_shared<PeerWatch>(PeerWatchOptions{name_, rank_, size_, options_.heartbeat_period,
                                                          options_.stall_warning, options_.stall_timeout},
-                                        gloo_internal::MakeBeatReader(store_, name_, rank_, size_));
+                                        gloo_internal::MakeBeatReader(monitor_));
     if (mesh_) watch->OnStallFailure([mesh = mesh_.get()] { mesh->Abort(); });
   }
   group_ = std::make_shared<const GlooGroupRef>(GlooGroupRef{name_, rank_, size_, monitor_, watch});

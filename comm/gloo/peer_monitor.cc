@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <sstream>
+#include <stdexcept>
 
 #include "base/errors.h"
 #include "comm/gloo/shared_memory_mesh.h"
@@ -219,6 +220,12 @@ GlooPeerMonitor::Snapshot GlooPeerMonitor::Read() {
   }
   s.wall_ms = WallMs();
   return s;
+}
+
+std::vector<std::optional<Heartbeat>> GlooPeerMonitor::ReadPeers() {
+  Snapshot s = Read();
+  if (!s.ok) throw std::runtime_error(s.error);
+  return std::move(s.peers);
 }
 
 bool GlooPeerMonitor::FreshRead(std::unique_lock<std::mutex>& lock, Snapshot* out) {

@@ -88,6 +88,12 @@ class GlooPeerMonitor : public std::enable_shared_from_this<GlooPeerMonitor> {
   // connection failure).
   std::string Diagnose(int64_t seq, int64_t issued_ms, const char* op, bool timed_out);
 
+  // The peers' latest heartbeats, read from the store now on the caller's
+  // thread (index = rank; nullopt for this rank and for a peer that has not
+  // published one yet). For PeerWatch, which reads while a collective waits.
+  // Throws std::runtime_error when the store cannot be read.
+  std::vector<std::optional<gloo_internal::Heartbeat>> ReadPeers();
+
  private:
   static constexpr std::chrono::milliseconds kReadWait{2000};
   static constexpr std::chrono::milliseconds kStopWait{3000};
