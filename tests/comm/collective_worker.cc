@@ -268,7 +268,16 @@ void LoopUntilPeerFails(Communicator& comm, const Flags& flags) {
   }
   int64_t iteration = 0;
   try {
-    while (Clock::now() - start < std::chrono::milliseconds(flags.loop_ms)) {
+    // The ranks agree when the loop ends (each one's clock says whether it
+    // wants another iteration; MIN over the group): ended on its own clock
+    // alone, a rank could leave while its peer starts one more collective.
+    auto another_iteration = [&] {
+      at::Tensor go = at::zeros({1}, at::kLong);
+      go.data_ptr<int64_t>()[0] = Clock::now() - start < std::chrono::milliseconds(flags.loop_ms) ? 1 : 0;
+      comm.AllReduce(go, ReduceOptions{ReduceOp::kMin})->Wait();
+      return go.data_ptr<int64_t>()[0] == 1;
+    };
+    while (another_iteration()) {
       if (R == flags.stall_rank && Clock::now() - start >= std::chrono::milliseconds(flags.die_after_ms)) {
         std::fprintf(stderr, "%s: stalling after %lld iterations (--stall_rank)\n", g_rank_text,
                      static_cast<long long>(iteration));
