@@ -28,12 +28,19 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "trainer/data.h"
+
+namespace torch::optim {
+class Optimizer;
+}
 
 namespace shardtrain::trainer {
 
@@ -49,7 +56,9 @@ class Callback {
   // After the last checkpoint of Fit.
   virtual void on_fit_end(Trainer& trainer, TrainingModule& module) {}
   // After every training batch (micro-batch), once the optimizer step it
-  // completes (if any) is done: trainer.global_step() counts it.
+  // completes (if any) is done: trainer.global_step() counts it. A stop
+  // requested here (trainer.set_should_stop) on any rank ends Fit after this
+  // step on every rank (see Trainer::set_should_stop).
   virtual void on_train_batch_end(Trainer& trainer, TrainingModule& module, const at::Tensor& loss,
                                   int64_t batch_idx) {}
   // Before and after each validation pass, in Fit and in Trainer::Validate
@@ -60,6 +69,31 @@ class Callback {
   // already epoch + 1 (a checkpoint taken here resumes with the next epoch).
   virtual void on_train_epoch_end(Trainer& trainer, TrainingModule& module, int64_t epoch) {}
 
+  // ---- Hooks of the training step, checkpoints and failures ---------------
+  // Each runs on every rank, after the module's hook of the same name
+  // (trainer/training_module.h describes the order within a step).
+  // Before training_step of every micro-batch (the batch is on the device).
+  virtual void on_train_batch_start(Trainer& trainer, TrainingModule& module, const Batch& batch,
+                                    int64_t batch_idx) {}
+  // Before backward of every micro-batch; `loss` is what backward gets (the
+  // loss / accumulate_grad_batches, before 16-mixed scaling).
+  virtual void on_before_backward(Trainer& trainer, TrainingModule& module, const at::Tensor& loss) {}
+  virtual void on_after_backward(Trainer& trainer, TrainingModule& module) {}
+  // Once per optimizer step, after the step's collective (gradients
+  // synchronized and unscaled), before clipping and optimizer.step().
+  virtual void on_before_optimizer_step(Trainer& trainer, TrainingModule& module,
+                                        torch::optim::Optimizer& optimizer) {}
+  // Extra checkpoint state shared with the module (see
+  // TrainingModule::on_save_checkpoint): written at every save (full or
+  // sharded), read back on resume before on_fit_start.
+  virtual void on_save_checkpoint(Trainer& trainer, TrainingModule& module,
+                                  std::map<std::string, std::string>& checkpoint) {}
+  virtual void on_load_checkpoint(Trainer& trainer, TrainingModule& module,
+                                  const std::map<std::string, std::string>& checkpoint) {}
+  // Fit is failing with `e` (Preempted included), after the module's
+  // on_exception; then `e` propagates. Exceptions thrown here are logged and dropped.
+  virtual void on_exception(Trainer& trainer, TrainingModule& module, const std::exception& e) {}
+
   // Key under which state_dict() is checkpointed ("" = stateless).
   virtual std::string state_key() const { return ""; }
   virtual std::map<std::string, std::string> state_dict() const { return {}; }
@@ -67,6 +101,10 @@ class Callback {
 };
 
 using CallbackPtr = std::shared_ptr<Callback>;
+
+// The key of the checkpoint's "callbacks" entry that holds the extra state of
+// on_save_checkpoint / on_load_checkpoint (reserved: no callback's state_key).
+inline constexpr char kExtraStateKey[] = "on_save_checkpoint";
 
 struct ModelCheckpointOptions {
   // Directory; "" = the Trainer's checkpoint directory (<log_dir>/checkpoints).

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string_view>
@@ -17,6 +18,7 @@
 #include "base/errors.h"
 #include "base/logging.h"
 #include "trainer/file_util.h"
+#include "trainer/metric_log.h"
 #include "trainer/progress.h"
 #include "trainer/resume.h"
 #include "trainer/sharded_checkpoint.h"
@@ -48,6 +50,12 @@ struct Trainer::FitLoop {
   std::map<std::string, double> step_metrics;  // agreed by SyncStep
   int stop_signal = 0;                          // agreed by SyncStep: stop after this step, then save
   bool stop = false;
+  // A stop request this rank made before the step's first micro-batch (in
+  // on_train_batch_end of the step before); agreed by SyncStep, it discards
+  // the step (DiscardStep).
+  bool stop_before_step = false;
+  bool discard = false;                 // agreed by SyncStep
+  internal::MetricCollector metrics;    // what the module Log()s (trainer/metric_log.h)
   // The state the last checkpoint written by this Fit holds (SaveLast links instead of writing it again).
   std::tuple<int64_t, int64_t, int64_t> saved_at{-1, -1, -1};
   std::string saved_path;
@@ -55,6 +63,24 @@ struct Trainer::FitLoop {
 
 void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* val, const std::string& ckpt_path) {
   ST_CHECK_ARG(!fitting_, "Trainer::Fit is already running");
+  try {
+    RunFit(module, train, val, ckpt_path);
+  } catch (const std::exception& e) {
+    // on_exception of the module, then of the callbacks; their own failures do not replace `e`.
+    const auto call = [&](const char* who, const std::function<void()>& hook) {
+      try {
+        hook();
+      } catch (const std::exception& inner) {
+        ST_LOG(ERROR) << who << " on_exception threw (ignored): " << inner.what();
+      }
+    };
+    call("TrainingModule", [&] { module.on_exception(e); });
+    for (auto& cb : options_.callbacks) call("Callback", [&] { cb->on_exception(*this, module, e); });
+    throw;
+  }
+}
+
+void Trainer::RunFit(TrainingModule& module, const Dataset& train, const Dataset* val, const std::string& ckpt_path) {
   struct FittingScope {
     bool& flag;
     explicit FittingScope(bool& f) : flag(f) { flag = true; }
@@ -77,6 +103,8 @@ void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* v
   FitLoop loop{module, train, val, DistributedSampler(train.size(), W, rank(), o.shuffle, o.seed, /*drop_last=*/false),
                fit_train_batches_, 1, strategies::ParseGradClipAlgorithm(o.gradient_clip_algorithm)};
   loop.builtin_checkpoints = o.enable_checkpointing;
+  loop.metrics = internal::MetricCollector(
+      {world_.get(), rank(), W, [this](std::vector<double> v) { return AllReduceSum(std::move(v)); }});
   for (const auto& cb : o.callbacks) {
     if (dynamic_cast<ModelCheckpoint*>(cb.get())) loop.builtin_checkpoints = false;
   }
@@ -132,19 +160,24 @@ void Trainer::RunEpoch(FitLoop& loop) {
   loop.acc_n = 0;
   for (int64_t i = batch_in_epoch_; i < loop.nb; ++i) {
     const bool sync = (i + 1) % o.accumulate_grad_batches == 0 || i + 1 == loop.nb;
+    if (i % o.accumulate_grad_batches == 0) loop.stop_before_step = should_stop_;
     const at::Tensor loss = TrainStep(loop, batches[i], i);
     if (sync) {
       // 16-mixed: the overflow flag joins the step's one collective (Unscale's reduce callback).
       const auto sync_step = [&](double overflow) { return SyncStep(loop, overflow > 0) ? 1.0 : 0.0; };
       const bool skip = scaler_ ? scaler_->Unscale(strategy_->parameters(), sync_step) : SyncStep(loop, false);
+      if (loop.discard) {
+        DiscardStep(loop);
+        break;
+      }
       OptimizerStep(loop, skip);
       OnStepEnd(loop);
     }
+    // A stop requested here reaches the other ranks in the next collective:
+    // after validation or at the epoch end (SyncShouldStop), else with the
+    // next step's (SyncStep), which then discards that step.
     for (auto& cb : o.callbacks) cb->on_train_batch_end(*this, module, loss, i);
-    if (sync) {
-      SyncShouldStop();
-      if (should_stop_) loop.stop = true;
-    }
+    if (sync && should_stop_ && world_size() == 1) loop.stop = true;  // nobody to tell
     if (loop.val && (i + 1) % loop.val_every == 0) {
       RunValidation(module, *loop.val);
       SyncShouldStop();
@@ -160,49 +193,72 @@ at::Tensor Trainer::TrainStep(FitLoop& loop, const std::vector<int64_t>& batch, 
   const auto& o = options_;
   const bool sync = (i + 1) % o.accumulate_grad_batches == 0 || i + 1 == loop.nb;
   Batch b = ToDevice(loop.train.get_batch(batch));
-  at::Tensor loss = loop.module.training_step(b, i);
+  TrainingModule& module = loop.module;
+  module.on_train_batch_start(b, i);
+  for (auto& cb : o.callbacks) cb->on_train_batch_start(*this, module, b, i);
+  at::Tensor loss = module.training_step(b, i);
   at::Tensor to_backward = o.accumulate_grad_batches > 1 ? loss / static_cast<double>(o.accumulate_grad_batches) : loss;
+  module.on_before_backward(to_backward);
+  for (auto& cb : o.callbacks) cb->on_before_backward(*this, module, to_backward);
   if (scaler_) to_backward = scaler_->Scale(to_backward);
   strategy_->Backward(to_backward, sync);
-  loop.module.on_train_batch_end(loss.detach(), i);
+  module.on_after_backward();
+  for (auto& cb : o.callbacks) cb->on_after_backward(*this, module);
+  module.on_train_batch_end(loss.detach(), i);
+  loop.metrics.AddBatch(module);
   loop.acc_loss += loss.detach().to(at::kDouble).item<double>();
   ++loop.acc_n;
   batch_in_epoch_ = i + 1;
   return loss.detach();
 }
 
-// The step's one collective: [loss, overflow, should_stop, SIGTERM, SIGINT,
-// SIGUSR1, logged metrics...] summed over the ranks. Sets the agreed loss,
-// metrics and stop signal in `loop`; returns whether any rank overflowed.
+// The step's one collective: [loss, overflow, stop before the step, stop,
+// SIGTERM, SIGINT, SIGUSR1] and what the module Log()ged in the step
+// (trainer/metric_log.h) summed over the ranks. Sets the agreed loss,
+// metrics, stop flags and stop signal in `loop`; returns whether any rank
+// overflowed.
 bool Trainer::SyncStep(FitLoop& loop, bool overflow) {
   constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
   const int received = ReceivedStopSignal();
   std::vector<double> v = {loop.acc_loss / static_cast<double>(loop.acc_n), overflow ? 1.0 : 0.0,
-                           should_stop_ ? 1.0 : 0.0};
+                           loop.stop_before_step ? 1.0 : 0.0, should_stop_ ? 1.0 : 0.0};
   for (int sig : kSignals) v.push_back(received == sig ? 1.0 : 0.0);
-  std::vector<std::string> names;  // the same on every rank (what training_step log()ged)
-  for (const auto& [k, x] : loop.module.logged_) {
-    names.push_back(k);
-    v.push_back(x);
-  }
-  loop.module.logged_.clear();
-  v = AllReduceSum(std::move(v));
+  v = loop.metrics.SyncStep(std::move(v));
   const double W = world_size();
   loop.step_loss = v[0] / W;
-  if (v[2] > 0) should_stop_ = true;
+  loop.discard = v[2] > 0;
+  if (v[3] > 0) {  // requested before this step's collective: Fit ends after this step
+    should_stop_ = true;
+    loop.stop = true;
+  }
   loop.stop_signal = 0;
   for (int s = 2; s >= 0; --s) {  // SIGUSR1, SIGINT, SIGTERM: the first wins where ranks got different ones
-    if (v[3 + s] > 0) loop.stop_signal = kSignals[s];
+    if (v[4 + s] > 0) loop.stop_signal = kSignals[s];
   }
-  loop.step_metrics.clear();
-  for (size_t j = 0; j < names.size(); ++j) loop.step_metrics[names[j]] = v[6 + j] / W;
+  loop.step_metrics = loop.metrics.step_metrics();
   return v[1] > 0;
+}
+
+// A stop that some rank requested after the previous step's collective (in
+// on_train_batch_end) arrived with this step's: as in Lightning, Fit ends
+// after the step that requested it, so this step's micro-batches are
+// dropped: no optimizer step, gradients zeroed, the loop position back at
+// the step's first micro-batch (a checkpoint resumes there). Their forward,
+// backward and batch hooks did run.
+void Trainer::DiscardStep(FitLoop& loop) {
+  opt_.optimizer->zero_grad();
+  batch_in_epoch_ -= loop.acc_n;
+  loop.acc_loss = 0;
+  loop.acc_n = 0;
+  loop.stop = true;
 }
 
 // Clipping, the LR schedule, optimizer.step (unless the 16-mixed scaler found
 // an overflow on any rank), the scaler's update and zero_grad.
 void Trainer::OptimizerStep(FitLoop& loop, bool skip) {
   const auto& o = options_;
+  loop.module.on_before_optimizer_step(*opt_.optimizer);
+  for (auto& cb : o.callbacks) cb->on_before_optimizer_step(*this, loop.module, *opt_.optimizer);
   if (!skip && o.gradient_clip_val > 0) strategy_->ClipGradients(o.gradient_clip_val, loop.clip_algo);
   if (opt_.lr_lambda) {
     const double f = opt_.lr_lambda(global_step_);
@@ -234,7 +290,7 @@ void Trainer::OnStepEnd(FitLoop& loop) {
     if (scaler_) row["grad_scale"] = scaler_->scale();
     LogMetrics(row, global_step_);
   }
-  if (loop.progress) loop.progress->Update(epoch_, global_step_, l);
+  if (loop.progress) loop.progress->Update(epoch_, global_step_, l, loop.metrics.prog_bar());
   if (loop.builtin_checkpoints && o.checkpoint_every_n_steps > 0 && global_step_ % o.checkpoint_every_n_steps == 0) {
     loop.saved_path = (fs::path(ckpt_dir_) / ("step=" + std::to_string(global_step_) + ".ckpt")).string();
     SaveCheckpoint(loop.saved_path);
@@ -245,6 +301,14 @@ void Trainer::OnStepEnd(FitLoop& loop) {
 }
 
 void Trainer::OnEpochEnd(FitLoop& loop) {
+  // The epoch aggregates of what the module Log()ged with on_epoch (one
+  // all-reduce, only when there are any), before the epoch-end hooks see them.
+  if (loop.metrics.has_epoch_values()) {
+    std::map<std::string, double> row = loop.metrics.ReduceEpoch("training", /*names_agreed=*/true);
+    for (const auto& [k, v] : row) callback_metrics_[k] = v;
+    row["epoch"] = static_cast<double>(epoch_);
+    LogMetrics(row, global_step_);
+  }
   loop.module.on_train_epoch_end(epoch_);
   const int64_t finished = epoch_;
   ++epoch_;

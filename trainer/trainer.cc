@@ -24,6 +24,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/checkpoint_state.h"
 #include "trainer/csv_logger.h"
+#include "trainer/metric_log.h"
 #include "trainer/optimizer_ownership.h"
 #include "trainer/progress.h"
 #include "trainer/tensorboard_logger.h"
@@ -258,8 +259,12 @@ double Trainer::RunValidation(TrainingModule& module, const Dataset& val) {
   model.eval();
   // What training_step log()ged for the next training row waits until validation is done.
   std::map<std::string, double> pending = std::move(module.logged_);
+  std::map<std::string, LogOptions> pending_options = std::move(module.log_options_);
   module.logged_.clear();
-  std::map<std::string, std::pair<double, int64_t>> logged;  // name -> (sum, count) over batches
+  module.log_options_.clear();
+  module.log_eval_defaults_ = true;
+  internal::MetricCollector logged(
+      {world_.get(), rank(), world_size(), [this](std::vector<double> v) { return AllReduceSum(std::move(v)); }});
   double sum = 0;
   int64_t n = 0;
   bool any = true;
@@ -272,11 +277,7 @@ double Trainer::RunValidation(TrainingModule& module, const Dataset& val) {
     for (int64_t i = 0; i < nb; ++i) {
       Batch b = ToDevice(val.get_batch(batches[i]));
       auto loss = module.validation_step(b, i);
-      for (const auto& [k, v] : module.logged_) {
-        logged[k].first += v;
-        ++logged[k].second;
-      }
-      module.logged_.clear();
+      logged.AddBatch(module);
       if (!loss) {
         any = false;
         break;
@@ -286,13 +287,12 @@ double Trainer::RunValidation(TrainingModule& module, const Dataset& val) {
     }
   }
   module.logged_ = std::move(pending);
+  module.log_options_ = std::move(pending_options);
+  module.log_eval_defaults_ = false;
   if (was_training) model.train();
   double mean = std::numeric_limits<double>::quiet_NaN();
-  std::map<std::string, double> row;
-  for (const auto& [k, sc] : logged) {
-    // Same names on every rank (as for training logs); a mean over all batches of all ranks.
-    row[k] = strategy_->ReduceSum(sc.first) / std::max(1.0, strategy_->ReduceSum(static_cast<double>(sc.second)));
-  }
+  // Aggregated over the batches (and ranks, with sync_dist); every rank must log the same names.
+  std::map<std::string, double> row = logged.ReduceEpoch("validation");
   if (any) {
     mean = strategy_->ReduceSum(sum) / std::max(1.0, strategy_->ReduceSum(static_cast<double>(n)));
     val_losses_.push_back(mean);

@@ -38,10 +38,10 @@
 // Callbacks (TrainerOptions::callbacks) run at fixed points on every rank;
 // loggers (CSV, TensorBoard) write on rank 0.
 //
-// Each optimizer step makes one all-reduce of scalars (more only with
-// callbacks: see set_should_stop): the step's loss, what training_step
-// log()ged, the should-stop request, the stop-signal flags and the 16-mixed
-// overflow flag travel in one tensor.
+// Each optimizer step makes one all-reduce of scalars, with or without
+// callbacks: the step's loss, what the module Log()ged (one more only at the
+// step whose logged names change), the should-stop requests, the
+// stop-signal flags and the 16-mixed overflow flag travel in one tensor.
 //
 // Preemption (trainer/stop_signals.h): SIGTERM, SIGINT or SIGUSR1 on any rank
 // or on the launcher make every rank finish the current optimizer step, then
@@ -171,6 +171,8 @@ class Trainer {
   // of the newest run under default_root_dir (InvalidArgumentError if none).
   // Throws Preempted (trainer/stop_signals.h) after a stop signal, once the
   // checkpoint is written.
+  // When Fit throws (Preempted included), every rank that throws first runs
+  // the module's and the callbacks' on_exception.
   void Fit(TrainingModule& module, const Dataset& train, const Dataset* val = nullptr,
            const std::string& ckpt_path = "");
   // Lightning's trainer.validate: one validation pass (collective) with the
@@ -229,11 +231,14 @@ class Trainer {
   // For callbacks. The latest rank-reduced metrics: train_loss (each
   // optimizer step), val_loss (each validation) and what the module log()s.
   const std::map<std::string, double>& callback_metrics() const { return callback_metrics_; }
-  // Asks Fit to stop after the current optimizer step. The flag is
-  // all-reduced at step ends, validation ends and epoch ends, so a request
-  // from any rank stops every rank at the same point. (A request made in
-  // on_train_batch_end must stop the same step, as in Lightning: with
-  // callbacks, each step makes a second one-scalar all-reduce after them.)
+  // Asks Fit to stop after the current optimizer step. The flag travels in
+  // the step's one all-reduce and is all-reduced at validation ends and
+  // epoch ends, so a request from any rank stops every rank at the same
+  // point. A request made after the step's all-reduce (in on_train_batch_end,
+  // as Lightning's callbacks do) stops after that same step too: it reaches
+  // the other ranks with the next step's all-reduce, and that step is
+  // dropped (no optimizer step, loop position kept; its micro-batches' hooks
+  // did run).
   void set_should_stop(bool stop) { should_stop_ = stop; }
   bool should_stop() const { return should_stop_; }
   // Sends a row of scalars to every logger (rank 0; a no-op elsewhere).
@@ -270,12 +275,17 @@ class Trainer {
   bool SyncStep(FitLoop& loop, bool overflow);
   void OptimizerStep(FitLoop& loop, bool skip);
   void OnStepEnd(FitLoop& loop);
+  // ---- logging, hooks (fit_loop.cc) ----
+  void RunFit(TrainingModule& module, const Dataset& train, const Dataset* val, const std::string& ckpt_path);
+  void DiscardStep(FitLoop& loop);
   void OnEpochEnd(FitLoop& loop);
   void FinishFit(FitLoop& loop);
   std::string SaveLast(FitLoop& loop);
   std::vector<double> AllReduceSum(std::vector<double> values);
   std::string BroadcastString(const std::string& s);
-  std::map<std::string, std::map<std::string, std::string>> CallbackStates() const;
+  // The callbacks' state_dict()s and (under kExtraStateKey) what the
+  // on_save_checkpoint hooks write.
+  std::map<std::string, std::map<std::string, std::string>> CallbackStates();
 
   TrainerOptions options_;
   std::string accelerator_;  // resolved: "cpu" or "cuda"

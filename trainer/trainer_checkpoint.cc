@@ -46,12 +46,17 @@ void Trainer::AgreeOrThrow(bool failed, const std::string& message, const std::s
   ST_THROW(Error, what, " failed on another rank (see its error)");
 }
 
-std::map<std::string, std::map<std::string, std::string>> Trainer::CallbackStates() const {
+std::map<std::string, std::map<std::string, std::string>> Trainer::CallbackStates() {
   std::map<std::string, std::map<std::string, std::string>> out;
   for (const auto& cb : options_.callbacks) {
     const std::string key = cb->state_key();
+    ST_CHECK_ARG(key != kExtraStateKey, "callback state_key \"", key, "\" is reserved for on_save_checkpoint's state");
     if (!key.empty()) out[key] = cb->state_dict();
   }
+  std::map<std::string, std::string> extra;
+  module_->on_save_checkpoint(extra);
+  for (const auto& cb : options_.callbacks) cb->on_save_checkpoint(*this, *module_, extra);
+  if (!extra.empty()) out[kExtraStateKey] = std::move(extra);
   return out;
 }
 
@@ -208,6 +213,11 @@ void Trainer::LoadFrom(const std::string& path) {
   epoch_ = ck.epoch;
   global_step_ = ck.global_step;
   batch_in_epoch_ = ck.batch_in_epoch;
+  const auto extra = ck.callbacks.find(kExtraStateKey);
+  const std::map<std::string, std::string> extra_state =
+      extra != ck.callbacks.end() ? extra->second : std::map<std::string, std::string>{};
+  module_->on_load_checkpoint(extra_state);
+  for (const auto& cb : options_.callbacks) cb->on_load_checkpoint(*this, *module_, extra_state);
   if (rank() == 0) {
     ST_LOG(INFO) << "resumed from " << path << " (saved at world size " << ck.world_size << ", now " << W
                  << ") at epoch " << epoch_ << ", global step " << global_step_;

@@ -22,6 +22,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <exception>
 #include <map>
 #include <memory>
 #include <optional>
@@ -42,6 +43,30 @@ class Optimizer;
 namespace shardtrain::trainer {
 
 class Trainer;
+namespace internal {
+class MetricCollector;
+}
+
+// Options of TrainingModule::Log (Lightning's self.log arguments).
+struct LogOptions {
+  // Log this batch's value at the optimizer step (logged rows respect
+  // TrainerOptions::log_every_n_steps). Unset: true in training (training_step
+  // and the training hooks), false in validation.
+  std::optional<bool> on_step;
+  // Aggregate the values of all the epoch's batches (or of the validation
+  // run) with reduce_fx and log the result at its end. Unset: false in
+  // training, true in validation. With on_step and on_epoch both, the names
+  // logged are <name>_step and <name>_epoch (Lightning's); with one: <name>.
+  std::optional<bool> on_epoch;
+  // Show the value on the progress bar (trainer/progress.h).
+  bool prog_bar = false;
+  // Reduce the value over the ranks with reduce_fx (in the step's one
+  // all-reduce); false: rank 0's value is logged (as Lightning's loggers do).
+  bool sync_dist = false;
+  // "mean" (over batches, each weighing 1; with sync_dist over the batches of
+  // all ranks), "sum", "max" or "min".
+  std::string reduce_fx = "mean";
+};
 
 struct OptimizerConfig {
   std::shared_ptr<torch::optim::Optimizer> optimizer;
@@ -77,13 +102,62 @@ class TrainingModule {
   virtual void on_validation_start() {}
   virtual void on_validation_end() {}
 
+  // ---- Hooks of the training step, checkpoints and failures ---------------
+  // Each runs on every rank, before the callbacks' hook of the same name
+  // (trainer/callbacks.h). Per micro-batch, in this order:
+  //   on_train_batch_start(batch, i)   before training_step (batch on the device)
+  //   training_step(batch, i)
+  //   on_before_backward(loss)         `loss` is what backward gets: the step's
+  //                                    loss / accumulate_grad_batches, before
+  //                                    16-mixed scaling
+  //   backward                         (gradients synchronized on the step's last micro-batch)
+  //   on_after_backward()
+  //   on_train_batch_end(loss, i)      (module; the callbacks' run after the step)
+  // and on the step's last micro-batch, after the step's collective:
+  //   on_before_optimizer_step(opt)    gradients synchronized and (16-mixed)
+  //                                    unscaled, before clipping and step; also
+  //                                    when 16-mixed skips the step
+  virtual void on_train_batch_start(const Batch& batch, int64_t batch_idx) {}
+  virtual void on_before_backward(const at::Tensor& loss) {}
+  virtual void on_after_backward() {}
+  virtual void on_before_optimizer_step(torch::optim::Optimizer& optimizer) {}
+  // Extra state kept in checkpoints (Lightning's checkpoint dict): written
+  // into `checkpoint` while every checkpoint is saved (full or sharded; on
+  // every rank, rank 0's is stored), read back on resume (Fit's ckpt_path),
+  // after model, optimizer and callback states, before on_fit_start. The
+  // module and the callbacks share one map (stored under kExtraStateKey of
+  // the checkpoint's "callbacks" entry); on_load_checkpoint gets it empty
+  // when the checkpoint holds none.
+  virtual void on_save_checkpoint(std::map<std::string, std::string>& checkpoint) {}
+  virtual void on_load_checkpoint(const std::map<std::string, std::string>& checkpoint) {}
+  // Fit is failing with `e` (any exception, Preempted included): runs on
+  // every rank that throws, before the callbacks' on_exception, then `e`
+  // propagates. An exception thrown by the hook itself is logged and dropped.
+  virtual void on_exception(const std::exception& e) {}
+
   // Runs the model's forward through the strategy (sharded gather, autocast).
   at::Tensor forward(const std::function<at::Tensor()>& fn) { return strategy().Forward(fn); }
-  // Lightning's self.log: in training_step, a scalar added to the next
-  // logged row (rank-averaged); in validation_step, averaged over the
-  // validation batches and ranks and logged with val_loss. Every rank must
-  // log the same names.
-  void log(const std::string& name, double value) { logged_[name] = value; }
+  // Lightning's self.log(name, value, on_step=, on_epoch=, prog_bar=,
+  // sync_dist=, reduce_fx=): see LogOptions. Values logged in one step
+  // travel in the step's one all-reduce; the last value a step logs under a
+  // name is its step value. Every rank must log the same names in every
+  // step and validation run (else every rank throws InvalidArgumentError
+  // naming the names that differ). In training: the step values in
+  // callback_metrics after every step and in the logged row every
+  // log_every_n_steps; the epoch aggregates at the end of the epoch (before
+  // on_train_epoch_end; an epoch cut short by a stop or resumed from a
+  // mid-epoch checkpoint aggregates the batches this Fit ran). In
+  // validation: the aggregates with val_loss. Throws InvalidArgumentError for
+  // an unknown reduce_fx, or on_step in validation.
+  void Log(const std::string& name, double value, const LogOptions& options = {});
+  // Today's shorthand: Log(name, value, {.sync_dist = true}), i.e. in
+  // training_step the rank mean added to the step's row, in validation_step
+  // the mean over the batches of all ranks, logged with val_loss.
+  void log(const std::string& name, double value) {
+    LogOptions o;
+    o.sync_dist = true;
+    Log(name, value, o);
+  }
 
   strategies::Strategy& strategy();
   // The Trainer running this module (Lightning's self.trainer), e.g. for
@@ -97,9 +171,14 @@ class TrainingModule {
 
  private:
   friend class Trainer;
+  friend class internal::MetricCollector;
   strategies::Strategy* strategy_ = nullptr;
   Trainer* trainer_ = nullptr;
   std::map<std::string, double> logged_;
+  // ---- Log options (trainer/metric_log.h) ----
+  // Log's options of each name in logged_, on_step/on_epoch resolved.
+  std::map<std::string, LogOptions> log_options_;
+  bool log_eval_defaults_ = false;  // unset on_step/on_epoch as in validation/test (set by the Trainer)
   int64_t epoch_ = 0;
   int64_t global_step_ = 0;
 };
