@@ -190,11 +190,17 @@ TEST(Callbacks, StopRequestFromOneRankStopsAll) {
   TrainerOptions o = BaseOptions(TmpDir("stop1"), 2);
   o.strategy = "ddp";
   std::vector<int64_t> steps(2, -1);
-  Fit(
+  FitResult r = Fit(
       2, o, "", {}, [&](int rank, Trainer& t, Classifier&) { steps[rank] = t.global_step(); },
       [](int) { return std::vector<CallbackPtr>{std::make_shared<StopOnRank1>()}; });
   EXPECT_EQ(steps[0], 5);
   EXPECT_EQ(steps[1], 5);
+  // The step after the request (run until its collective) was dropped: the
+  // checkpoint resumes with it (step 5 = epoch 1's first batch).
+  CheckpointData d = LoadCheckpoint(r.last_ckpt);
+  EXPECT_EQ(d.global_step, 5);
+  EXPECT_EQ(d.epoch, 1);
+  EXPECT_EQ(d.batch_in_epoch, 1);
 }
 
 // Order and arguments of the hooks.
