@@ -2,6 +2,7 @@
 // optimizer step, end of step, end of epoch, end of fit), in the order of
 // Lightning's fit loop; split from trainer.cc.
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <signal.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -55,6 +56,10 @@ struct Trainer::FitLoop {
   // the step (DiscardStep).
   bool stop_before_step = false;
   bool discard = false;                 // agreed by SyncStep
+  // The CPU generator's state at the current step's first micro-batch (W > 1
+  // only): a discarded step puts it back, so the checkpoint written at the
+  // stop holds the state an uninterrupted run would have had there.
+  at::Tensor rng_at_step_start;
   internal::MetricCollector metrics;    // what the module Log()s (trainer/metric_log.h)
   // The state the last checkpoint written by this Fit holds (SaveLast links instead of writing it again).
   std::tuple<int64_t, int64_t, int64_t> saved_at{-1, -1, -1};
@@ -160,7 +165,10 @@ void Trainer::RunEpoch(FitLoop& loop) {
   loop.acc_n = 0;
   for (int64_t i = batch_in_epoch_; i < loop.nb; ++i) {
     const bool sync = (i + 1) % o.accumulate_grad_batches == 0 || i + 1 == loop.nb;
-    if (i % o.accumulate_grad_batches == 0) loop.stop_before_step = should_stop_;
+    if (i % o.accumulate_grad_batches == 0) {
+      loop.stop_before_step = should_stop_;
+      if (world_size() > 1) loop.rng_at_step_start = at::detail::getDefaultCPUGenerator().get_state();
+    }
     const at::Tensor loss = TrainStep(loop, batches[i], i);
     if (sync) {
       // 16-mixed: the overflow flag joins the step's one collective (Unscale's reduce callback).
@@ -243,10 +251,12 @@ bool Trainer::SyncStep(FitLoop& loop, bool overflow) {
 // on_train_batch_end) arrived with this step's: as in Lightning, Fit ends
 // after the step that requested it, so this step's micro-batches are
 // dropped: no optimizer step, gradients zeroed, the loop position back at
-// the step's first micro-batch (a checkpoint resumes there). Their forward,
-// backward and batch hooks did run.
+// the step's first micro-batch (a checkpoint resumes there), the CPU
+// generator's state as it was there. Their forward, backward and batch hooks
+// did run.
 void Trainer::DiscardStep(FitLoop& loop) {
   opt_.optimizer->zero_grad();
+  if (loop.rng_at_step_start.defined()) at::detail::getDefaultCPUGenerator().set_state(loop.rng_at_step_start);
   batch_in_epoch_ -= loop.acc_n;
   loop.acc_loss = 0;
   loop.acc_n = 0;
