@@ -199,6 +199,26 @@ sharding::OptimizerStates ShardedStrategyBase::OptimizerStatesFromFull(
   return sharding::OptimizerStatesFromFull(*sm_, params, state, step);
 }
 
+std::vector<Strategy::UnitSummary> ShardedStrategyBase::UnitSummaries() const {
+  CheckWrapped("UnitSummaries");
+  std::map<std::string, at::Tensor> by_name;  // requires_grad and sizes are metadata: safe while resharded
+  for (const auto& item : module_->named_parameters(true)) by_name.emplace(item.key(), item.value());
+  std::vector<UnitSummary> rows;
+  for (const auto& u : sm_->units()) {
+    UnitSummary r;
+    r.name = u.name;
+    r.parameters = u.numel;
+    for (const auto& n : u.param_names) {
+      auto it = by_name.find(n);
+      if (it != by_name.end() && it->second.requires_grad()) r.trainable += it->second.numel();
+    }
+    r.shard_elements = u.shard_numel;
+    r.shard_bytes = u.shard_numel * static_cast<int64_t>(sizeof(float));  // float32 master shards
+    rows.push_back(std::move(r));
+  }
+  return rows;
+}
+
 sharding::ShardedStateDict ShardedStrategyBase::ShardedState() const {
   if (!sm_) NotSharded("ShardedState");
   return sm_->GetShardedStateDict();

@@ -55,6 +55,8 @@ class ShardedStrategyBase : public Strategy {
       const std::vector<at::Tensor>& params, const std::map<std::string, std::map<std::string, at::Tensor>>& state,
       const std::map<std::string, int64_t>& step) override;
   bool has_sharded_state() const override { return sm_ != nullptr; }
+  // One row per unit of the sharding core: this rank's float32 shard.
+  std::vector<UnitSummary> UnitSummaries() const override;
   sharding::ShardedStateDict ShardedState() const override;
   std::vector<int64_t> ShardedOptimizerSteps(const std::vector<at::Tensor>& params,
                                              const sharding::OptimizerStates& states) const override;

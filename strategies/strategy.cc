@@ -173,6 +173,27 @@ std::vector<std::pair<std::string, at::Tensor>> UniqueNamedParameters(const torc
   return out;
 }
 
+std::vector<Strategy::UnitSummary> Strategy::UnitSummaries() const {
+  CheckWrapped("UnitSummaries");
+  std::vector<UnitSummary> rows;
+  std::map<std::string, size_t> row_of;  // first name component -> row
+  for (const auto& [name, p] : UniqueNamedParameters(*module_)) {
+    const auto dot = name.find('.');
+    const std::string unit = dot == std::string::npos ? "" : name.substr(0, dot);
+    const auto [it, added] = row_of.emplace(unit, rows.size());
+    if (added) {
+      rows.emplace_back();
+      rows.back().name = unit;
+    }
+    UnitSummary& r = rows[it->second];
+    r.parameters += p.numel();
+    if (p.requires_grad()) r.trainable += p.numel();
+    r.shard_elements += p.numel();  // replicated: every rank stores the whole unit
+    r.shard_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  }
+  return rows;
+}
+
 std::vector<at::Tensor> UniqueParameters(const torch::nn::Module& module) {
   std::vector<at::Tensor> out;
   for (auto& [name, t] : UniqueNamedParameters(module)) out.push_back(t);

@@ -143,6 +143,22 @@ class Strategy {
   // Whether checkpoints should be sharded (one piece per rank) by default.
   virtual bool prefers_sharded_checkpoint() const { return false; }
 
+  // --- Model summary ----------------------------------------------------------
+  // One row of the Trainer's model summary (trainer/model_summary.h).
+  struct UnitSummary {
+    std::string name;            // module path of the unit ("": the root)
+    int64_t parameters = 0;      // parameter elements of the whole unit (a tied weight once)
+    int64_t trainable = 0;       // of those, elements of parameters that require grad
+    int64_t shard_elements = 0;  // elements this rank stores for the unit (padding included)
+    int64_t shard_bytes = 0;     // bytes of those
+  };
+  // The wrapped model's units (no communication). Sharded strategies: one row
+  // per sharded unit (the root last) with this rank's shard. This default,
+  // for replicated strategies: one row per direct child module of the model
+  // (a tied weight under its first name) and "" for parameters of the model
+  // itself; every rank stores everything.
+  virtual std::vector<UnitSummary> UnitSummaries() const;
+
   // --- Checkpoint state -----------------------------------------------------
   // What the model's and optimizer's state are, for the Trainer's checkpoint
   // files (trainer/checkpoint_state.cc reads and writes the files; how state

@@ -8,6 +8,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -20,8 +21,10 @@
 #include "base/logging.h"
 #include "trainer/file_util.h"
 #include "trainer/metric_log.h"
+#include "trainer/model_summary.h"
 #include "trainer/progress.h"
 #include "trainer/resume.h"
+#include "trainer/run_controls.h"
 #include "trainer/sharded_checkpoint.h"
 #include "trainer/stop_signals.h"
 #include "trainer/trainer.h"
@@ -105,7 +108,8 @@ void Trainer::RunFit(TrainingModule& module, const Dataset& train, const Dataset
   SetupLoggers(module);
   step_losses_.clear();
   val_losses_.clear();
-  FitLoop loop{module, train, val, DistributedSampler(train.size(), W, rank(), o.shuffle, o.seed, /*drop_last=*/false),
+  const Dataset* val_set = internal::FitValidationSet(o, train, val);  // overfit_batches: the training set
+  FitLoop loop{module, train, val_set, DistributedSampler(train.size(), W, rank(), o.shuffle, o.seed, /*drop_last=*/false),
                fit_train_batches_, 1, strategies::ParseGradClipAlgorithm(o.gradient_clip_algorithm)};
   loop.builtin_checkpoints = o.enable_checkpointing;
   loop.metrics = internal::MetricCollector(
@@ -121,11 +125,18 @@ void Trainer::RunFit(TrainingModule& module, const Dataset& train, const Dataset
   if (rank() == 0 && o.enable_progress_bar) {
     loop.progress = std::make_unique<ProgressReporter>(estimated_stepping_batches(), o.log_every_n_steps);
   }
+  if (o.enable_model_summary && rank() == 0) {
+    std::fputs(FormatModelSummary(SummarizeModel(*strategy_, optimizer())).c_str(), stdout);
+    std::fflush(stdout);
+  }
   module.on_fit_start();
   for (auto& cb : o.callbacks) cb->on_fit_start(*this, module);
   strategy_->module().train();
   loop.stop = o.max_steps >= 0 && global_step_ >= o.max_steps;
-  while (!loop.stop && (max_epochs_ < 0 || epoch_ < max_epochs_)) RunEpoch(loop);
+  internal::RunExplainingNondeterminism(o.deterministic, [&] {
+    if (loop.val) RunSanityCheck(module, *loop.val);
+    while (!loop.stop && (max_epochs_ < 0 || epoch_ < max_epochs_)) RunEpoch(loop);
+  });
   FinishFit(loop);
 }
 
@@ -135,7 +146,8 @@ void Trainer::RunFit(TrainingModule& module, const Dataset& train, const Dataset
 std::string Trainer::ResolveCheckpointPath(const std::string& ckpt_path) {
   const auto& o = options_;
   const bool find = ckpt_path == "last" || (ckpt_path.empty() && o.resume == "auto");
-  std::string path = ckpt_path;
+  // "best": ModelCheckpoint's best (trainer/run_controls.h), the same on every rank.
+  std::string path = ckpt_path == "best" ? BestCheckpointPath(o.callbacks) : ckpt_path;
   if (rank() == 0) {
     for (const auto& r : RemoveCheckpointLitter(o.default_root_dir, o.logger_name)) {
       ST_LOG(INFO) << "removed " << r << " (left by a save that was killed)";
@@ -186,7 +198,7 @@ void Trainer::RunEpoch(FitLoop& loop) {
     // next step's (SyncStep), which then discards that step.
     for (auto& cb : o.callbacks) cb->on_train_batch_end(*this, module, loss, i);
     if (sync && should_stop_ && world_size() == 1) loop.stop = true;  // nobody to tell
-    if (loop.val && (i + 1) % loop.val_every == 0) {
+    if (loop.val && (i + 1) % loop.val_every == 0 && internal::ValidatesInEpoch(o, epoch_)) {
       RunValidation(module, *loop.val);
       SyncShouldStop();
       if (should_stop_ && sync) loop.stop = true;

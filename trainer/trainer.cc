@@ -27,6 +27,7 @@
 #include "trainer/metric_log.h"
 #include "trainer/optimizer_ownership.h"
 #include "trainer/progress.h"
+#include "trainer/run_controls.h"
 #include "trainer/tensorboard_logger.h"
 
 namespace shardtrain::trainer {
@@ -43,7 +44,7 @@ Trainer& TrainingModule::trainer() {
 }
 
 Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
-    : options_(std::move(options)), world_(std::move(world)) {
+    : options_(internal::ApplyRunControls(std::move(options))), world_(std::move(world)) {
   const auto& o = options_;
   accelerator_ = ResolveAccelerator(o.accelerator);
   ST_CHECK_ARG((o.devices >= 1 || o.devices == kAutoDevices) && o.num_nodes >= 1,
@@ -162,7 +163,7 @@ void Trainer::SetupModel(TrainingModule& module) {
   if (module_ == &module && strategy_ && strategy_->wrapped()) return;
   ST_CHECK_ARG(module_ == nullptr, "this Trainer already set up another module; use one Trainer per module");
   if (!strategy_) strategy_ = strategies::StrategyRegistry::Create(world_size() > 1 ? "ddp" : "single_device");
-  if (options_.deterministic) at::globalContext().setDeterministicAlgorithms(true, false);
+  internal::ApplyDeterminism(options_.deterministic);
   at::manual_seed(options_.seed);
   ClusterInfo cluster;
   if (cluster_) {
@@ -216,7 +217,7 @@ int64_t Trainer::NumTrainingBatches(const Dataset& train, int world_size) const 
   const auto& o = options_;
   DistributedSampler sampler(train.size(), world_size, 0, /*shuffle=*/false, o.seed, /*drop_last=*/false);
   const int64_t all = static_cast<int64_t>(MakeBatches(sampler.indices(), o.batch_size, o.drop_last).size());
-  return LimitBatches(o.limit_train_batches, all);
+  return trainer::LimitBatches(o, Stage::kTrain, all);
 }
 
 int64_t Trainer::estimated_stepping_batches(const Dataset& train) const {
@@ -242,6 +243,7 @@ int64_t Trainer::estimated_stepping_batches() const {
 }
 
 int64_t Trainer::LimitBatches(double limit, int64_t available) const {
+  if (options_.fast_dev_run > 0) return std::min<int64_t>(available, options_.fast_dev_run);
   if (limit > 1.0) return std::min<int64_t>(available, static_cast<int64_t>(limit));
   return static_cast<int64_t>(std::floor(available * limit));
 }
@@ -273,7 +275,7 @@ double Trainer::RunValidation(TrainingModule& module, const Dataset& val) {
     DistributedSampler sampler(val.size(), world_size(), rank(), /*shuffle=*/false, options_.seed, false);
     auto batches = MakeBatches(sampler.indices(),
                                options_.val_batch_size > 0 ? options_.val_batch_size : options_.batch_size, false);
-    const int64_t nb = LimitBatches(options_.limit_val_batches, static_cast<int64_t>(batches.size()));
+    const int64_t nb = trainer::LimitBatches(options_, Stage::kValidate, static_cast<int64_t>(batches.size()));
     for (int64_t i = 0; i < nb; ++i) {
       Batch b = ToDevice(val.get_batch(batches[i]));
       auto loss = module.validation_step(b, i);

@@ -139,7 +139,11 @@ struct TrainerOptions {
   // Run in this order at each hook (trainer/callbacks.h). A ModelCheckpoint
   // here replaces the built-in checkpointing (last.ckpt, checkpoint_every_n_steps).
   std::vector<CallbackPtr> callbacks;
+  // Sampler shuffling and the CPU RNG before configure_model; 0 (not given):
+  // the seed of the last SeedEverything (trainer/run_controls.h), if any.
   uint64_t seed = 0;
+  // Deterministic algorithms only (at::globalContext); an operation without
+  // one fails Fit with an error that names it (trainer/run_controls.h).
   bool deterministic = false;
   // The data loader part (Lightning keeps it in the DataLoader).
   int64_t batch_size = 8;      // per rank
@@ -156,6 +160,31 @@ struct TrainerOptions {
   // ranks) of a Trainer that makes its own processes; PyTorch's default.
   // Must be > 0. (An injected communicator keeps its own.)
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
+
+  // ---- Run controls (trainer/run_controls.h, trainer/model_summary.h) ----
+  // Lightning's fast_dev_run: 0 off; N > 0 (true = 1) runs N training and N
+  // validation batches (and N test/predict batches) once to find bugs:
+  // max_epochs 1, max_steps N, no sanity check, no loggers, no checkpoints
+  // (ModelCheckpoint, EarlyStopping and LearningRateMonitor callbacks are
+  // dropped). options() shows the options in effect.
+  int64_t fast_dev_run = 0;
+  // Validation batches run before the first training batch of Fit (when a
+  // validation set is given) to catch bugs in validation_step early; their
+  // results and log() calls are discarded. -1: all (limited) validation batches; 0: off.
+  int64_t num_sanity_val_steps = 2;
+  // Validate (as val_check_interval says) only in every N-th epoch (N >= 1).
+  int64_t check_val_every_n_epoch = 1;
+  // Overfit a few batches: 0 off; in (0, 1) a fraction of the training
+  // batches, >= 1 a count (1: one batch). Training runs on the first batches
+  // without shuffling, and validation (when a validation set is given) on the
+  // same batches of the training set.
+  double overfit_batches = 0;
+  // As limit_val_batches, for Test and Predict (LimitBatches in trainer/run_controls.h).
+  double limit_test_batches = 1.0;
+  double limit_predict_batches = 1.0;
+  // At the start of Fit rank 0 prints a table of the model's units:
+  // parameters, trainable, shard elements and bytes per rank (trainer/model_summary.h).
+  bool enable_model_summary = true;
 };
 
 class Trainer {
@@ -227,6 +256,9 @@ class Trainer {
   // Where checkpoints go by default (<log_dir>/checkpoints, or
   // <default_root_dir>/checkpoints without logger); set by Fit.
   const std::string& checkpoint_dir() const { return ckpt_dir_; }
+  // ---- Run controls (trainer/run_controls.h) ----
+  // True while Fit runs its sanity validation steps (num_sanity_val_steps).
+  bool sanity_checking() const { return sanity_checking_; }
 
   // For callbacks. The latest rank-reduced metrics: train_loss (each
   // optimizer step), val_loss (each validation) and what the module log()s.
@@ -286,6 +318,9 @@ class Trainer {
   // The callbacks' state_dict()s and (under kExtraStateKey) what the
   // on_save_checkpoint hooks write.
   std::map<std::string, std::map<std::string, std::string>> CallbackStates();
+  // ---- Run controls (trainer/run_controls.cc) ----
+  // num_sanity_val_steps validation batches, results and logs discarded.
+  void RunSanityCheck(TrainingModule& module, const Dataset& val);
 
   TrainerOptions options_;
   std::string accelerator_;  // resolved: "cpu" or "cuda"
@@ -312,6 +347,8 @@ class Trainer {
   int64_t batch_in_epoch_ = 0;
   std::vector<double> step_losses_;
   std::vector<double> val_losses_;
+  // ---- Run controls ----
+  bool sanity_checking_ = false;
 };
 
 }  // namespace shardtrain::trainer
