@@ -72,6 +72,7 @@ void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* v
   const std::string resume_from = ResolveCheckpointPath(ckpt_path);
   if (!resume_from.empty()) LoadFrom(resume_from);
   SetupLoggers(module);
+  ProfilingScope profiling(*this);  // profiler="simple"/"pytorch" (trainer/profiler.h)
   step_losses_.clear();
   val_losses_.clear();
   FitLoop loop{module, train, val, DistributedSampler(train.size(), W, rank(), o.shuffle, o.seed, /*drop_last=*/false),
@@ -140,7 +141,9 @@ void Trainer::RunEpoch(FitLoop& loop) {
       OptimizerStep(loop, skip);
       OnStepEnd(loop);
     }
+    auto hooks = Profile(kActionCallbacksOnTrainBatchEnd);
     for (auto& cb : o.callbacks) cb->on_train_batch_end(*this, module, loss, i);
+    hooks.Stop();
     if (sync) {
       SyncShouldStop();
       if (should_stop_) loop.stop = true;
@@ -159,12 +162,21 @@ void Trainer::RunEpoch(FitLoop& loop) {
 at::Tensor Trainer::TrainStep(FitLoop& loop, const std::vector<int64_t>& batch, int64_t i) {
   const auto& o = options_;
   const bool sync = (i + 1) % o.accumulate_grad_batches == 0 || i + 1 == loop.nb;
+  auto fetch = Profile(kActionGetTrainBatch);
   Batch b = ToDevice(loop.train.get_batch(batch));
+  fetch.Stop();
+  auto forward = Profile(kActionTrainingStep);
   at::Tensor loss = loop.module.training_step(b, i);
+  forward.Stop();
+  if (sync_bn_) sync_bn_->CheckNotBypassed();  // once: the model reached the SyncBatchNorm layers
   at::Tensor to_backward = o.accumulate_grad_batches > 1 ? loss / static_cast<double>(o.accumulate_grad_batches) : loss;
   if (scaler_) to_backward = scaler_->Scale(to_backward);
+  auto backward = Profile(kActionBackward);
   strategy_->Backward(to_backward, sync);
+  backward.Stop();
+  auto hook = Profile(kActionOnTrainBatchEnd);
   loop.module.on_train_batch_end(loss.detach(), i);
+  hook.Stop();
   loop.acc_loss += loss.detach().to(at::kDouble).item<double>();
   ++loop.acc_n;
   batch_in_epoch_ = i + 1;
@@ -202,6 +214,7 @@ bool Trainer::SyncStep(FitLoop& loop, bool overflow) {
 // Clipping, the LR schedule, optimizer.step (unless the 16-mixed scaler found
 // an overflow on any rank), the scaler's update and zero_grad.
 void Trainer::OptimizerStep(FitLoop& loop, bool skip) {
+  auto profiled = Profile(kActionOptimizerStep);
   const auto& o = options_;
   if (!skip && o.gradient_clip_val > 0) strategy_->ClipGradients(o.gradient_clip_val, loop.clip_algo);
   if (opt_.lr_lambda) {
@@ -245,11 +258,13 @@ void Trainer::OnStepEnd(FitLoop& loop) {
 }
 
 void Trainer::OnEpochEnd(FitLoop& loop) {
+  auto hooks = Profile(kActionOnTrainEpochEnd);
   loop.module.on_train_epoch_end(epoch_);
   const int64_t finished = epoch_;
   ++epoch_;
   batch_in_epoch_ = 0;
   for (auto& cb : options_.callbacks) cb->on_train_epoch_end(*this, loop.module, finished);
+  hooks.Stop();
   SyncShouldStop();
   if (should_stop_) loop.stop = true;
   if (loop.builtin_checkpoints) SaveLast(loop);
@@ -285,6 +300,7 @@ void Trainer::FinishFit(FitLoop& loop) {
   }
   if (loop.progress) loop.progress->Finish();
   for (auto& l : loggers_) l->Save();
+  if (profiler_) profiler_->Report();
   if (loop.stop_signal != 0) {
     const int sig = loop.stop_signal;
     std::ostringstream msg;
