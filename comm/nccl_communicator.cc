@@ -17,6 +17,7 @@
 
 #include "base/errors.h"
 #include "comm/nccl_check.h"
+#include "comm/wait_time.h"
 
 namespace shardtrain::comm {
 
@@ -282,6 +283,7 @@ class NcclWork : public Work {
       : state_(std::move(state)), op_(std::move(op)), host_blocking_(host_blocking) {}
 
   void Wait(std::chrono::milliseconds timeout) override {
+    WaitTimer blocked;  // for profilers (comm/wait_time.h)
     NcclState& s = *state_;
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(s.device));
     {

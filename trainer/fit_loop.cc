@@ -106,6 +106,7 @@ void Trainer::RunFit(TrainingModule& module, const Dataset& train, const Dataset
   const std::string resume_from = ResolveCheckpointPath(ckpt_path);
   if (!resume_from.empty()) LoadFrom(resume_from);
   SetupLoggers(module);
+  ProfilingScope profiling(*this);  // profiler="simple"/"pytorch" (trainer/profiler.h)
   step_losses_.clear();
   val_losses_.clear();
   const Dataset* val_set = internal::FitValidationSet(o, train, val);  // overfit_batches: the training set
@@ -196,7 +197,9 @@ void Trainer::RunEpoch(FitLoop& loop) {
     // A stop requested here reaches the other ranks in the next collective:
     // after validation or at the epoch end (SyncShouldStop), else with the
     // next step's (SyncStep), which then discards that step.
+    auto hooks = Profile(kActionCallbacksOnTrainBatchEnd);
     for (auto& cb : o.callbacks) cb->on_train_batch_end(*this, module, loss, i);
+    hooks.Stop();
     if (sync && should_stop_ && world_size() == 1) loop.stop = true;  // nobody to tell
     if (loop.val && (i + 1) % loop.val_every == 0 && internal::ValidatesInEpoch(o, epoch_)) {
       RunValidation(module, *loop.val);
@@ -212,19 +215,28 @@ void Trainer::RunEpoch(FitLoop& loop) {
 at::Tensor Trainer::TrainStep(FitLoop& loop, const std::vector<int64_t>& batch, int64_t i) {
   const auto& o = options_;
   const bool sync = (i + 1) % o.accumulate_grad_batches == 0 || i + 1 == loop.nb;
+  auto fetch = Profile(kActionGetTrainBatch);
   Batch b = ToDevice(loop.train.get_batch(batch));
+  fetch.Stop();
   TrainingModule& module = loop.module;
   module.on_train_batch_start(b, i);
   for (auto& cb : o.callbacks) cb->on_train_batch_start(*this, module, b, i);
+  auto forward = Profile(kActionTrainingStep);
   at::Tensor loss = module.training_step(b, i);
+  forward.Stop();
+  if (sync_bn_) sync_bn_->CheckNotBypassed();  // once: the model reached the SyncBatchNorm layers
   at::Tensor to_backward = o.accumulate_grad_batches > 1 ? loss / static_cast<double>(o.accumulate_grad_batches) : loss;
   module.on_before_backward(to_backward);
   for (auto& cb : o.callbacks) cb->on_before_backward(*this, module, to_backward);
   if (scaler_) to_backward = scaler_->Scale(to_backward);
+  auto backward = Profile(kActionBackward);
   strategy_->Backward(to_backward, sync);
+  backward.Stop();
   module.on_after_backward();
   for (auto& cb : o.callbacks) cb->on_after_backward(*this, module);
+  auto hook = Profile(kActionOnTrainBatchEnd);
   module.on_train_batch_end(loss.detach(), i);
+  hook.Stop();
   loop.metrics.AddBatch(module);
   loop.acc_loss += loss.detach().to(at::kDouble).item<double>();
   ++loop.acc_n;
@@ -278,6 +290,7 @@ void Trainer::DiscardStep(FitLoop& loop) {
 // Clipping, the LR schedule, optimizer.step (unless the 16-mixed scaler found
 // an overflow on any rank), the scaler's update and zero_grad.
 void Trainer::OptimizerStep(FitLoop& loop, bool skip) {
+  auto profiled = Profile(kActionOptimizerStep);
   const auto& o = options_;
   loop.module.on_before_optimizer_step(*opt_.optimizer);
   for (auto& cb : o.callbacks) cb->on_before_optimizer_step(*this, loop.module, *opt_.optimizer);
@@ -331,11 +344,13 @@ void Trainer::OnEpochEnd(FitLoop& loop) {
     row["epoch"] = static_cast<double>(epoch_);
     LogMetrics(row, global_step_);
   }
+  auto hooks = Profile(kActionOnTrainEpochEnd);
   loop.module.on_train_epoch_end(epoch_);
   const int64_t finished = epoch_;
   ++epoch_;
   batch_in_epoch_ = 0;
   for (auto& cb : options_.callbacks) cb->on_train_epoch_end(*this, loop.module, finished);
+  hooks.Stop();
   SyncShouldStop();
   if (should_stop_) loop.stop = true;
   if (loop.builtin_checkpoints) SaveLast(loop);
@@ -371,6 +386,7 @@ void Trainer::FinishFit(FitLoop& loop) {
   }
   if (loop.progress) loop.progress->Finish();
   for (auto& l : loggers_) l->Save();
+  if (profiler_) profiler_->Report();
   if (loop.stop_signal != 0) {
     const int sig = loop.stop_signal;
     std::ostringstream msg;

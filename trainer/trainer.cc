@@ -74,6 +74,7 @@ Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
   ST_CHECK_ARG(o.resume == "never" || o.resume == "auto", "resume must be \"never\" or \"auto\", got \"", o.resume,
                "\"");
   ST_CHECK_ARG(o.timeout.count() > 0, "timeout must be > 0 ms, got ", o.timeout.count(), " ms");
+  CheckProfilerOptions(o.profiler, o.profiler_steps);
   if (o.strategy_object) {
     strategy_ = o.strategy_object;
   } else if (o.strategy != "auto") {
@@ -194,6 +195,9 @@ void Trainer::SetupModel(TrainingModule& module) {
     model = module.configure_model();
   }
   ST_CHECK_ARG(model != nullptr, "configure_model returned no module");
+  if (options_.sync_batchnorm) {  // trainer/sync_batchnorm.h
+    sync_bn_ = std::make_unique<SyncBatchNormConversion>(ConvertSyncBatchNorm(*model, world_));
+  }
   if (device_.is_cuda()) model->to(device_);
   strategy_->WrapModel(model);
   opt_ = module.configure_optimizers(strategy_->parameters());
@@ -254,6 +258,7 @@ void Trainer::SyncShouldStop() {
 }
 
 double Trainer::RunValidation(TrainingModule& module, const Dataset& val) {
+  auto profiled = Profile(kActionValidation);
   module.on_validation_start();
   for (auto& cb : options_.callbacks) cb->on_validation_start(*this, module);
   torch::nn::Module& model = strategy_->module();

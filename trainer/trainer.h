@@ -67,6 +67,8 @@
 #include "trainer/data.h"
 #include "trainer/grad_scaler.h"
 #include "trainer/logger.h"
+#include "trainer/profiler.h"
+#include "trainer/sync_batchnorm.h"
 #include "trainer/training_module.h"
 
 namespace shardtrain::trainer {
@@ -185,6 +187,21 @@ struct TrainerOptions {
   // At the start of Fit rank 0 prints a table of the model's units:
   // parameters, trainable, shard elements and bytes per rank (trainer/model_summary.h).
   bool enable_model_summary = true;
+
+  // ---- Profiling and SyncBatchNorm (trainer/profiler.h, trainer/sync_batchnorm.h) ----
+  // Lightning's profiler names: "" (off: costs one null check per phase),
+  // "simple" (time per phase and hook and the communication wait: a table on
+  // rank 0 at the end of Fit, also in <log_dir>/profiler-fit.txt), "pytorch"
+  // (LibTorch's Kineto profiler: a Chrome trace per rank in
+  // <log_dir>/profiler-fit-rank<R>.pt.trace.json).
+  std::string profiler;
+  // "pytorch": "wait:active": skip `wait` training batches of the Fit, trace the next `active`.
+  std::string profiler_steps = "1:3";
+  // Replaces every BatchNorm1d/2d/3d of the model (after configure_model,
+  // before the strategy wraps it) by a SyncBatchNorm: statistics over the
+  // global batch of all ranks (trainer/sync_batchnorm.h: the model must call
+  // its BatchNorm through the module tree, ForwardBatchNorm).
+  bool sync_batchnorm = false;
 };
 
 class Trainer {
@@ -283,6 +300,12 @@ class Trainer {
   std::string optimizer_name() const;
   torch::optim::Optimizer* optimizer() const { return opt_.optimizer.get(); }
 
+  // ---- Profiling and SyncBatchNorm (trainer/profiler.cc, trainer/sync_batchnorm.cc) ----
+  // The profiler of the current or last Fit (null when TrainerOptions::profiler is "").
+  const Profiler* profiler() const { return profiler_.get(); }
+  // The BatchNorm layers sync_batchnorm converted (null when off).
+  const SyncBatchNormConversion* sync_batchnorm() const { return sync_bn_.get(); }
+
  private:
   void SetupProcesses();
   void SetupModel(TrainingModule& module);
@@ -349,6 +372,19 @@ class Trainer {
   std::vector<double> val_losses_;
   // ---- Run controls ----
   bool sanity_checking_ = false;
+
+  // ---- Profiling and SyncBatchNorm (trainer/profiler.cc, trainer/sync_batchnorm.cc) ----
+  // Times `action` while the returned scope lives (inert when profiling is off).
+  ProfileScope Profile(const char* action) { return ProfileScope(profiler_.get(), action); }
+  // Held by Fit: makes the profiler (after the loggers: it writes to their
+  // directory) and closes it on every exit; FinishFit calls Report().
+  struct ProfilingScope {
+    explicit ProfilingScope(Trainer& t);
+    ~ProfilingScope();
+    Trainer& trainer;
+  };
+  std::unique_ptr<Profiler> profiler_;
+  std::unique_ptr<SyncBatchNormConversion> sync_bn_;
 };
 
 }  // namespace shardtrain::trainer

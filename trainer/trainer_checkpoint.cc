@@ -62,6 +62,7 @@ std::map<std::string, std::map<std::string, std::string>> Trainer::CallbackState
 
 void Trainer::SaveCheckpoint(const std::string& path, CheckpointFormat format) {
   ST_CHECK_ARG(strategy_ && strategy_->wrapped(), "SaveCheckpoint needs a model (call Fit first)");
+  auto profiled = Profile(kActionSaveCheckpoint);
   const bool sharded = format == CheckpointFormat::kSharded ||
                        (format == CheckpointFormat::kAuto && strategy_->prefers_sharded_checkpoint());
   ST_CHECK_ARG(!sharded || strategy_->has_sharded_state(), "strategy '", strategy_->name(),

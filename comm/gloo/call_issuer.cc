@@ -15,11 +15,13 @@
 #include "comm/gloo/internal/gloo_work.h"
 #include "comm/gloo/shared_memory_mesh.h"
 #include "comm/gloo_communicator.h"
+#include "comm/wait_time.h"
 
 namespace shardtrain::comm {
 namespace gloo_internal {
 
 void DeferredWork::Wait(std::chrono::milliseconds timeout) {
+  WaitTimer blocked;  // for profilers (comm/wait_time.h); the inner Wait adds nothing more
   WorkPtr inner;
   {
     std::unique_lock<std::mutex> lock(mu_);

@@ -28,6 +28,7 @@
 #include "comm/gloo/shared_memory_mesh.h"
 #include "comm/net_address.h"
 #include "comm/peer_watch.h"
+#include "comm/wait_time.h"
 
 namespace shardtrain::comm {
 namespace gloo_internal {
@@ -67,6 +68,7 @@ std::string FailureText(const GlooGroupRef& g, CommOp op, IssuedCall call, bool 
 }
 
 void GlooWork::Wait(std::chrono::milliseconds timeout) {
+  WaitTimer blocked;  // for profilers (comm/wait_time.h)
   std::lock_guard<std::mutex> lock(mu_);
   if (done_) return;
   if (!error_.empty()) {

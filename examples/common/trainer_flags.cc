@@ -27,6 +27,10 @@ DEFINE_string(resume, "never",
               "(for requeued SLURM jobs and torchrun --max-restarts; TrainerOptions::resume)");
 DEFINE_string(precision, "32-true",
               "32-true, bf16-mixed, 16-mixed or bf16-true (bf16-true: ddp and single_device only)");
+DEFINE_string(profiler, "",
+              "empty (off), simple (time per phase and communication wait, printed at the end of fit and written to "
+              "<log_dir>/profiler-fit.txt) or pytorch (LibTorch's profiler: a Chrome trace per rank in <log_dir>)");
+DEFINE_string(profiler_steps, "1:3", "with --profiler=pytorch: wait:active (skip wait training batches, trace active)");
 
 namespace shardtrain::examples {
 
@@ -42,6 +46,8 @@ ProcessPlan ApplyTrainerFlags(trainer::TrainerOptions& options) {
   options.devices = plan.devices;
   options.num_nodes = plan.num_nodes;
   options.precision = FLAGS_precision;
+  options.profiler = FLAGS_profiler;              // checked by the Trainer
+  options.profiler_steps = FLAGS_profiler_steps;
   ST_CHECK_ARG(FLAGS_timeout_s > 0 && FLAGS_timeout_s <= 7 * 24 * 3600, "--timeout_s must be in [1, 604800], got ",
                FLAGS_timeout_s);
   options.timeout = std::chrono::seconds(FLAGS_timeout_s);
@@ -76,6 +82,9 @@ void CheckTrainerFlags() {
   CheckIntFlag("timeout_s", FLAGS_timeout_s, 1, 7 * 24 * 3600);
   CheckChoiceFlag("resume", FLAGS_resume, {"never", "auto"});
   CheckChoiceFlag("precision", FLAGS_precision, {"32-true", "bf16-mixed", "16-mixed", "bf16-true"});
+  if (FLAGS_profiler != "" && FLAGS_profiler != "simple" && FLAGS_profiler != "pytorch") {
+    FailFlag("profiler", FLAGS_profiler, "empty (off), simple or pytorch");
+  }
 }
 
 int RunExampleMain(int argc, char** argv, const char* usage, int (*run)(), void (*check_flags)()) {

@@ -17,6 +17,8 @@ DECLARE_string(accelerator);
 DECLARE_string(precision);
 DECLARE_int64(timeout_s);
 DECLARE_string(resume);
+DECLARE_string(profiler);
+DECLARE_string(profiler_steps);
 
 namespace shardtrain::examples {
 

@@ -2,6 +2,8 @@
 
 #include <ATen/ATen.h>
 
+#include "trainer/sync_batchnorm.h"
+
 namespace shardtrain::examples {
 
 ConvBlockImpl::ConvBlockImpl(int64_t in_channels, int64_t out_channels) {
@@ -10,7 +12,8 @@ ConvBlockImpl::ConvBlockImpl(int64_t in_channels, int64_t out_channels) {
 }
 
 at::Tensor ConvBlockImpl::forward(const at::Tensor& x) {
-  return at::max_pool2d(at::relu(bn_->forward(conv_->forward(x))), {2, 2});
+  // Through the module tree, so that sync_batchnorm's SyncBatchNorm replaces it (trainer/sync_batchnorm.h).
+  return at::max_pool2d(at::relu(trainer::ForwardBatchNorm(*this, "bn", conv_->forward(x))), {2, 2});
 }
 
 HeadImpl::HeadImpl(int64_t in_features, int64_t hidden, int64_t num_classes) {

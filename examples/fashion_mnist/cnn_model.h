@@ -11,7 +11,10 @@
 // Pooling after each convolution keeps the second convolution at 14x14
 // (a quarter of the work at 28x28) on CPU; batch norm gets the model past 90%
 // test accuracy in a few epochs. As in PyTorch FSDP and DDP without
-// SyncBatchNorm, each rank keeps its own running statistics (buffers).
+// SyncBatchNorm, each rank keeps its own running statistics (buffers); with
+// TrainerOptions::sync_batchnorm (--sync_batchnorm) the batch norms become
+// SyncBatchNorm (statistics over the global batch): ConvBlock calls its batch
+// norm through the module tree for that.
 #ifndef SHARDTRAIN_EXAMPLES_FASHION_MNIST_CNN_MODEL_H_
 #define SHARDTRAIN_EXAMPLES_FASHION_MNIST_CNN_MODEL_H_
 

@@ -43,6 +43,7 @@ DEFINE_string(default_root_dir, "", "logs and checkpoints go to DIR/lightning_lo
 DEFINE_string(ckpt_path, "", "resume from this checkpoint (.../checkpoints/last.ckpt), or 'last' for the newest run's");
 DEFINE_int64(log_every_n_steps, 50, "progress and CSV log interval in steps");
 DEFINE_uint64(seed, 42, "random seed (initial weights, shuffling, dropout)");
+DEFINE_bool(sync_batchnorm, false, "batch norm statistics over the global batch of all ranks (SyncBatchNorm)");
 
 namespace {
 
@@ -221,6 +222,7 @@ int Run() {
   o.log_every_n_steps = FLAGS_log_every_n_steps;
   o.default_root_dir = FLAGS_default_root_dir.empty() ? examples::UserPath(".") : examples::UserPath(FLAGS_default_root_dir);
   o.seed = FLAGS_seed;
+  o.sync_batchnorm = FLAGS_sync_batchnorm;
   o.callbacks = {std::make_shared<ReportCallback>()};
   const std::string ckpt = examples::ResolveCheckpointPath(FLAGS_ckpt_path, o.default_root_dir, o.logger_name);
   trainer::Trainer trainer(o);  // validates strategy name, options and precision
