@@ -266,6 +266,24 @@ TEST(LRSchedulers, ResumeWithOtherSchedulersIsAnError) {
       << msg;
 }
 
+// A checkpoint of an lr_lambda run without "lr_schedulers" (as written before
+// scheduler states were saved) resumes with the schedule replayed to its step.
+TEST(LRSchedulers, LrLambdaResumesFromCheckpointsWithoutSchedulerState) {
+  TrainerOptions o = Options("sched_legacy");
+  o.checkpoint_every_n_steps = 6;
+  FitResult full = Fit(2, o);  // fixtures' Classifier: lr_lambda 1 / (1 + 0.05 step)
+  ASSERT_EQ(full.losses.size(), 12u);
+  CheckpointData d = LoadCheckpoint(full.ckpt_dir + "/step=6.ckpt");
+  ASSERT_EQ(d.lr_schedulers.size(), 1u);
+  EXPECT_EQ(d.lr_schedulers[0].at("type"), "LambdaLR");
+  d.lr_schedulers.clear();
+  const std::string legacy = TmpDir("sched_legacy_ckpt") + "/legacy.ckpt";
+  SaveCheckpoint(legacy, d);
+  FitResult resumed = Fit(2, Options("sched_legacy_b"), legacy);
+  ASSERT_EQ(resumed.losses.size(), 6u);
+  for (int64_t s = 7; s <= 12; ++s) EXPECT_EQ(resumed.losses[s - 7], full.losses[s - 1]) << "loss of step " << s;
+}
+
 TEST(LRSchedulers, StateRoundTripContinuesExactly) {
   auto make = [] {
     return std::make_shared<torch::optim::SGD>(std::vector<at::Tensor>{at::zeros({2})}, torch::optim::SGDOptions(0.1));
