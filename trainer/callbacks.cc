@@ -218,13 +218,9 @@ LearningRateMonitor::LearningRateMonitor(LearningRateMonitorOptions options) : o
                "LearningRateMonitor: unknown logging_interval '", options_.logging_interval, "'; valid: step, epoch");
 }
 
-void LearningRateMonitor::Log(Trainer& trainer) {
-  const auto lrs = trainer.learning_rates();
-  const std::string name = "lr-" + trainer.optimizer_name();
-  std::map<std::string, double> row;
-  for (size_t i = 0; i < lrs.size(); ++i) {
-    row[lrs.size() == 1 ? name : name + "/pg" + std::to_string(i + 1)] = lrs[i];
-  }
+void LearningRateMonitor::Log(Trainer& trainer, bool last_step) {
+  // Lightning's names per scheduler; after a step, the lr that step used.
+  const std::map<std::string, double> row = trainer.learning_rate_stats(last_step);
   trainer.LogMetrics(row, trainer.global_step());
   history_.emplace_back(trainer.global_step(), row);
 }
@@ -233,11 +229,11 @@ void LearningRateMonitor::on_train_batch_end(Trainer& trainer, TrainingModule&, 
   const int64_t step = trainer.global_step();
   if (options_.logging_interval != "step" || step <= 0 || step == last_step_) return;
   last_step_ = step;
-  Log(trainer);
+  Log(trainer, /*last_step=*/true);
 }
 
 void LearningRateMonitor::on_train_epoch_end(Trainer& trainer, TrainingModule&, int64_t) {
-  if (options_.logging_interval == "epoch") Log(trainer);
+  if (options_.logging_interval == "epoch") Log(trainer, /*last_step=*/false);
 }
 
 // --- EarlyStopping -------------------------------------------------------------

@@ -172,7 +172,11 @@ struct LearningRateMonitorOptions {
 };
 
 // Logs "lr-<Optimizer>" (with several parameter groups "lr-<Optimizer>/pg1",
-// ".../pg2", ...) after every optimizer step or epoch, to the loggers (rank 0).
+// ".../pg2", ...) after every optimizer step or epoch, to the loggers (rank 0):
+// once per lr scheduler, under the scheduler config's name or "lr-<Optimizer>",
+// "lr-<Optimizer>-1", ... (Trainer::learning_rate_stats). Per step: the lr
+// the step used, at its global step (with its train_loss, paired as in
+// Lightning); per epoch: the lr of the next epoch (after epoch schedulers).
 class LearningRateMonitor : public Callback {
  public:
   explicit LearningRateMonitor(LearningRateMonitorOptions options = {});
@@ -183,7 +187,7 @@ class LearningRateMonitor : public Callback {
   const std::vector<std::pair<int64_t, std::map<std::string, double>>>& history() const { return history_; }
 
  private:
-  void Log(Trainer& trainer);
+  void Log(Trainer& trainer, bool last_step);
   LearningRateMonitorOptions options_;
   int64_t last_step_ = -1;
   std::vector<std::pair<int64_t, std::map<std::string, double>>> history_;

@@ -111,7 +111,27 @@ void FinishCheckpoint(ArchiveWriter& w, const CheckpointData& data, const c10::I
     d.insert("callbacks", cbs);
   }
   if (data.grad_scaler) d.insert("grad_scaler", GradScalerStateToIValue(*data.grad_scaler));
+  if (!data.lr_schedulers.empty()) d.insert("lr_schedulers", LRSchedulerStatesToIValue(data.lr_schedulers));
   w.Finish(c10::IValue(d));
+}
+
+c10::IValue LRSchedulerStatesToIValue(const std::vector<std::map<std::string, std::string>>& states) {
+  c10::impl::GenericList list(c10::AnyType::get());
+  for (const auto& st : states) {
+    c10::Dict<std::string, std::string> m;
+    for (const auto& [k, v] : st) m.insert(k, v);
+    list.push_back(m);
+  }
+  return list;
+}
+
+std::vector<std::map<std::string, std::string>> LRSchedulerStatesFromIValue(const c10::IValue& value) {
+  std::vector<std::map<std::string, std::string>> out;
+  for (const auto& e : value.toListRef()) {
+    auto& st = out.emplace_back();
+    for (const auto& k : e.toGenericDict()) st[k.key().toStringRef()] = k.value().toStringRef();
+  }
+  return out;
 }
 
 void SaveCheckpoint(const std::string& path, const CheckpointData& data) {
@@ -165,6 +185,7 @@ CheckpointData LoadCheckpoint(const std::string& path) {
       }
     }
     if (d.contains("grad_scaler")) out.grad_scaler = GradScalerStateFromIValue(d.at("grad_scaler"));
+    if (d.contains("lr_schedulers")) out.lr_schedulers = LRSchedulerStatesFromIValue(d.at("lr_schedulers"));
   } catch (const c10::Error& e) {
     std::string what = e.what();
     ST_THROW(Error, "checkpoint '", path, "' has an unexpected layout: ", what.substr(0, what.find('\n')));

@@ -29,6 +29,12 @@
 //                       (full, unsharded tensors shaped like the parameter);
 //                       loadable at any world size and by any strategy
 //   "callbacks"         {callback key: {str: str}}  callback states (ModelCheckpoint, EarlyStopping)
+//   "lr_schedulers"     [{str: str}]  per lr scheduler of configure_optimizers,
+//                       in order: its state_dict() (trainer/lr_scheduler.h:
+//                       "type", "last_epoch", ...) plus "optimizer_lrs" and
+//                       "optimizer_momentums" (the optimizer's lr and
+//                       momentum/beta1 per parameter group, comma-separated;
+//                       "optimizer_full" does not keep them)
 //   "grad_scaler"       {"scale": float, "growth_factor": float,
 //                        "backoff_factor": float, "growth_interval": int,
 //                        "_growth_tracker": int}  the loss scaler of
@@ -82,6 +88,7 @@ struct CheckpointData {
   FullOptimizerState optimizer_full;  // optional (empty kind: not saved)
   std::map<std::string, std::map<std::string, std::string>> callbacks;  // optional
   std::optional<GradScalerState> grad_scaler;                           // optional ("16-mixed")
+  std::vector<std::map<std::string, std::string>> lr_schedulers;        // optional (empty: none)
 };
 
 // Writes atomically; throws shardtrain::Error on I/O failure (the previous file
@@ -116,6 +123,10 @@ std::string PickleSavePlain(const c10::IValue& value);
 // IValue: throws c10::Error when keys are missing or mistyped.
 c10::IValue GradScalerStateToIValue(const GradScalerState& state);
 GradScalerState GradScalerStateFromIValue(const c10::IValue& value);
+// The "lr_schedulers" entry (also in sharded-checkpoint metadata). From an
+// IValue: throws c10::Error when it is not a list of {str: str}.
+c10::IValue LRSchedulerStatesToIValue(const std::vector<std::map<std::string, std::string>>& states);
+std::vector<std::map<std::string, std::string>> LRSchedulerStatesFromIValue(const c10::IValue& value);
 
 }  // namespace shardtrain::trainer
 

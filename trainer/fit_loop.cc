@@ -287,19 +287,15 @@ void Trainer::DiscardStep(FitLoop& loop) {
   loop.stop = true;
 }
 
-// Clipping, the LR schedule, optimizer.step (unless the 16-mixed scaler found
-// an overflow on any rank), the scaler's update and zero_grad.
+// Clipping, optimizer.step (unless the 16-mixed scaler found an overflow on
+// any rank), the scaler's update and zero_grad. (The LR schedulers step in
+// OnStepEnd.)
 void Trainer::OptimizerStep(FitLoop& loop, bool skip) {
   auto profiled = Profile(kActionOptimizerStep);
   const auto& o = options_;
   loop.module.on_before_optimizer_step(*opt_.optimizer);
   for (auto& cb : o.callbacks) cb->on_before_optimizer_step(*this, loop.module, *opt_.optimizer);
   if (!skip && o.gradient_clip_val > 0) strategy_->ClipGradients(o.gradient_clip_val, loop.clip_algo);
-  if (opt_.lr_lambda) {
-    const double f = opt_.lr_lambda(global_step_);
-    auto& groups = opt_.optimizer->param_groups();
-    for (size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(initial_lrs_[g] * f);
-  }
   if (!skip) opt_.optimizer->step();
   if (scaler_) scaler_->Update(skip);
   opt_.optimizer->zero_grad();
@@ -326,6 +322,7 @@ void Trainer::OnStepEnd(FitLoop& loop) {
     LogMetrics(row, global_step_);
   }
   if (loop.progress) loop.progress->Update(epoch_, global_step_, l, loop.metrics.prog_bar());
+  StepLRSchedulers("step", global_step_);  // interval "step" (trainer/lr_scheduler_steps.cc)
   if (loop.builtin_checkpoints && o.checkpoint_every_n_steps > 0 && global_step_ % o.checkpoint_every_n_steps == 0) {
     loop.saved_path = (fs::path(ckpt_dir_) / ("step=" + std::to_string(global_step_) + ".ckpt")).string();
     SaveCheckpoint(loop.saved_path);
@@ -349,6 +346,7 @@ void Trainer::OnEpochEnd(FitLoop& loop) {
   const int64_t finished = epoch_;
   ++epoch_;
   batch_in_epoch_ = 0;
+  StepLRSchedulers("epoch", epoch_);  // interval "epoch", after the epoch's validation
   for (auto& cb : options_.callbacks) cb->on_train_epoch_end(*this, loop.module, finished);
   hooks.Stop();
   SyncShouldStop();

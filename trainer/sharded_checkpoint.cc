@@ -276,6 +276,7 @@ void FinishShardedSave(const std::string& path, const CheckpointData& meta) {
   }
   d.insert("callbacks", cbs);
   if (meta.grad_scaler) d.insert("grad_scaler", GradScalerStateToIValue(*meta.grad_scaler));
+  if (!meta.lr_schedulers.empty()) d.insert("lr_schedulers", LRSchedulerStatesToIValue(meta.lr_schedulers));
   d.insert("files", files);
   WritePickle((tmp / kShardedMetadataFile).string(), d);
   // The marker goes last: a directory without it is never loaded.
@@ -354,6 +355,7 @@ ShardedCheckpoint LoadShardedCheckpoint(const std::string& path) {
       for (const auto& k : e.value().toGenericDict()) st[k.key().toStringRef()] = k.value().toStringRef();
     }
     if (md.contains("grad_scaler")) m.grad_scaler = GradScalerStateFromIValue(md.at("grad_scaler"));
+    if (md.contains("lr_schedulers")) m.lr_schedulers = LRSchedulerStatesFromIValue(md.at("lr_schedulers"));
     for (const auto& f : md.at("files").toListRef()) files.push_back(f.toStringRef());
   } catch (const c10::Error& e) {
     std::string what = e.what();

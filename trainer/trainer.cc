@@ -205,6 +205,7 @@ void Trainer::SetupModel(TrainingModule& module) {
   internal::CheckOptimizerOwnsParameters(*opt_.optimizer, strategy_->parameters(), strategy_->name());
   initial_lrs_.clear();
   for (auto& g : opt_.optimizer->param_groups()) initial_lrs_.push_back(g.options().get_lr());
+  SetupLRSchedulers();  // trainer/lr_scheduler_steps.cc
 }
 
 Batch Trainer::ToDevice(Batch b) const {

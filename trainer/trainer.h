@@ -53,6 +53,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -305,6 +306,28 @@ class Trainer {
   const Profiler* profiler() const { return profiler_.get(); }
   // The BatchNorm layers sync_batchnorm converted (null when off).
   const SyncBatchNormConversion* sync_batchnorm() const { return sync_bn_.get(); }
+  // ---- Learning-rate schedulers (trainer/lr_scheduler.h; trainer/lr_scheduler_steps.cc) ----
+  // Fit steps each LRSchedulerConfig of configure_optimizers: interval
+  // "step" after every `frequency`-th optimizer step (global step %
+  // frequency == 0, also for steps the 16-mixed scaler skipped), once the
+  // step's metrics are in callback_metrics and logged ("lr" in the logged
+  // row is the lr the step used), before the step's checkpoint; interval
+  // "epoch" at the end of every `frequency`-th epoch, after the epoch's
+  // validation, before on_train_epoch_end callbacks and last.ckpt. A
+  // ReduceLROnPlateau gets callback_metrics()[monitor]; missing, it is an
+  // InvalidArgumentError naming the metric and the available ones (strict)
+  // or a skipped step with a warning. Checkpoints hold every scheduler's
+  // state and the optimizer's lrs and momentums, so a resumed Fit continues
+  // the schedule exactly. lr_lambda runs as a LambdaLR (interval "step").
+  const std::vector<LRSchedulerConfig>& lr_scheduler_configs() const { return lr_schedulers_; }
+  // {name: lr} as LearningRateMonitor logs them, with Lightning's names: per
+  // scheduler config its name or "lr-<Optimizer>" (further unnamed ones
+  // "lr-<Optimizer>-1", "-2", ...), with "/pg<i>" (1-based) per parameter
+  // group when there are several; without schedulers, the optimizer's.
+  // `last_step`: the lrs the last optimizer step used (logged at its global
+  // step with its loss, as Lightning pairs them), else the current ones
+  // (after the schedulers stepped: the next step's).
+  std::map<std::string, double> learning_rate_stats(bool last_step = false) const;
 
  private:
   void SetupProcesses();
@@ -344,6 +367,18 @@ class Trainer {
   // ---- Run controls (trainer/run_controls.cc) ----
   // num_sanity_val_steps validation batches, results and logs discarded.
   void RunSanityCheck(TrainingModule& module, const Dataset& val);
+  // ---- Learning-rate schedulers (trainer/lr_scheduler_steps.cc) ----
+  // Checks the configs of configure_optimizers (one optimizer, valid
+  // intervals) and adds lr_lambda as a LambdaLR.
+  void SetupLRSchedulers();
+  // Steps the configs of `interval` due at `count` (global step, or epochs finished).
+  void StepLRSchedulers(const std::string& interval, int64_t count);
+  // Each config's state_dict() plus the optimizer's lrs and momentums.
+  std::vector<SchedulerState> LRSchedulerStates() const;
+  // Checks a checkpoint's scheduler states against this run's (throws naming
+  // `path`, changing nothing) and returns what installs them.
+  std::function<void()> PrepareLRSchedulerLoad(const std::vector<SchedulerState>& states, int64_t global_step,
+                                               const std::string& path);
 
   TrainerOptions options_;
   std::string accelerator_;  // resolved: "cpu" or "cuda"
@@ -356,6 +391,11 @@ class Trainer {
   TrainingModule* module_ = nullptr;
   OptimizerConfig opt_;
   std::vector<double> initial_lrs_;
+  // ---- Learning-rate schedulers ----
+  std::vector<LRSchedulerConfig> lr_schedulers_;
+  int lr_lambda_index_ = -1;  // the config made from lr_lambda
+  bool lr_monitor_warned_ = false;
+  std::vector<double> last_step_lrs_;  // the lrs the last optimizer step used
   std::vector<std::shared_ptr<Logger>> loggers_;
   bool loggers_set_up_ = false;
   std::unique_ptr<GradScaler> scaler_;

@@ -107,6 +107,7 @@ void Trainer::SaveFull(const std::string& path) {
   data.hparams = module_->hparams();
   data.callbacks = CallbackStates();
   if (scaler_) data.grad_scaler = scaler_->state();
+  data.lr_schedulers = LRSchedulerStates();
   bool failed = false;
   std::string msg;
   if (rank() == 0) {
@@ -134,6 +135,7 @@ void Trainer::SaveSharded(const std::string& path) {
   meta.hparams = module_->hparams();
   meta.callbacks = CallbackStates();
   if (scaler_) meta.grad_scaler = scaler_->state();
+  meta.lr_schedulers = LRSchedulerStates();
   const std::string what = "saving sharded checkpoint '" + path + "'";
   auto step = [&](bool mine, const std::function<void()>& fn) {
     bool failed = false;
@@ -191,6 +193,8 @@ void Trainer::LoadFrom(const std::string& path) {
       ST_THROW(Error, "checkpoint '", path, "': ", e.what());
     }
   }
+  // Checked now, installed after the optimizer (its lrs and momentums).
+  const std::function<void()> apply_lr_schedulers = PrepareLRSchedulerLoad(ck.lr_schedulers, ck.global_step, path);
   if (apply_sharded) {
     apply_sharded();  // checks everything before changing anything
   } else {
@@ -201,6 +205,7 @@ void Trainer::LoadFrom(const std::string& path) {
       apply_optimizer();
     }
   }
+  apply_lr_schedulers();
   if (ck.rng_state.defined() && ck.rng_state.numel() > 0) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());

@@ -32,6 +32,7 @@
 
 #include "strategies/strategy.h"
 #include "trainer/data.h"
+#include "trainer/lr_scheduler.h"
 
 namespace torch::nn {
 class Module;
@@ -68,12 +69,20 @@ struct LogOptions {
   std::string reduce_fx = "mean";
 };
 
+// What configure_optimizers returns (Lightning's optimizer / lr_scheduler
+// dict). One optimizer per module: docs/lr_schedulers.md says why several
+// are not supported (a scheduler of another optimizer is an error at Fit).
 struct OptimizerConfig {
   std::shared_ptr<torch::optim::Optimizer> optimizer;
   // Optional learning-rate schedule (LambdaLR): before optimizer step s (0-based
   // global step) every parameter group's lr is its initial lr * lr_lambda(s).
-  // A function of the step only, so resuming restores it exactly.
+  // The Trainer runs it as a LambdaLR stepped every optimizer step (after
+  // the schedulers below).
   std::function<double(int64_t step)> lr_lambda;
+  // Learning-rate schedulers (trainer/lr_scheduler.h), each with its
+  // interval ("step" / "epoch"), frequency and, for ReduceLROnPlateau, the
+  // monitored metric; stepped in this order; state saved in checkpoints.
+  std::vector<LRSchedulerConfig> lr_schedulers;
 };
 
 class TrainingModule {

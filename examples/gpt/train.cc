@@ -54,6 +54,12 @@ DEFINE_int32(n_embd, 128, "embedding width");
 DEFINE_double(dropout, 0.0, "dropout");
 DEFINE_double(lr, 3e-3, "AdamW learning rate");
 DEFINE_double(weight_decay, 0.01, "AdamW weight decay");
+DEFINE_string(lr_scheduler, "none",
+              "none (constant lr), cosine (to lr/10 at --max_steps) or onecycle (up to --lr, then down to "
+              "lr/25e4; AdamW beta1 cycled 0.95-0.85); stepped every optimizer step");
+DEFINE_int64(warmup_steps, 0,
+             "linear warmup steps before the cosine (from lr/warmup_steps), or the rising part of onecycle "
+             "(default 0: 30% of --max_steps)");
 DEFINE_double(grad_clip, 1.0, "clip the global gradient norm to this (0 = off)");
 DEFINE_int64(eval_every, 100,
              "validate every N training batches, counted within each epoch (the Trainer's val_check_interval; "
@@ -165,6 +171,12 @@ class GptModule : public trainer::TrainingModule {
  public:
   GptModule(examples::GptConfig config, double lr, double weight_decay)
       : config_(config), lr_(lr), weight_decay_(weight_decay) {}
+  // --lr_scheduler and --warmup_steps over a run of `total_steps` optimizer steps.
+  void set_schedule(std::string kind, int64_t warmup_steps, int64_t total_steps) {
+    schedule_ = std::move(kind);
+    warmup_steps_ = warmup_steps;
+    total_steps_ = total_steps;
+  }
 
   std::shared_ptr<torch::nn::Module> configure_model() override {
     model_ = std::make_shared<examples::GptImpl>(config_);
@@ -177,7 +189,26 @@ class GptModule : public trainer::TrainingModule {
     return training_step(b, i);
   }
   trainer::OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
-    return {std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(lr_).weight_decay(weight_decay_))};
+    trainer::OptimizerConfig c{
+        std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(lr_).weight_decay(weight_decay_))};
+    if (schedule_ == "cosine") {
+      auto cosine = std::make_shared<trainer::CosineAnnealingLR>(c.optimizer, total_steps_ - warmup_steps_, lr_ / 10);
+      trainer::LRSchedulerPtr s = cosine;
+      if (warmup_steps_ > 0) {
+        auto warmup = std::make_shared<trainer::LinearLR>(c.optimizer, 1.0 / static_cast<double>(warmup_steps_), 1.0,
+                                                          warmup_steps_);
+        s = std::make_shared<trainer::SequentialLR>(c.optimizer, std::vector<trainer::LRSchedulerPtr>{warmup, cosine},
+                                                    std::vector<int64_t>{warmup_steps_});
+      }
+      c.lr_schedulers = {{s, "step"}};
+    } else if (schedule_ == "onecycle") {
+      trainer::OneCycleOptions oc;
+      oc.max_lr = lr_;
+      oc.total_steps = total_steps_;
+      if (warmup_steps_ > 0) oc.pct_start = static_cast<double>(warmup_steps_) / static_cast<double>(total_steps_);
+      c.lr_schedulers = {{std::make_shared<trainer::OneCycleLR>(c.optimizer, oc), "step"}};
+    }
+    return c;
   }
   std::map<std::string, std::string> hparams() const override {
     return {{"model", "gpt"},
@@ -188,7 +219,9 @@ class GptModule : public trainer::TrainingModule {
             {"n_embd", std::to_string(config_.n_embd)},
             {"dropout", shardtrain::trainer::HparamValue(config_.dropout)},
             {"lr", shardtrain::trainer::HparamValue(lr_)},
-            {"weight_decay", shardtrain::trainer::HparamValue(weight_decay_)}};
+            {"weight_decay", shardtrain::trainer::HparamValue(weight_decay_)},
+            {"lr_scheduler", schedule_},
+            {"warmup_steps", std::to_string(warmup_steps_)}};
   }
 
   // Samples `n` tokens after `prompt` ([1, T]). Collective: every rank calls it
@@ -218,6 +251,8 @@ class GptModule : public trainer::TrainingModule {
  private:
   examples::GptConfig config_;
   double lr_, weight_decay_;
+  std::string schedule_ = "none";
+  int64_t warmup_steps_ = 0, total_steps_ = 0;
   std::shared_ptr<examples::GptImpl> model_;
 };
 
@@ -252,6 +287,8 @@ void CheckFlags() {
   using examples::CheckDoubleFlag;
   using examples::CheckIntFlag;
   CheckIntFlag("max_steps", FLAGS_max_steps, 1);
+  examples::CheckChoiceFlag("lr_scheduler", FLAGS_lr_scheduler, {"none", "cosine", "onecycle"});
+  CheckIntFlag("warmup_steps", FLAGS_warmup_steps, 0, FLAGS_max_steps - 1);
   CheckIntFlag("batch_size", FLAGS_batch_size, 1, 1 << 20);
   CheckIntFlag("block_size", FLAGS_block_size, 1, 1 << 16);
   CheckIntFlag("n_layer", FLAGS_n_layer, 1, 1024);
@@ -312,6 +349,7 @@ int Run() {
   }
 
   GptModule module(cfg, FLAGS_lr, FLAGS_weight_decay);
+  module.set_schedule(FLAGS_lr_scheduler, FLAGS_warmup_steps, FLAGS_max_steps);
   if (rank0) {
     std::printf("ShardTrain GPT: %s, strategy %s%s%s, %d rank(s)%s, %s, batch %ld x %d ranks, corpus %ld+%ld chars\n",
                 cfg.ToString().c_str(), FLAGS_strategy.c_str(), FLAGS_strategy_options.empty() ? "" : " ",

@@ -56,6 +56,8 @@ bad "$GPT" n_embd 130          # not a multiple of --n_head=4
 bad "$GPT" dropout 1
 bad "$GPT" dropout -0.1
 bad "$GPT" lr 0
+bad "$GPT" lr_scheduler linear
+bad "$GPT" warmup_steps 300     # not below --max_steps=300
 bad "$GPT" lr nan
 bad "$GPT" lr inf
 bad "$GPT" weight_decay -0.01
