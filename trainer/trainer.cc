@@ -65,6 +65,7 @@ Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
   ST_CHECK_ARG(o.limit_train_batches >= 0 && o.limit_val_batches >= 0, "limit_*_batches must be >= 0");
   ST_CHECK_ARG(o.batch_size >= 1 && o.val_batch_size >= 0, "batch_size must be >= 1, got ", o.batch_size);
   ST_CHECK_ARG(o.log_every_n_steps >= 1, "log_every_n_steps must be >= 1, got ", o.log_every_n_steps);
+  CheckDataLoaderOptions(LoaderOptions());  // num_workers, prefetch_factor
   for (const auto& l : o.loggers) {
     ST_CHECK_ARG(l == "csv" || l == "tensorboard", "unknown logger '", l, "'; valid: csv, tensorboard");
   }
@@ -205,6 +206,9 @@ Batch Trainer::ToDevice(Batch b) const {
   if (!device_.is_cpu()) {
     if (b.inputs.defined()) b.inputs = b.inputs.to(device_);
     if (b.targets.defined()) b.targets = b.targets.to(device_);
+    for (auto& kv : b.fields) {  // batches of any structure move as a whole
+      if (kv.second.defined()) kv.second = kv.second.to(device_);
+    }
   }
   const auto dt = strategy_->compute_dtype();
   if (dt != at::kFloat && b.inputs.defined() && at::isFloatingType(b.inputs.scalar_type())) b.inputs = b.inputs.to(dt);
@@ -269,8 +273,9 @@ double Trainer::RunValidation(TrainingModule& module, const Dataset& val) {
     auto batches = MakeBatches(sampler.indices(),
                                options_.val_batch_size > 0 ? options_.val_batch_size : options_.batch_size, false);
     const int64_t nb = LimitBatches(options_.limit_val_batches, static_cast<int64_t>(batches.size()));
+    DataLoader loader(val, std::move(batches), LoaderOptions(), 0, nb);  // prepared ahead by num_workers threads
     for (int64_t i = 0; i < nb; ++i) {
-      Batch b = ToDevice(val.get_batch(batches[i]));
+      Batch b = ToDevice(loader.Next());
       auto loss = module.validation_step(b, i);
       for (const auto& [k, v] : module.logged_) {
         logged[k].first += v;
