@@ -35,6 +35,21 @@ std::vector<std::vector<int64_t>> ShuffledBatches(int64_t n, int64_t batch) {
   return MakeBatches(sampler.indices(), batch, false);
 }
 
+// Takes 0-3 ms per batch depending on its first sample, so that workers
+// finish batches out of order.
+class JitteredDataset : public Dataset {
+ public:
+  explicit JitteredDataset(const Dataset& data) : data_(data) {}
+  int64_t size() const override { return data_.size(); }
+  Batch get_batch(const std::vector<int64_t>& indices) const override {
+    std::this_thread::sleep_for(std::chrono::milliseconds((indices.front() * 7) % 4));
+    return data_.get_batch(indices);
+  }
+
+ private:
+  const Dataset& data_;
+};
+
 std::vector<Batch> ReadAll(const Dataset& data, const std::vector<std::vector<int64_t>>& batches, int workers,
                            int prefetch = 2) {
   DataLoader loader(data, batches, {workers, prefetch});
@@ -55,7 +70,7 @@ TEST(DataLoader, SameBatchesInSameOrderAtAnyNumWorkers) {
   for (int workers : {1, 4}) {
     for (int prefetch : {1, 2, 5}) {
       SCOPED_TRACE("num_workers " + std::to_string(workers) + " prefetch_factor " + std::to_string(prefetch));
-      const std::vector<Batch> got = ReadAll(data, batches, workers, prefetch);
+      const std::vector<Batch> got = ReadAll(JitteredDataset(data), batches, workers, prefetch);
       ASSERT_EQ(got.size(), inline_batches.size());
       for (size_t k = 0; k < got.size(); ++k) {
         EXPECT_TRUE(got[k].inputs.equal(inline_batches[k].inputs)) << "batch " << k;
