@@ -6,18 +6,66 @@
 
 namespace shardtrain::trainer {
 
-TensorDataset::TensorDataset(at::Tensor inputs, at::Tensor targets)
-    : inputs_(std::move(inputs)), targets_(std::move(targets)) {
+namespace {
+bool IsBuiltinName(const std::string& name) { return name == "inputs" || name == "targets"; }
+}  // namespace
+
+const at::Tensor& Batch::get(const std::string& name) const {
+  if (name == "inputs" && inputs.defined()) return inputs;
+  if (name == "targets" && targets.defined()) return targets;
+  auto it = fields.find(name);
+  if (it != fields.end()) return it->second;
+  std::string valid;
+  for (const auto& n : names()) valid += (valid.empty() ? "" : ", ") + n;
+  ST_THROW(InvalidArgumentError, "the batch has no tensor '", name, "'; it has: ", valid.empty() ? "none" : valid);
+}
+
+void Batch::set(const std::string& name, at::Tensor tensor) {
+  if (name == "inputs") {
+    inputs = std::move(tensor);
+  } else if (name == "targets") {
+    targets = std::move(tensor);
+  } else {
+    fields[name] = std::move(tensor);
+  }
+}
+
+bool Batch::has(const std::string& name) const {
+  if (name == "inputs") return inputs.defined();
+  if (name == "targets") return targets.defined();
+  return fields.count(name) > 0;
+}
+
+std::vector<std::string> Batch::names() const {
+  std::vector<std::string> out;
+  if (inputs.defined()) out.push_back("inputs");
+  if (targets.defined()) out.push_back("targets");
+  for (const auto& [k, v] : fields) out.push_back(k);
+  return out;
+}
+
+TensorDataset::TensorDataset(at::Tensor inputs, at::Tensor targets, std::map<std::string, at::Tensor> fields)
+    : inputs_(std::move(inputs)), targets_(std::move(targets)), fields_(std::move(fields)) {
   ST_CHECK_ARG(inputs_.defined() && targets_.defined(), "TensorDataset needs inputs and targets");
+  ST_CHECK_ARG(inputs_.dim() >= 1 && targets_.dim() >= 1, "TensorDataset: inputs and targets need a row dimension");
   ST_CHECK_ARG(inputs_.size(0) == targets_.size(0), "TensorDataset: inputs have ", inputs_.size(0),
                " rows but targets have ", targets_.size(0));
+  for (const auto& [name, t] : fields_) {
+    ST_CHECK_ARG(!IsBuiltinName(name), "TensorDataset: field '", name,
+                 "' is reserved (pass it as the inputs or targets argument); use another name");
+    ST_CHECK_ARG(t.defined() && t.dim() >= 1, "TensorDataset: field '", name, "' needs a defined tensor with rows");
+    ST_CHECK_ARG(t.size(0) == inputs_.size(0), "TensorDataset: field '", name, "' has ", t.size(0),
+                 " rows but inputs have ", inputs_.size(0));
+  }
 }
 
 int64_t TensorDataset::size() const { return inputs_.size(0); }
 
 Batch TensorDataset::get_batch(const std::vector<int64_t>& indices) const {
   at::Tensor idx = at::tensor(indices, at::kLong);
-  return {inputs_.index_select(0, idx), targets_.index_select(0, idx)};
+  Batch b{inputs_.index_select(0, idx), targets_.index_select(0, idx)};
+  for (const auto& [name, t] : fields_) b.fields.emplace(name, t.index_select(0, idx));
+  return b;
 }
 
 DistributedSampler::DistributedSampler(int64_t dataset_size, int num_replicas, int rank, bool shuffle, uint64_t seed,

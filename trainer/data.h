@@ -1,6 +1,8 @@
-// Data for the Trainer: an abstract Dataset that returns whole batches, a
-// TensorDataset over two tensors, and DistributedSampler, which gives each rank
-// its share of the indices.
+// Data for the Trainer: Batch (inputs, targets and any further named
+// tensors), an abstract Dataset that returns whole batches, a TensorDataset
+// over row-aligned tensors, and DistributedSampler, which gives each rank its
+// share of the indices. (trainer/data_loader.h prepares the batches on
+// background threads; trainer/data_module.h groups the data sets of a run.)
 //
 // DistributedSampler follows torch.utils.data.DistributedSampler: with
 // shuffle, the order is a permutation drawn from seed + epoch (identical on all
@@ -14,32 +16,55 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
 namespace shardtrain::trainer {
 
+// One batch as the Dataset returns it and training_step/validation_step see
+// it. `inputs` and `targets` serve the common case ({x, y} still builds one);
+// batches of any other structure put further tensors in `fields` by name
+// (Lightning's dict batches: a mask, sample weights, a second input, ...).
+// The Trainer moves every defined tensor to the rank's device; only `inputs`
+// is cast to a low-precision compute dtype (as before).
 struct Batch {
   at::Tensor inputs;
   at::Tensor targets;
+  std::map<std::string, at::Tensor> fields;
+
+  // The tensor named `name`: "inputs", "targets" or a key of `fields`;
+  // InvalidArgumentError naming the tensors this batch has otherwise.
+  const at::Tensor& get(const std::string& name) const;
+  // Sets "inputs", "targets" or a field (added when new).
+  void set(const std::string& name, at::Tensor tensor);
+  bool has(const std::string& name) const;
+  // "inputs" and "targets" when defined, then the field names (sorted).
+  std::vector<std::string> names() const;
 };
 
 class Dataset {
  public:
   virtual ~Dataset() = default;
   virtual int64_t size() const = 0;
-  // The samples at `indices` stacked along dimension 0.
+  // The samples at `indices` stacked along dimension 0. With the Trainer's
+  // num_workers > 0 it is called from several background threads at once
+  // (trainer/data_loader.h): it must not change shared state, and should not
+  // draw from the global random generator (the order of draws would vary).
   virtual Batch get_batch(const std::vector<int64_t>& indices) const = 0;
 };
 
-// Samples are rows (dimension 0) of `inputs` and `targets`.
+// Samples are rows (dimension 0) of `inputs`, `targets` and each of `fields`
+// (all with the same number of rows); a batch carries the same names.
 class TensorDataset : public Dataset {
  public:
-  TensorDataset(at::Tensor inputs, at::Tensor targets);
+  TensorDataset(at::Tensor inputs, at::Tensor targets, std::map<std::string, at::Tensor> fields = {});
   int64_t size() const override;
   Batch get_batch(const std::vector<int64_t>& indices) const override;
 
  private:
   at::Tensor inputs_, targets_;
+  std::map<std::string, at::Tensor> fields_;
 };
 
 class DistributedSampler {

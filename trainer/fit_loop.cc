@@ -171,18 +171,23 @@ void Trainer::RunEpoch(FitLoop& loop) {
   const auto& o = options_;
   TrainingModule& module = loop.module;
   loop.sampler.set_epoch(epoch_);
-  const auto batches = MakeBatches(loop.sampler.indices(), o.batch_size, o.drop_last);
   module.epoch_ = epoch_;
   if (batch_in_epoch_ == 0) module.on_train_epoch_start(epoch_);
   loop.acc_loss = 0;
   loop.acc_n = 0;
+  // Prepared ahead by num_workers threads (in this order), from batch_in_epoch_ (a resumed epoch) on.
+  DataLoader loader(loop.train, MakeBatches(loop.sampler.indices(), o.batch_size, o.drop_last), LoaderOptions(),
+                    std::min(batch_in_epoch_, loop.nb), loop.nb);
   for (int64_t i = batch_in_epoch_; i < loop.nb; ++i) {
     const bool sync = (i + 1) % o.accumulate_grad_batches == 0 || i + 1 == loop.nb;
     if (i % o.accumulate_grad_batches == 0) {
       loop.stop_before_step = should_stop_;
       if (world_size() > 1) loop.rng_at_step_start = at::detail::getDefaultCPUGenerator().get_state();
     }
-    const at::Tensor loss = TrainStep(loop, batches[i], i);
+    auto fetch = Profile(kActionGetTrainBatch);
+    Batch next = loader.Next();
+    fetch.Stop();
+    const at::Tensor loss = TrainStep(loop, std::move(next), i);
     if (sync) {
       // 16-mixed: the overflow flag joins the step's one collective (Unscale's reduce callback).
       const auto sync_step = [&](double overflow) { return SyncStep(loop, overflow > 0) ? 1.0 : 0.0; };
@@ -212,12 +217,10 @@ void Trainer::RunEpoch(FitLoop& loop) {
 }
 
 // training_step and backward of one micro-batch; returns its (detached) loss.
-at::Tensor Trainer::TrainStep(FitLoop& loop, const std::vector<int64_t>& batch, int64_t i) {
+at::Tensor Trainer::TrainStep(FitLoop& loop, Batch batch, int64_t i) {
   const auto& o = options_;
   const bool sync = (i + 1) % o.accumulate_grad_batches == 0 || i + 1 == loop.nb;
-  auto fetch = Profile(kActionGetTrainBatch);
-  Batch b = ToDevice(loop.train.get_batch(batch));
-  fetch.Stop();
+  Batch b = ToDevice(std::move(batch));
   TrainingModule& module = loop.module;
   module.on_train_batch_start(b, i);
   for (auto& cb : o.callbacks) cb->on_train_batch_start(*this, module, b, i);

@@ -56,10 +56,10 @@ uint64_t WorkerSeed(uint64_t base, int rank, int worker) {
 
 int64_t LimitBatches(const TrainerOptions& o, Stage stage, int64_t available) {
   if (o.fast_dev_run > 0) return std::min<int64_t>(available, o.fast_dev_run);
-  if (o.overfit_batches > 0 && (stage == Stage::kTrain || stage == Stage::kValidate)) {
+  if (o.overfit_batches > 0 && (stage == Stage::kFit || stage == Stage::kValidate)) {
     return OverfitCount(o.overfit_batches, available);
   }
-  const double limit = stage == Stage::kTrain      ? o.limit_train_batches
+  const double limit = stage == Stage::kFit      ? o.limit_train_batches
                        : stage == Stage::kValidate ? o.limit_val_batches
                        : stage == Stage::kTest     ? o.limit_test_batches
                                                    : o.limit_predict_batches;

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "trainer/data_module.h"  // Stage
+
 namespace shardtrain::trainer {
 
 struct TrainerOptions;
@@ -44,10 +46,7 @@ bool SeedWorkers();
 // (Lightning's pl_worker_init_function: base, rank and worker mixed).
 uint64_t WorkerSeed(uint64_t base, int rank, int worker);
 
-// Which loop a batch count is for.
-enum class Stage { kTrain, kValidate, kTest, kPredict };
-
-// The number of batches (per rank) `stage` runs out of `available`:
+// The number of batches (per rank) `stage` (kFit: training) runs out of `available`:
 // fast_dev_run N: min(N, available); overfit_batches (train and validate):
 // its count or fraction; else limit_<stage>_batches (<= 1.0: a fraction,
 // floored; > 1: a count).

@@ -67,6 +67,7 @@ Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
   ST_CHECK_ARG(o.limit_train_batches >= 0 && o.limit_val_batches >= 0, "limit_*_batches must be >= 0");
   ST_CHECK_ARG(o.batch_size >= 1 && o.val_batch_size >= 0, "batch_size must be >= 1, got ", o.batch_size);
   ST_CHECK_ARG(o.log_every_n_steps >= 1, "log_every_n_steps must be >= 1, got ", o.log_every_n_steps);
+  CheckDataLoaderOptions(LoaderOptions());  // num_workers, prefetch_factor
   for (const auto& l : o.loggers) {
     ST_CHECK_ARG(l == "csv" || l == "tensorboard", "unknown logger '", l, "'; valid: csv, tensorboard");
   }
@@ -212,6 +213,9 @@ Batch Trainer::ToDevice(Batch b) const {
   if (!device_.is_cpu()) {
     if (b.inputs.defined()) b.inputs = b.inputs.to(device_);
     if (b.targets.defined()) b.targets = b.targets.to(device_);
+    for (auto& kv : b.fields) {  // batches of any structure move as a whole
+      if (kv.second.defined()) kv.second = kv.second.to(device_);
+    }
   }
   const auto dt = strategy_->compute_dtype();
   if (dt != at::kFloat && b.inputs.defined() && at::isFloatingType(b.inputs.scalar_type())) b.inputs = b.inputs.to(dt);
@@ -222,7 +226,7 @@ int64_t Trainer::NumTrainingBatches(const Dataset& train, int world_size) const 
   const auto& o = options_;
   DistributedSampler sampler(train.size(), world_size, 0, /*shuffle=*/false, o.seed, /*drop_last=*/false);
   const int64_t all = static_cast<int64_t>(MakeBatches(sampler.indices(), o.batch_size, o.drop_last).size());
-  return trainer::LimitBatches(o, Stage::kTrain, all);
+  return trainer::LimitBatches(o, Stage::kFit, all);
 }
 
 int64_t Trainer::estimated_stepping_batches(const Dataset& train) const {
@@ -282,8 +286,9 @@ double Trainer::RunValidation(TrainingModule& module, const Dataset& val) {
     auto batches = MakeBatches(sampler.indices(),
                                options_.val_batch_size > 0 ? options_.val_batch_size : options_.batch_size, false);
     const int64_t nb = trainer::LimitBatches(options_, Stage::kValidate, static_cast<int64_t>(batches.size()));
+    DataLoader loader(val, std::move(batches), LoaderOptions(), 0, nb);  // prepared ahead by num_workers threads
     for (int64_t i = 0; i < nb; ++i) {
-      Batch b = ToDevice(val.get_batch(batches[i]));
+      Batch b = ToDevice(loader.Next());
       auto loss = module.validation_step(b, i);
       logged.AddBatch(module);
       if (!loss) {

@@ -66,6 +66,8 @@
 #include "trainer/accelerator.h"
 #include "trainer/callbacks.h"
 #include "trainer/data.h"
+#include "trainer/data_loader.h"
+#include "trainer/data_module.h"
 #include "trainer/grad_scaler.h"
 #include "trainer/logger.h"
 #include "trainer/profiler.h"
@@ -153,6 +155,16 @@ struct TrainerOptions {
   int64_t val_batch_size = 0;  // 0: batch_size
   bool shuffle = true;
   bool drop_last = false;      // drop the last partial batch; ranks are always padded to equal shares
+  // ---- Background loading (data) ----
+  // Threads per rank that prepare the training and validation batches ahead
+  // of the step (trainer/data_loader.h), in the sampler's order: the same
+  // batches, hence the same losses, at any value; 0: on the training thread.
+  // With > 0 the Dataset's get_batch runs on several threads at once.
+  // In [0, kMaxDataLoaderWorkers].
+  int num_workers = 0;
+  // Batches prepared ahead per worker (>= 1; at most num_workers *
+  // prefetch_factor wait at a time). Unused when num_workers is 0.
+  int prefetch_factor = 2;
   // "never", or "auto": a Fit given no ckpt_path resumes from the newest
   // complete checkpoint under default_root_dir when there is one
   // (FindLatestCheckpoint in trainer/resume.h; as ckpt_path="last"), and
@@ -230,6 +242,16 @@ class Trainer {
   // current global step. Returns the mean val_loss (NaN if validation_step
   // returns nothing). Uses the model of the last Fit, or sets one up.
   double Validate(TrainingModule& module, const Dataset& val);
+
+  // ---- DataModule (trainer/data_module.h; data_module.cc) ----
+  // Fit and Validate on the data sets of `datamodule`, as Lightning's
+  // trainer.fit(model, datamodule=...): prepare_data() on local rank 0 of
+  // each node (every rank waits for it; a failure there throws on every
+  // rank), setup(stage) on every rank, the run on the stage's data sets
+  // (Fit: train_dataset(), required, and val_dataset(), optional; Validate:
+  // val_dataset(), required), then teardown(stage), also after an exception.
+  void Fit(TrainingModule& module, DataModule& datamodule, const std::string& ckpt_path = "");
+  double Validate(TrainingModule& module, DataModule& datamodule);
 
   // Lightning's estimated_stepping_batches: the optimizer steps a Fit on
   // `train` takes from its start — ceil(batches per rank per epoch, after
@@ -349,7 +371,7 @@ class Trainer {
   struct FitLoop;
   std::string ResolveCheckpointPath(const std::string& ckpt_path);
   void RunEpoch(FitLoop& loop);
-  at::Tensor TrainStep(FitLoop& loop, const std::vector<int64_t>& batch, int64_t i);
+  at::Tensor TrainStep(FitLoop& loop, Batch batch, int64_t i);
   bool SyncStep(FitLoop& loop, bool overflow);
   void OptimizerStep(FitLoop& loop, bool skip);
   void OnStepEnd(FitLoop& loop);
@@ -379,6 +401,18 @@ class Trainer {
   // `path`, changing nothing) and returns what installs them.
   std::function<void()> PrepareLRSchedulerLoad(const std::vector<SchedulerState>& states, int64_t global_step,
                                                const std::string& path);
+  // ---- data (data_module.cc) ----
+  // The loader options of TrainerOptions (num_workers, prefetch_factor).
+  DataLoaderOptions LoaderOptions() const;
+  // prepare_data (see Fit(module, datamodule)), setup(stage), `run`, then
+  // teardown(stage) (also when `run` throws). For each stage's overload
+  // (Test/Predict: RunStage(dm, Stage::kTest, [&] { ... StageDataset(dm, Stage::kTest) ... })).
+  void RunStage(DataModule& datamodule, Stage stage, const std::function<void()>& run);
+  // The stage's required data set after setup (Fit: train_dataset(), Validate:
+  // val_dataset(), ...); InvalidArgumentError naming the accessor when null.
+  const Dataset& StageDataset(DataModule& datamodule, Stage stage);
+  // This rank's index on its node.
+  int LocalRank() const;
 
   TrainerOptions options_;
   std::string accelerator_;  // resolved: "cpu" or "cuda"

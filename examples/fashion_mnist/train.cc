@@ -42,6 +42,9 @@ DEFINE_int64(val_size, 5000, "training images held out for validation (0: none)"
 DEFINE_string(default_root_dir, "", "logs and checkpoints go to DIR/lightning_logs/version_N (default: the current directory)");
 DEFINE_string(ckpt_path, "", "resume from this checkpoint (.../checkpoints/last.ckpt), or 'last' for the newest run's");
 DEFINE_int64(log_every_n_steps, 50, "progress and CSV log interval in steps");
+DEFINE_int32(num_workers, 2,
+             "background threads per rank preparing the next batches (the Trainer's num_workers; 0: on the "
+             "training thread); the batches, hence the losses, are the same at any value");
 DEFINE_uint64(seed, 42, "random seed (initial weights, shuffling, dropout)");
 DEFINE_bool(sync_batchnorm, false, "batch norm statistics over the global batch of all ranks (SyncBatchNorm)");
 
@@ -204,6 +207,7 @@ void CheckFlags() {
   examples::CheckDoubleFlag("dropout", FLAGS_dropout, 0, 1, false, /*max_open=*/true);
   examples::CheckIntFlag("val_size", FLAGS_val_size, 0);  // and < the training images: checked once they are read
   examples::CheckIntFlag("log_every_n_steps", FLAGS_log_every_n_steps, 1);
+  examples::CheckIntFlag("num_workers", FLAGS_num_workers, 0, trainer::kMaxDataLoaderWorkers);
 }
 
 int Run() {
@@ -228,6 +232,7 @@ int Run() {
   o.default_root_dir = FLAGS_default_root_dir.empty() ? examples::UserPath(".") : examples::UserPath(FLAGS_default_root_dir);
   o.seed = FLAGS_seed;
   o.sync_batchnorm = FLAGS_sync_batchnorm;
+  o.num_workers = FLAGS_num_workers;
   o.callbacks = {std::make_shared<ReportCallback>()};
   const std::string ckpt = examples::ResolveCheckpointPath(FLAGS_ckpt_path, o.default_root_dir, o.logger_name);
   trainer::Trainer trainer(o);  // validates strategy name, options and precision

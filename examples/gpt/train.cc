@@ -72,6 +72,9 @@ DEFINE_int64(checkpoint_every_n_steps, 0, "also write checkpoints/step=N.ckpt ev
 DEFINE_int32(sample_tokens, 300, "characters to generate at the end (0: none)");
 DEFINE_double(temperature, 0.8, "sampling temperature");
 DEFINE_int32(top_k, 0, "sample from the k most likely characters (0: all; at most 256)");
+DEFINE_int32(num_workers, 2,
+             "background threads per rank preparing the next batches (the Trainer's num_workers; 0: on the "
+             "training thread); the batches, hence the losses, are the same at any value");
 DEFINE_uint64(seed, 1337, "random seed (initial weights, shuffling, sampling)");
 DEFINE_bool(sharded_construction, true,
             "with fsdp/fsdp_native: build each block straight into this rank's shard (no rank ever holds the whole "
@@ -309,6 +312,7 @@ void CheckFlags() {
   CheckIntFlag("sample_tokens", FLAGS_sample_tokens, 0, 1 << 20);
   CheckDoubleFlag("temperature", FLAGS_temperature, 0, examples::kNoMax, /*min_open=*/true);
   CheckIntFlag("top_k", FLAGS_top_k, 0, 256);
+  CheckIntFlag("num_workers", FLAGS_num_workers, 0, trainer::kMaxDataLoaderWorkers);
 }
 
 int Run() {
@@ -338,6 +342,7 @@ int Run() {
   o.checkpoint_every_n_steps = FLAGS_checkpoint_every_n_steps;
   o.default_root_dir = FLAGS_default_root_dir.empty() ? examples::UserPath(".") : examples::UserPath(FLAGS_default_root_dir);
   o.seed = FLAGS_seed;
+  o.num_workers = FLAGS_num_workers;
   auto printer = std::make_shared<ValLossPrinter>();
   o.callbacks = {printer};
   const std::string ckpt = examples::ResolveCheckpointPath(FLAGS_ckpt_path, o.default_root_dir, o.logger_name);

@@ -67,6 +67,8 @@ bad "$GPT" log_every_n_steps 0
 bad "$GPT" sample_tokens -1
 bad "$GPT" temperature 0
 bad "$GPT" top_k 257
+bad "$GPT" num_workers -1
+bad "$GPT" num_workers 257
 # --- the flags every example shares (trainer_flags)
 bad "$GPT" strategy fsdp_nativ
 bad "$GPT" strategy_options sharding_strategy
@@ -80,6 +82,7 @@ bad "$FM" max_epochs 0
 bad "$FM" max_epochs -2
 bad "$FM" max_steps 0
 bad "$FM" batch_size 0
+bad "$FM" num_workers -1
 bad "$FM" lr -0.001
 bad "$FM" lr_schedule linear
 bad "$FM" lr_schedule cosine --max_epochs=-1 --max_steps=-1

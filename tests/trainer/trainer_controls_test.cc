@@ -228,17 +228,17 @@ TEST(RunControls, LimitBatchesPerStage) {
   o.limit_val_batches = 3;
   o.limit_test_batches = 0.25;
   o.limit_predict_batches = 2;
-  EXPECT_EQ(LimitBatches(o, Stage::kTrain, 10), 5);
+  EXPECT_EQ(LimitBatches(o, Stage::kFit, 10), 5);
   EXPECT_EQ(LimitBatches(o, Stage::kValidate, 10), 3);
   EXPECT_EQ(LimitBatches(o, Stage::kTest, 10), 2);
   EXPECT_EQ(LimitBatches(o, Stage::kPredict, 10), 2);
   EXPECT_EQ(LimitBatches(o, Stage::kPredict, 1), 1);
   o.overfit_batches = 4;  // train and validate only
-  EXPECT_EQ(LimitBatches(o, Stage::kTrain, 10), 4);
+  EXPECT_EQ(LimitBatches(o, Stage::kFit, 10), 4);
   EXPECT_EQ(LimitBatches(o, Stage::kValidate, 10), 4);
   EXPECT_EQ(LimitBatches(o, Stage::kTest, 10), 2);
   o.fast_dev_run = 1;  // every stage
-  for (Stage s : {Stage::kTrain, Stage::kValidate, Stage::kTest, Stage::kPredict}) EXPECT_EQ(LimitBatches(o, s, 10), 1);
+  for (Stage s : {Stage::kFit, Stage::kValidate, Stage::kTest, Stage::kPredict}) EXPECT_EQ(LimitBatches(o, s, 10), 1);
   // Checked at construction.
   TrainerOptions bad;
   bad.limit_test_batches = -1;

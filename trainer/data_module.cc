@@ -1,0 +1,118 @@
+// StageName, and the Trainer's DataModule overloads (Fit, Validate) with the
+// steps they share: prepare_data on the right ranks, setup, teardown.
+#include "trainer/data_module.h"
+
+#include <exception>
+#include <string>
+
+#include "base/errors.h"
+#include "base/logging.h"
+#include "trainer/trainer.h"
+
+namespace shardtrain::trainer {
+
+const char* StageName(Stage stage) {
+  switch (stage) {
+    case Stage::kFit:
+      return "fit";
+    case Stage::kValidate:
+      return "validate";
+    case Stage::kTest:
+      return "test";
+    case Stage::kPredict:
+      return "predict";
+  }
+  return "unknown";
+}
+
+void Trainer::Fit(TrainingModule& module, DataModule& datamodule, const std::string& ckpt_path) {
+  RunStage(datamodule, Stage::kFit, [&] {
+    const Dataset& train = StageDataset(datamodule, Stage::kFit);
+    Fit(module, train, datamodule.val_dataset(), ckpt_path);
+  });
+}
+
+double Trainer::Validate(TrainingModule& module, DataModule& datamodule) {
+  double mean = 0;
+  RunStage(datamodule, Stage::kValidate, [&] { mean = Validate(module, StageDataset(datamodule, Stage::kValidate)); });
+  return mean;
+}
+
+DataLoaderOptions Trainer::LoaderOptions() const {
+  DataLoaderOptions lo;
+  lo.num_workers = options_.num_workers;
+  lo.prefetch_factor = options_.prefetch_factor;
+  return lo;
+}
+
+int Trainer::LocalRank() const {
+  if (cluster_) return cluster_->local_rank;
+  // An injected communicator: ranks fill nodes in order (as SetupModel assumes).
+  return options_.num_nodes == 1 ? rank() : rank() % devices_;
+}
+
+void Trainer::RunStage(DataModule& datamodule, Stage stage, const std::function<void()>& run) {
+  SetupProcesses();
+  const bool mine = datamodule.prepare_data_per_node ? LocalRank() == 0 : rank() == 0;
+  std::exception_ptr error;
+  std::string what;
+  if (mine) {
+    try {
+      datamodule.prepare_data();
+    } catch (const std::exception& e) {
+      error = std::current_exception();
+      what = e.what();
+    } catch (...) {
+      error = std::current_exception();
+      what = "an exception not derived from std::exception";
+    }
+  }
+  // The barrier: every rank waits here until prepare_data is done everywhere.
+  const double failed = AllReduceSum({error ? 1.0 : 0.0})[0];
+  if (error) {
+    ST_LOG(ERROR) << "DataModule::prepare_data failed: " << what;
+    std::rethrow_exception(error);
+  }
+  if (failed > 0) ST_THROW(Error, "DataModule::prepare_data failed on ", failed, " other rank(s) (see their errors)");
+  datamodule.setup(stage);
+  try {
+    run();
+  } catch (...) {
+    try {
+      datamodule.teardown(stage);
+    } catch (const std::exception& e) {
+      ST_LOG(ERROR) << "DataModule::teardown(" << StageName(stage) << ") after a failed run threw too: " << e.what();
+    }
+    throw;
+  }
+  datamodule.teardown(stage);
+}
+
+const Dataset& Trainer::StageDataset(DataModule& datamodule, Stage stage) {
+  const Dataset* data = nullptr;
+  const char* accessor = "";
+  switch (stage) {
+    case Stage::kFit:
+      data = datamodule.train_dataset();
+      accessor = "train_dataset()";
+      break;
+    case Stage::kValidate:
+      data = datamodule.val_dataset();
+      accessor = "val_dataset()";
+      break;
+    case Stage::kTest:
+      data = datamodule.test_dataset();
+      accessor = "test_dataset()";
+      break;
+    case Stage::kPredict:
+      data = datamodule.predict_dataset();
+      accessor = "predict_dataset()";
+      break;
+  }
+  ST_CHECK_ARG(data != nullptr, "the DataModule's ", accessor, " returned null after setup(", StageName(stage),
+               "): the ", StageName(stage), " stage needs it; override ", accessor,
+               " to return the data set that setup built");
+  return *data;
+}
+
+}  // namespace shardtrain::trainer
