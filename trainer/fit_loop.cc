@@ -283,7 +283,10 @@ bool Trainer::SyncStep(FitLoop& loop, bool overflow) {
 // did run.
 void Trainer::DiscardStep(FitLoop& loop) {
   opt_.optimizer->zero_grad();
-  if (loop.rng_at_step_start.defined()) at::detail::getDefaultCPUGenerator().set_state(loop.rng_at_step_start);
+  if (loop.rng_at_step_start.defined()) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    gen.set_state(loop.rng_at_step_start);
+  }
   batch_in_epoch_ -= loop.acc_n;
   loop.acc_loss = 0;
   loop.acc_n = 0;
