@@ -250,63 +250,7 @@ void Trainer::SyncShouldStop() {
   should_stop_ = strategy_->ReduceMax(should_stop_ ? 1.0 : 0.0) > 0;
 }
 
-double Trainer::RunValidation(TrainingModule& module, const Dataset& val) {
-  module.on_validation_start();
-  for (auto& cb : options_.callbacks) cb->on_validation_start(*this, module);
-  torch::nn::Module& model = strategy_->module();
-  const bool was_training = model.is_training();
-  model.eval();
-  // What training_step log()ged for the next training row waits until validation is done.
-  std::map<std::string, double> pending = std::move(module.logged_);
-  module.logged_.clear();
-  std::map<std::string, std::pair<double, int64_t>> logged;  // name -> (sum, count) over batches
-  double sum = 0;
-  int64_t n = 0;
-  bool any = true;
-  {
-    at::NoGradGuard no_grad;
-    DistributedSampler sampler(val.size(), world_size(), rank(), /*shuffle=*/false, options_.seed, false);
-    auto batches = MakeBatches(sampler.indices(),
-                               options_.val_batch_size > 0 ? options_.val_batch_size : options_.batch_size, false);
-    const int64_t nb = LimitBatches(options_.limit_val_batches, static_cast<int64_t>(batches.size()));
-    for (int64_t i = 0; i < nb; ++i) {
-      Batch b = ToDevice(val.get_batch(batches[i]));
-      auto loss = module.validation_step(b, i);
-      for (const auto& [k, v] : module.logged_) {
-        logged[k].first += v;
-        ++logged[k].second;
-      }
-      module.logged_.clear();
-      if (!loss) {
-        any = false;
-        break;
-      }
-      sum += loss->item<double>();
-      ++n;
-    }
-  }
-  module.logged_ = std::move(pending);
-  if (was_training) model.train();
-  double mean = std::numeric_limits<double>::quiet_NaN();
-  std::map<std::string, double> row;
-  for (const auto& [k, sc] : logged) {
-    // Same names on every rank (as for training logs); a mean over all batches of all ranks.
-    row[k] = strategy_->ReduceSum(sc.first) / std::max(1.0, strategy_->ReduceSum(static_cast<double>(sc.second)));
-  }
-  if (any) {
-    mean = strategy_->ReduceSum(sum) / std::max(1.0, strategy_->ReduceSum(static_cast<double>(n)));
-    val_losses_.push_back(mean);
-    row["val_loss"] = mean;
-  }
-  for (const auto& [k, v] : row) callback_metrics_[k] = v;
-  if (!row.empty()) {
-    row["epoch"] = static_cast<double>(epoch_);
-    LogMetrics(row, global_step_);  // at the global step at which validation ran
-  }
-  module.on_validation_end();
-  for (auto& cb : options_.callbacks) cb->on_validation_end(*this, module);
-  return mean;
-}
+// RunValidation: trainer/eval_loop.cc (the evaluation loop it shares with Test and Predict).
 
 void Trainer::SetupLoggers(TrainingModule& module) {
   if (loggers_set_up_) return;
