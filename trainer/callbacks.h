@@ -65,6 +65,14 @@ class Callback {
   // (trainer.fitting() tells which); at the end callback_metrics has val_loss.
   virtual void on_validation_start(Trainer& trainer, TrainingModule& module) {}
   virtual void on_validation_end(Trainer& trainer, TrainingModule& module) {}
+  // ---- Test and the evaluation epoch ends (issue #16 loops) ----
+  // Around Trainer::Test; at the end callback_metrics has the test metrics.
+  virtual void on_test_start(Trainer& trainer, TrainingModule& module) {}
+  virtual void on_test_end(Trainer& trainer, TrainingModule& module) {}
+  // After a validation / test pass, once its metrics are in callback_metrics
+  // (and after the module's hook of the same name), before they are logged.
+  virtual void on_validation_epoch_end(Trainer& trainer, TrainingModule& module) {}
+  virtual void on_test_epoch_end(Trainer& trainer, TrainingModule& module) {}
   // After training epoch `epoch` (0-based) ended; trainer.current_epoch() is
   // already epoch + 1 (a checkpoint taken here resumes with the next epoch).
   virtual void on_train_epoch_end(Trainer& trainer, TrainingModule& module, int64_t epoch) {}

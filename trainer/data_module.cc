@@ -38,6 +38,19 @@ double Trainer::Validate(TrainingModule& module, DataModule& datamodule) {
   return mean;
 }
 
+std::map<std::string, double> Trainer::Test(TrainingModule& module, DataModule& datamodule) {
+  std::map<std::string, double> metrics;
+  RunStage(datamodule, Stage::kTest, [&] { metrics = Test(module, StageDataset(datamodule, Stage::kTest)); });
+  return metrics;
+}
+
+at::Tensor Trainer::Predict(TrainingModule& module, DataModule& datamodule, const PredictOptions& options) {
+  at::Tensor out;
+  RunStage(datamodule, Stage::kPredict,
+           [&] { out = Predict(module, StageDataset(datamodule, Stage::kPredict), options); });
+  return out;
+}
+
 DataLoaderOptions Trainer::LoaderOptions() const {
   DataLoaderOptions lo;
   lo.num_workers = options_.num_workers;

@@ -74,7 +74,7 @@ void CheckReduceFx(const std::string& fx) {
                "\"; valid: mean, sum, max, min");
 }
 
-void MetricCollector::AddBatch(TrainingModule& m) {
+void MetricCollector::AddBatch(TrainingModule& m, double weight) {
   for (const auto& [name, value] : m.logged_) {
     LogOptions o;
     o.sync_dist = true;  // written without Log: as log()
@@ -87,13 +87,16 @@ void MetricCollector::AddBatch(TrainingModule& m) {
     }
     if (*o.on_epoch) {
       Accumulated& a = epoch_[name];
-      if (a.count == 0) a.max = a.min = value;
       a.options = o;
+      step_names_.insert("e:" + name);
+      if (weight <= 0) continue;
+      if (a.count == 0) a.max = a.min = value;
       a.sum += value;
       a.max = std::max(a.max, value);
       a.min = std::min(a.min, value);
+      a.wsum += weight * value;
+      a.weight += weight;
       ++a.count;
-      step_names_.insert("e:" + name);
     }
   }
   m.logged_.clear();
@@ -206,31 +209,36 @@ std::map<std::string, double> MetricCollector::ReduceEpoch(const std::string& wh
   }
   std::map<std::string, double> out;
   if (names.empty()) return out;
-  // Per name and rank: sum, count, max, min.
-  std::vector<double> v(names.size() * W * 4, 0.0);
+  // Per name and rank: sum, count, max, min, weighted sum, weight.
+  constexpr int kSlots = 6;
+  std::vector<double> v(names.size() * W * kSlots, 0.0);
   for (size_t j = 0; j < names.size(); ++j) {
     const Accumulated& a = epoch_.at(names[j]);
-    double* p = v.data() + (j * W + r) * 4;
+    double* p = v.data() + (j * W + r) * kSlots;
     p[0] = a.sum;
     p[1] = static_cast<double>(a.count);
     p[2] = a.max;
     p[3] = a.min;
+    p[4] = a.wsum;
+    p[5] = a.weight;
   }
   v = comm_.all_reduce_sum(std::move(v));
   for (size_t j = 0; j < names.size(); ++j) {
     const LogOptions& o = epoch_.at(names[j]).options;
-    double sum = 0, count = 0;
+    double sum = 0, count = 0, wsum = 0, weight = 0;
     double mx = -std::numeric_limits<double>::infinity(), mn = std::numeric_limits<double>::infinity();
     for (int q = 0; q < (o.sync_dist ? W : 1); ++q) {  // without sync_dist: rank 0's
-      const double* p = v.data() + (j * W + q) * 4;
+      const double* p = v.data() + (j * W + q) * kSlots;
       if (p[1] == 0) continue;
       sum += p[0];
       count += p[1];
+      wsum += p[4];
+      weight += p[5];
       mx = std::max(mx, p[2]);
       mn = std::min(mn, p[3]);
     }
     double x = sum;
-    if (o.reduce_fx == "mean") x = count > 0 ? sum / count : std::numeric_limits<double>::quiet_NaN();
+    if (o.reduce_fx == "mean") x = weight > 0 ? wsum / weight : std::numeric_limits<double>::quiet_NaN();
     if (o.reduce_fx == "max") x = mx;
     if (o.reduce_fx == "min") x = mn;
     const std::string name = names[j] + (*o.on_step ? "_epoch" : "");

@@ -49,8 +49,11 @@ class MetricCollector {
   MetricCollector() = default;
   explicit MetricCollector(LogComm comm) : comm_(std::move(comm)) {}
 
-  // Takes what `module` logged since the last call (and clears it).
-  void AddBatch(TrainingModule& module);
+  // Takes what `module` logged since the last call (and clears it). Epoch
+  // "mean"s weight the batch by `weight` (Test: its real samples; 0 for a
+  // batch of padding only, which then adds nothing to any reduce_fx but
+  // keeps the names equal on every rank).
+  void AddBatch(TrainingModule& module, double weight = 1.0);
   // Appends this step's names and values to `header`, all-reduces it (sum)
   // and returns the summed header; the agreed step values are then in
   // step_metrics(). Collective.
@@ -76,7 +79,9 @@ class MetricCollector {
     double sum = 0;
     double max = 0;
     double min = 0;
-    int64_t count = 0;
+    int64_t count = 0;     // batches with weight > 0
+    double wsum = 0;       // sum of weight * value ("mean")
+    double weight = 0;
   };
   // Throws on every rank when the fingerprints in `slots` differ.
   void CheckSameNames(const double* slots, const std::vector<std::string>& mine, const std::string& what);

@@ -38,6 +38,7 @@ inline constexpr char kActionTrainingStep[] = "training_step";
 inline constexpr char kActionBackward[] = "backward";
 inline constexpr char kActionOptimizerStep[] = "optimizer_step";
 inline constexpr char kActionValidation[] = "validation";
+inline constexpr char kActionTest[] = "test";
 inline constexpr char kActionSaveCheckpoint[] = "save_checkpoint";
 inline constexpr char kActionOnTrainBatchEnd[] = "on_train_batch_end";
 inline constexpr char kActionCallbacksOnTrainBatchEnd[] = "callbacks.on_train_batch_end";

@@ -262,64 +262,7 @@ void Trainer::SyncShouldStop() {
   should_stop_ = strategy_->ReduceMax(should_stop_ ? 1.0 : 0.0) > 0;
 }
 
-double Trainer::RunValidation(TrainingModule& module, const Dataset& val) {
-  auto profiled = Profile(kActionValidation);
-  module.on_validation_start();
-  for (auto& cb : options_.callbacks) cb->on_validation_start(*this, module);
-  torch::nn::Module& model = strategy_->module();
-  const bool was_training = model.is_training();
-  model.eval();
-  // What training_step log()ged for the next training row waits until validation is done.
-  std::map<std::string, double> pending = std::move(module.logged_);
-  std::map<std::string, LogOptions> pending_options = std::move(module.log_options_);
-  module.logged_.clear();
-  module.log_options_.clear();
-  module.log_eval_defaults_ = true;
-  internal::MetricCollector logged(
-      {world_.get(), rank(), world_size(), [this](std::vector<double> v) { return AllReduceSum(std::move(v)); }});
-  double sum = 0;
-  int64_t n = 0;
-  bool any = true;
-  {
-    at::NoGradGuard no_grad;
-    DistributedSampler sampler(val.size(), world_size(), rank(), /*shuffle=*/false, options_.seed, false);
-    auto batches = MakeBatches(sampler.indices(),
-                               options_.val_batch_size > 0 ? options_.val_batch_size : options_.batch_size, false);
-    const int64_t nb = trainer::LimitBatches(options_, Stage::kValidate, static_cast<int64_t>(batches.size()));
-    DataLoader loader(val, std::move(batches), LoaderOptions(), 0, nb);  // prepared ahead by num_workers threads
-    for (int64_t i = 0; i < nb; ++i) {
-      Batch b = ToDevice(loader.Next());
-      auto loss = module.validation_step(b, i);
-      logged.AddBatch(module);
-      if (!loss) {
-        any = false;
-        break;
-      }
-      sum += loss->item<double>();
-      ++n;
-    }
-  }
-  module.logged_ = std::move(pending);
-  module.log_options_ = std::move(pending_options);
-  module.log_eval_defaults_ = false;
-  if (was_training) model.train();
-  double mean = std::numeric_limits<double>::quiet_NaN();
-  // Aggregated over the batches (and ranks, with sync_dist); every rank must log the same names.
-  std::map<std::string, double> row = logged.ReduceEpoch("validation");
-  if (any) {
-    mean = strategy_->ReduceSum(sum) / std::max(1.0, strategy_->ReduceSum(static_cast<double>(n)));
-    val_losses_.push_back(mean);
-    row["val_loss"] = mean;
-  }
-  for (const auto& [k, v] : row) callback_metrics_[k] = v;
-  if (!row.empty()) {
-    row["epoch"] = static_cast<double>(epoch_);
-    LogMetrics(row, global_step_);  // at the global step at which validation ran
-  }
-  module.on_validation_end();
-  for (auto& cb : options_.callbacks) cb->on_validation_end(*this, module);
-  return mean;
-}
+// RunValidation: trainer/eval_loop.cc (the evaluation loop it shares with Test and Predict).
 
 void Trainer::SetupLoggers(TrainingModule& module) {
   if (loggers_set_up_) return;

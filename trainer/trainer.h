@@ -217,6 +217,17 @@ struct TrainerOptions {
   bool sync_batchnorm = false;
 };
 
+// ---- Predict's options (issue #16 loops; trainer/eval_loop.cc) ----
+struct PredictOptions {
+  // true: every rank returns every sample's prediction, in dataset order
+  // (one all-gather: W times a rank's share in memory on every rank).
+  // false: no communication; each rank returns its own share, samples
+  // rank, rank + W, rank + 2W, ... < dataset size (the DistributedSampler's
+  // order without shuffling, padding duplicates dropped): for outputs too
+  // large to hold W times, e.g. to write one file per rank.
+  bool gather = true;
+};
+
 class Trainer {
  public:
   // Validates the options (InvalidArgumentError listing valid values; an
@@ -252,6 +263,39 @@ class Trainer {
   // val_dataset(), required), then teardown(stage), also after an exception.
   void Fit(TrainingModule& module, DataModule& datamodule, const std::string& ckpt_path = "");
   double Validate(TrainingModule& module, DataModule& datamodule);
+  // Test and Predict on test_dataset() / predict_dataset(), as above.
+  std::map<std::string, double> Test(TrainingModule& module, DataModule& datamodule);
+  at::Tensor Predict(TrainingModule& module, DataModule& datamodule, const PredictOptions& options = {});
+  // ---- Test and Predict (issue #16 loops; trainer/eval_loop.cc) ----
+  // Lightning's trainer.test: one collective pass over `test` in
+  // DistributedSampler order (no shuffling; val_batch_size, or batch_size,
+  // samples per rank per batch), the model in eval mode without gradients,
+  // with module.test_step. Samples a rank got as padding (when W does not
+  // divide the set) are cut from its last batch (which may be left empty)
+  // and never counted: test_loss
+  // (the mean of what test_step returns) and what test_step log()s are means
+  // over the test set's samples, each batch weighted by its real samples,
+  // over all ranks (batch means in, sample means out). Hooks, the module's
+  // before the callbacks': on_test_start, on_test_epoch_end (the metrics are
+  // in callback_metrics() by then; a value the module log()s there joins
+  // them, rank-averaged), on_test_end. The metrics are sent to the loggers at
+  // the current global step and returned (test_loss, when test_step returned
+  // losses, and every logged name). Uses the model of the last Fit, or sets
+  // one up as Validate does. InvalidArgumentError for an empty set or a call
+  // inside Fit.
+  std::map<std::string, double> Test(TrainingModule& module, const Dataset& test);
+  // Lightning's trainer.predict: one collective pass over `data` (order and
+  // batches as Test; the model in eval mode without gradients) with
+  // module.predict_step, whose outputs (one row per sample) are joined along
+  // dimension 0: with options.gather (the default) every rank returns the
+  // predictions of all samples in dataset order, each once (the sampler's
+  // interleaving undone, padding duplicates dropped); see PredictOptions for
+  // per-rank output. The result lives on the collective device (CPU with
+  // Gloo, this rank's CUDA device with NCCL). Not logged; what predict_step
+  // log()s is dropped. InvalidArgumentError for an empty set, a call inside
+  // Fit, or predict_step outputs whose rows differ in shape or dtype
+  // between batches or ranks.
+  at::Tensor Predict(TrainingModule& module, const Dataset& data, const PredictOptions& options = {});
 
   // Lightning's estimated_stepping_batches: the optimizer steps a Fit on
   // `train` takes from its start — ceil(batches per rank per epoch, after
@@ -413,6 +457,23 @@ class Trainer {
   const Dataset& StageDataset(DataModule& datamodule, Stage stage);
   // This rank's index on its node.
   int LocalRank() const;
+
+  // ---- The evaluation loop of validation, Test and Predict (issue #16 loops; trainer/eval_loop.cc) ----
+  enum class EvalStage { kValidation, kTest };
+  // One validation or test pass with its hooks; returns the metrics row
+  // (the loss and what the module log()ged, reduced over batches and ranks).
+  std::map<std::string, double> RunEvalStage(TrainingModule& module, const Dataset& data, EvalStage stage);
+  // Calls fn(batch, batch_idx, real) for this rank's batches of `data`
+  // (as many as LimitBatches(options(), stage) allows), the model in eval mode under
+  // NoGradGuard; `real`: the batch's samples that are not padding
+  // duplicates. With trim_padding the duplicates are cut from the batch (it
+  // may be left empty: it still runs, since the forward is collective).
+  // fn returns false to stop.
+  void ForEachEvalBatch(const Dataset& data, Stage stage, bool trim_padding,
+                        const std::function<bool(const Batch&, int64_t, int64_t)>& fn);
+  // Processes and model for Test/Predict (`what`), after checking the call
+  // (not inside Fit) and the data (not empty).
+  void SetupForEval(TrainingModule& module, const char* what, const Dataset& data);
 
   TrainerOptions options_;
   std::string accelerator_;  // resolved: "cpu" or "cuda"

@@ -143,6 +143,30 @@ class TrainingModule {
   // every rank that throws, before the callbacks' on_exception, then `e`
   // propagates. An exception thrown by the hook itself is logged and dropped.
   virtual void on_exception(const std::exception& e) {}
+  // ---- Test, Predict and the evaluation epoch ends (issue #16 loops; defaults in trainer/eval_loop.cc) ----
+  // Trainer::Test: the mean loss of one test batch (test_loss), or
+  // std::nullopt (then only what it log()s is reported). The batch holds no
+  // padding duplicates, so on some ranks the last one can be smaller than
+  // the batch size, or even empty (0 rows: it must still run the forward,
+  // which is collective; what it returns and logs then counts for nothing).
+  // What it log()s is averaged over the test set's samples, like the loss.
+  // Default: throws
+  // InvalidArgumentError (override it to use Trainer::Test).
+  virtual std::optional<at::Tensor> test_step(const Batch& batch, int64_t batch_idx);
+  // Trainer::Predict: the predictions for one batch, one row (dimension 0)
+  // per sample, the same shape and dtype for every batch. Default: throws
+  // InvalidArgumentError (override it to use Trainer::Predict).
+  virtual at::Tensor predict_step(const Batch& batch, int64_t batch_idx);
+  // Around Trainer::Test, before the callbacks' hooks of the same name.
+  virtual void on_test_start() {}
+  virtual void on_test_end() {}
+  // After a validation / test pass, once its metrics are reduced over
+  // batches and ranks and in trainer().callback_metrics(), before they are
+  // logged and before the callbacks' hooks of the same name. Every rank calls
+  // it (collectives allowed); a value log()ged here joins the pass's metrics
+  // (rank-averaged).
+  virtual void on_validation_epoch_end() {}
+  virtual void on_test_epoch_end() {}
 
   // Runs the model's forward through the strategy (sharded gather, autocast).
   at::Tensor forward(const std::function<at::Tensor()>& fn) { return strategy().Forward(fn); }

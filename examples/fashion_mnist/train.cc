@@ -6,8 +6,8 @@
 // Data: the IDX files of Debian's `dataset-fashion-mnist` package
 // (/usr/share/datasets/fashion-mnist) or --data_dir. The last --val_size
 // training images validate after every epoch; the 10 000 test images give the
-// test accuracy at the end. Ranks: --devices=N on one machine (the Trainer
-// re-executes this binary for ranks 1..N-1; --devices=auto with
+// test accuracy at the end (Trainer::Test). Ranks: --devices=N on one machine
+// (the Trainer re-executes this binary for ranks 1..N-1; --devices=auto with
 // --accelerator=cuda: one rank per GPU); under torchrun --no-python, srun
 // or mpirun the launcher's ranks are joined instead. Logs and checkpoints:
 // <default_root_dir>/lightning_logs/version_N/; --ckpt_path resumes.
@@ -79,6 +79,35 @@ class FashionMnistModule : public trainer::TrainingModule {
     val_seen_ += static_cast<double>(b.targets.numel());
     return at::cross_entropy_loss(logits, b.targets);
   }
+  // Trainer::Test: the batch holds only real test images (the Trainer cuts
+  // the duplicates a DistributedSampler pads with); its mean loss becomes
+  // test_loss and test_acc is averaged over the test images like it.
+  std::optional<at::Tensor> test_step(const trainer::Batch& b, int64_t) override {
+    at::Tensor logits = forward([&] { return net_->forward(b.inputs); }).to(at::kFloat);
+    at::Tensor hit = logits.argmax(1).eq(b.targets);
+    log("test_acc", hit.to(at::kDouble).mean().item<double>());
+    const at::Tensor targets = b.targets.cpu();
+    test_correct_.index_add_(0, targets, hit.cpu().to(at::kDouble));
+    test_count_.index_add_(0, targets, at::ones({targets.numel()}, at::kDouble));
+    return at::cross_entropy_loss(logits, b.targets);
+  }
+  void on_test_start() override {
+    const int64_t C = static_cast<int64_t>(examples::kFashionMnistClasses.size());
+    test_correct_ = at::zeros({C}, at::kDouble);
+    test_count_ = at::zeros({C}, at::kDouble);
+  }
+  // Per-class accuracy over all ranks (collective: every rank runs this hook).
+  void on_test_epoch_end() override {
+    per_class_.clear();
+    test_correct_total_ = test_total_ = 0;
+    for (int64_t c = 0; c < test_count_.numel(); ++c) {
+      const double k = strategy().ReduceSum(test_correct_[c].item<double>());
+      const double n = strategy().ReduceSum(test_count_[c].item<double>());
+      test_correct_total_ += static_cast<int64_t>(k);
+      test_total_ += static_cast<int64_t>(n);
+      per_class_.push_back(n > 0 ? k / n : 0.0);
+    }
+  }
   trainer::OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
     trainer::OptimizerConfig c;
     c.optimizer = std::make_shared<torch::optim::Adam>(params, torch::optim::AdamOptions(lr_));
@@ -104,7 +133,10 @@ class FashionMnistModule : public trainer::TrainingModule {
             {"lr_schedule", total_steps_ > 0 ? "cosine over " + std::to_string(total_steps_) + " steps" : "constant"}};
   }
 
-  examples::CnnImpl& net() { return *net_; }
+  // Of the last Trainer::Test, over all ranks.
+  const std::vector<double>& test_per_class() const { return per_class_; }
+  int64_t test_correct() const { return test_correct_total_; }
+  int64_t test_total() const { return test_total_; }
   // Validation accuracy counted since the last call, over all ranks (collective).
   double TakeValAccuracy() {
     const double correct = strategy().ReduceSum(val_correct_), seen = strategy().ReduceSum(val_seen_);
@@ -118,6 +150,9 @@ class FashionMnistModule : public trainer::TrainingModule {
   int64_t total_steps_;
   std::shared_ptr<examples::CnnImpl> net_;
   double val_correct_ = 0, val_seen_ = 0;
+  at::Tensor test_correct_, test_count_;  // per class, this rank
+  std::vector<double> per_class_;
+  int64_t test_correct_total_ = 0, test_total_ = 0;
 };
 
 // Prints (rank 0) and logs the validation loss and accuracy after each validation.
@@ -140,57 +175,6 @@ class ReportCallback : public trainer::Callback {
  private:
   std::chrono::steady_clock::time_point t0_;
 };
-
-struct EvalResult {
-  double loss = 0, accuracy = 0;
-  int64_t correct = 0, total = 0;
-  std::vector<double> per_class;
-};
-
-// Test-set evaluation through the strategy's forward, every rank in lockstep:
-// rank r takes samples r, r+W, r+2W, ... (DistributedSampler order without
-// shuffling); every rank runs the same number of batches, and the padding a
-// sampler adds when W does not divide the set is not counted.
-EvalResult Evaluate(FashionMnistModule& module, const examples::FashionMnist& data, int64_t batch_size) {
-  auto& strategy = module.strategy();
-  const int W = strategy.world_size(), r = strategy.rank();
-  module.net().eval();
-  at::NoGradGuard no_grad;
-  trainer::DistributedSampler sampler(data.size(), W, r, /*shuffle=*/false, 0, /*drop_last=*/false);
-  const auto indices = sampler.indices();
-  const int64_t C = static_cast<int64_t>(examples::kFashionMnistClasses.size());
-  at::Tensor correct = at::zeros({C}, at::kDouble), count = at::zeros({C}, at::kDouble);
-  double loss_sum = 0;
-  for (int64_t start = 0; start < static_cast<int64_t>(indices.size()); start += batch_size) {
-    const int64_t end = std::min<int64_t>(start + batch_size, static_cast<int64_t>(indices.size()));
-    trainer::Batch b = data.get_batch({indices.begin() + start, indices.begin() + end});
-    const auto dt = strategy.compute_dtype();
-    b.inputs = b.inputs.to(module.trainer().device());  // cuda:<local rank> with --accelerator=cuda
-    if (dt != at::kFloat) b.inputs = b.inputs.to(dt);
-    at::Tensor logits = module.forward([&] { return module.net().forward(b.inputs); }).to(at::kFloat).cpu();
-    // Position k of this rank's list is sample r + k*W of the unpadded order.
-    at::Tensor pos = at::arange(start, end, at::kLong) * W + r;
-    at::Tensor real = pos.lt(data.size());
-    at::Tensor hit = logits.argmax(1).eq(b.targets).logical_and(real).to(at::kDouble);
-    correct.index_add_(0, b.targets, hit);
-    count.index_add_(0, b.targets, real.to(at::kDouble));
-    loss_sum += at::cross_entropy_loss(logits, b.targets, {}, at::Reduction::None)
-                    .masked_select(real)
-                    .sum()
-                    .item<double>();
-  }
-  module.net().train();
-  EvalResult res;
-  for (int64_t c = 0; c < C; ++c) {
-    const double k = strategy.ReduceSum(correct[c].item<double>()), n = strategy.ReduceSum(count[c].item<double>());
-    res.correct += static_cast<int64_t>(k);
-    res.total += static_cast<int64_t>(n);
-    res.per_class.push_back(n > 0 ? k / n : 0.0);
-  }
-  res.loss = strategy.ReduceSum(loss_sum) / std::max<int64_t>(1, res.total);
-  res.accuracy = res.total > 0 ? static_cast<double>(res.correct) / res.total : 0.0;
-  return res;
-}
 
 // Every numeric and enum flag's range (docs: examples/README.md); RunExampleMain exits 2 on a bad one.
 void CheckFlags() {
@@ -258,17 +242,19 @@ int Run() {
   trainer.Fit(module, train, val.size() > 0 ? &val : nullptr, ckpt);
   const double fit_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_fit).count();
 
-  const EvalResult res = Evaluate(module, test, 500);
-  trainer.LogMetrics({{"test_acc", res.accuracy}, {"test_loss", res.loss}}, trainer.global_step());
+  // test_loss and test_acc over the 10 000 test images, logged at the last step.
+  const std::map<std::string, double> metrics = trainer.Test(module, test);
   if (rank0) {
     std::ostringstream classes;
-    for (size_t c = 0; c < res.per_class.size(); ++c) {
-      classes << (c ? ", " : "") << examples::kFashionMnistClasses[c] << Fmt(" %.1f%%", 100.0 * res.per_class[c]);
+    const auto& per_class = module.test_per_class();
+    for (size_t c = 0; c < per_class.size(); ++c) {
+      classes << (c ? ", " : "") << examples::kFashionMnistClasses[c] << Fmt(" %.1f%%", 100.0 * per_class[c]);
     }
     const double total_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     std::printf("per class: %s\n", classes.str().c_str());
     std::printf("test accuracy: %.2f%% (%ld/%ld), test loss %.4f after %ld epoch(s), %ld steps; fit %.0f s, total %.0f s\n",
-                100.0 * res.accuracy, static_cast<long>(res.correct), static_cast<long>(res.total), res.loss,
+                100.0 * metrics.at("test_acc"), static_cast<long>(module.test_correct()),
+                static_cast<long>(module.test_total()), metrics.at("test_loss"),
                 static_cast<long>(trainer.current_epoch()), static_cast<long>(trainer.global_step()), fit_secs,
                 total_secs);
     std::printf("logs: %s\ncheckpoint: %s\n", trainer.log_dir().c_str(), trainer.last_checkpoint_path().c_str());
