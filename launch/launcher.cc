@@ -190,9 +190,14 @@ struct LocalLauncher::State {
   }
 
   // SIGTERM to every running child, SIGKILL to those still alive after `grace`.
+  // SIGCONT after SIGTERM: a stopped child (SIGSTOP, a debugger's stop) acts
+  // on its SIGTERM at once instead of sitting out the grace period.
   void TerminateAll() {
-    for (auto& c : children)
-      if (c.running) kill(c.pid, SIGTERM);
+    for (auto& c : children) {
+      if (!c.running) continue;
+      kill(c.pid, SIGTERM);
+      kill(c.pid, SIGCONT);
+    }
     auto deadline = std::chrono::steady_clock::now() + grace;
     while (AnyRunning() && std::chrono::steady_clock::now() < deadline) {
       for (auto& c : children) TryReap(c);

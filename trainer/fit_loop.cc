@@ -134,9 +134,14 @@ void Trainer::RunEpoch(FitLoop& loop) {
     const bool sync = (i + 1) % o.accumulate_grad_batches == 0 || i + 1 == loop.nb;
     const at::Tensor loss = TrainStep(loop, batches[i], i);
     if (sync) {
-      // 16-mixed: the overflow flag joins the step's one collective (Unscale's reduce callback).
-      const auto sync_step = [&](double overflow) { return SyncStep(loop, overflow > 0) ? 1.0 : 0.0; };
-      const bool skip = scaler_ ? scaler_->Unscale(strategy_->parameters(), sync_step) : SyncStep(loop, false);
+      // 16-mixed: the overflow flag joins the step's one collective (Unscale's reduce callback);
+      // so does the non-finite check's flag (trainer/nonfinite.h; 0 when off).
+      const double bad =
+          nonfinite_.enabled() ? nonfinite_.LocalFlag(loop.acc_loss / loop.acc_n, strategy_->named_parameters()) : 0;
+      double slot = 0;
+      const auto sync_step = [&](double overflow) { return slot = SyncStep(loop, (overflow > 0) + bad); };
+      bool skip = scaler_ ? scaler_->Unscale(strategy_->parameters(), sync_step) : sync_step(0) > 0;
+      skip = nonfinite_.Decide(slot, global_step_, rank()) || skip;
       OptimizerStep(loop, skip);
       OnStepEnd(loop);
     }
@@ -173,11 +178,12 @@ at::Tensor Trainer::TrainStep(FitLoop& loop, const std::vector<int64_t>& batch, 
 
 // The step's one collective: [loss, overflow, should_stop, SIGTERM, SIGINT,
 // SIGUSR1, logged metrics...] summed over the ranks. Sets the agreed loss,
-// metrics and stop signal in `loop`; returns whether any rank overflowed.
-bool Trainer::SyncStep(FitLoop& loop, bool overflow) {
+// metrics and stop signal in `loop`; returns the overflow slot's sum (> 0:
+// some rank overflowed or found a non-finite value, trainer/nonfinite.h).
+double Trainer::SyncStep(FitLoop& loop, double overflow) {
   constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
   const int received = ReceivedStopSignal();
-  std::vector<double> v = {loop.acc_loss / static_cast<double>(loop.acc_n), overflow ? 1.0 : 0.0,
+  std::vector<double> v = {loop.acc_loss / static_cast<double>(loop.acc_n), overflow,
                            should_stop_ ? 1.0 : 0.0};
   for (int sig : kSignals) v.push_back(received == sig ? 1.0 : 0.0);
   std::vector<std::string> names;  // the same on every rank (what training_step log()ged)
@@ -196,7 +202,7 @@ bool Trainer::SyncStep(FitLoop& loop, bool overflow) {
   }
   loop.step_metrics.clear();
   for (size_t j = 0; j < names.size(); ++j) loop.step_metrics[names[j]] = v[6 + j] / W;
-  return v[1] > 0;
+  return v[1];
 }
 
 // Clipping, the LR schedule, optimizer.step (unless the 16-mixed scaler found

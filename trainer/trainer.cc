@@ -72,6 +72,7 @@ Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
   ST_CHECK_ARG(o.resume == "never" || o.resume == "auto", "resume must be \"never\" or \"auto\", got \"", o.resume,
                "\"");
   ST_CHECK_ARG(o.timeout.count() > 0, "timeout must be > 0 ms, got ", o.timeout.count(), " ms");
+  nonfinite_ = NonfiniteCheck(o.nonfinite, o.precision != "16-mixed");  // checks the option
   if (o.strategy_object) {
     strategy_ = o.strategy_object;
   } else if (o.strategy != "auto") {
@@ -153,6 +154,7 @@ void Trainer::SetupProcesses() {
   } else {
     comm::GlooOptions go;
     go.timeout = options_.timeout;
+    go.stall_timeout = options_.stall_timeout;
     world_ = comm::GlooCommunicator::Create(comm::CreateStore(ro), info.rank, info.world_size, go);
   }
 }

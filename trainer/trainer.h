@@ -67,6 +67,7 @@
 #include "trainer/data.h"
 #include "trainer/grad_scaler.h"
 #include "trainer/logger.h"
+#include "trainer/nonfinite.h"
 #include "trainer/training_module.h"
 
 namespace shardtrain::trainer {
@@ -156,6 +157,20 @@ struct TrainerOptions {
   // ranks) of a Trainer that makes its own processes; PyTorch's default.
   // Must be > 0. (An injected communicator keeps its own.)
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
+
+  // ---- Faults (#12): non-finite values, stalled peers ----
+  // A step whose loss or a gradient is NaN/Inf on any rank: "off" (trains
+  // on), "error" (every rank throws NonfiniteError naming the step and, on
+  // the rank that found it, the loss or the first parameter), "skip" (every
+  // rank skips that optimizer step; counted). See trainer/nonfinite.h.
+  std::string nonfinite = "off";
+  // If > 0: a collective blocked this long on a peer that makes no progress
+  // (its heartbeat stopped: hung or SIGSTOPped) fails on every waiting rank
+  // naming that peer, long before `timeout` (GlooOptions::stall_timeout;
+  // heartbeats every second). 0: only `timeout` ends a wait. Gloo ranks of
+  // a Trainer that makes its own processes.
+  std::chrono::milliseconds stall_timeout{0};
+  // ---- end Faults ----
 };
 
 class Trainer {
@@ -246,6 +261,11 @@ class Trainer {
   std::string optimizer_name() const;
   torch::optim::Optimizer* optimizer() const { return opt_.optimizer.get(); }
 
+  // ---- Faults (#12) ----
+  // Optimizer steps skipped by nonfinite = "skip" (this Trainer, every Fit).
+  int64_t skipped_nonfinite_steps() const { return nonfinite_.skipped(); }
+  // ---- end Faults ----
+
  private:
   void SetupProcesses();
   void SetupModel(TrainingModule& module);
@@ -267,7 +287,7 @@ class Trainer {
   std::string ResolveCheckpointPath(const std::string& ckpt_path);
   void RunEpoch(FitLoop& loop);
   at::Tensor TrainStep(FitLoop& loop, const std::vector<int64_t>& batch, int64_t i);
-  bool SyncStep(FitLoop& loop, bool overflow);
+  double SyncStep(FitLoop& loop, double overflow);
   void OptimizerStep(FitLoop& loop, bool skip);
   void OnStepEnd(FitLoop& loop);
   void OnEpochEnd(FitLoop& loop);
@@ -302,6 +322,10 @@ class Trainer {
   int64_t batch_in_epoch_ = 0;
   std::vector<double> step_losses_;
   std::vector<double> val_losses_;
+
+  // ---- Faults (#12) ----
+  NonfiniteCheck nonfinite_;  // TrainerOptions::nonfinite (trainer/nonfinite.cc)
+  // ---- end Faults ----
 };
 
 }  // namespace shardtrain::trainer
