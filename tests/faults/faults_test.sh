@@ -39,9 +39,9 @@ export OMP_NUM_THREADS=1
 
 T0=$(now_ms)
 "$WORKER" "$OUT/base" 6 > "$OUT/base.out" 2> "$OUT/base.err" || die "baseline run failed: $(tail -5 "$OUT/base.err")"
-[[ $(grep -c '^step ' "$OUT/base.out") -eq 6 ]] || die "baseline printed no 6 steps: $(cat "$OUT/base.out")"
+[[ $(grep -ac '^step ' "$OUT/base.out") -eq 6 ]] || die "baseline printed no 6 steps: $(cat "$OUT/base.out")"
 declare -A BASE
-while read -r _ step _ loss; do BASE[$step]=$loss; done < <(grep '^step ' "$OUT/base.out")
+while read -r _ step _ loss; do BASE[$step]=$loss; done < <(grep -a '^step ' "$OUT/base.out")
 echo "baseline: $(( $(now_ms) - T0 )) ms"
 
 same_losses() {  # FILE
@@ -49,7 +49,7 @@ same_losses() {  # FILE
   while read -r _ step _ loss; do
     n=$((n + 1))
     [[ "${BASE[$step]:-}" == "$loss" ]] || { fail "step $step: loss $loss, uninterrupted ${BASE[$step]:-none}"; return; }
-  done < <(grep '^step ' "$1")
+  done < <(grep -a '^step ' "$1")
   [[ $n -gt 0 ]] || fail "no steps in $1"
 }
 
@@ -82,17 +82,18 @@ fault_case() {
     fail "processes left: $left"
     for p in $left; do kill -9 "$p"; done
   fi
-  local fault_line; fault_line=$(grep "^FAULT rank $frank SIG$sig at $point" "$dir.err")
+  # -o: the line may follow another process's unfinished line on the shared stderr.
+  local fault_line; fault_line=$(grep -ao "FAULT rank $frank SIG$sig at $point step [0-9]* t_ms=[0-9]*" "$dir.err" | head -1)
   [[ -n "$fault_line" ]] || { fail "the fault was not injected: $(tail -3 "$dir.err")"; return; }
   local t_fault=${fault_line##*t_ms=}
   if [[ $sig == KILL ]]; then
-    grep -q "ShardTrain launcher: rank $frank (pid [0-9]*) was killed by signal 9" "$dir.err" ||
+    grep -aq "ShardTrain launcher: rank $frank (pid [0-9]*) was killed by signal 9" "$dir.err" ||
       fail "the launcher did not name rank $frank"
   fi
-  local detected; detected=$(grep "^DETECTED rank $survivor " "$dir.err" | head -1)
+  local detected; detected=$(grep -ao "DETECTED rank $survivor t_ms=[0-9]* error: .*" "$dir.err" | head -1)
   if [[ $how == trainer && $sig == KILL ]]; then
     # Rank 0 is the launcher: its monitor names the dead rank and ends the job at once.
-    local named; named=$(grep -n "ShardTrain launcher: rank $frank" "$dir.err" | head -1)
+    local named; named=$(grep -an "ShardTrain launcher: rank $frank" "$dir.err" | head -1)
     echo "TIME $CASE detect_ms=launcher exit_ms=$(( t_end - t_fault )) case_ms=$(( t_end - t0 ))"
     echo "  $named" | cut -c1-300
   elif [[ -z "$detected" ]]; then
@@ -126,15 +127,15 @@ fault_case() {
   local last_ckpt; last_ckpt=$(ls -t "$dir"/lightning_logs/version_0/checkpoints/ 2>/dev/null | grep -v '^\.' | head -1)
   "$WORKER" "$dir" 6 auto "$format" > "$dir.resumed.out" 2> "$dir.resumed.err" ||
     { fail "resume failed: $(tail -3 "$dir.resumed.err")"; return; }
-  local first; first=$(grep '^step ' "$dir.resumed.out" | head -1 | awk '{print $2}')
+  local first; first=$(grep -a '^step ' "$dir.resumed.out" | head -1 | awk '{print $2}')
   local want=$(( ${last_ckpt//[^0-9]/} + 1 ))
   [[ "$first" == "$want" ]] || fail "resumed at step $first; newest complete checkpoint $last_ckpt"
   same_losses "$dir.resumed.out"
-  [[ $(grep '^step ' "$dir.resumed.out" | tail -1 | awk '{print $2}') == 6 ]] || fail "resumed run did not reach step 6"
+  [[ $(grep -a '^step ' "$dir.resumed.out" | tail -1 | awk '{print $2}') == 6 ]] || fail "resumed run did not reach step 6"
   tmps=$(temporaries "$dir")
   [[ -z "$tmps" ]] || fail "temporary files left after the resume: $tmps"
   if [[ $frank -eq 0 && $point == save && $sig == KILL ]]; then
-    grep -q "left by a save that was killed" "$dir.resumed.err" || fail "the resume did not report removing the temporary"
+    grep -aq "left by a save that was killed" "$dir.resumed.err" || fail "the resume did not report removing the temporary"
   fi
   echo "$CASE: resumed after $last_ckpt at step $first; $(( $(now_ms) - t0 )) ms in all"
 }
