@@ -7,6 +7,7 @@
 
 #include "base/errors.h"
 #include "comm/net_address.h"
+#include "comm/signed_store.h"
 
 namespace shardtrain::comm {
 
@@ -48,6 +49,7 @@ c10::intrusive_ptr<c10d::Store> CreateStore(const RendezvousOptions& o) {
              ", rank ", o.rank, "/", o.world_size, ") failed: ", e.what());
   }
   store->setTimeout(o.timeout);
+  if (!o.secret.empty()) store = SignStore(store, o.secret);
   return store;
 }
 

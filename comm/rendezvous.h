@@ -32,6 +32,10 @@ struct RendezvousOptions {
   int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT
   std::string file_path;     // kind == "file"
   std::chrono::milliseconds timeout = kDefaultTimeout;
+  // The job's shared secret: when set, every value is signed and checked
+  // (comm/signed_store.h: a value a client without it wrote is refused,
+  // naming the key). launch/ fills it from SHARDTRAIN_SECRET(_FILE).
+  std::string secret;
 };
 
 // Creates (or joins) the store. Throws InvalidArgumentError for an unknown kind

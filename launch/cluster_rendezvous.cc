@@ -1,5 +1,7 @@
 #include "launch/cluster_rendezvous.h"
 
+#include "comm/signed_store.h"
+
 namespace shardtrain {
 
 comm::RendezvousOptions RendezvousOptionsFor(const ClusterInfo& info) {
@@ -11,6 +13,7 @@ comm::RendezvousOptions RendezvousOptionsFor(const ClusterInfo& info) {
   o.master_port = info.master_port;
   o.agent_store = info.agent_store;
   o.restart_count = info.restart_count;
+  o.secret = comm::StoreSecretFromEnvironment();  // "" when none is set
   return o;
 }
 

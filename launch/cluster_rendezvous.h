@@ -12,7 +12,9 @@
 namespace shardtrain {
 
 // TCPStore rendezvous options for the job `info` describes (kind "tcp", the
-// default timeout; callers may change kind, file_path or timeout afterwards).
+// default timeout, the store secret from SHARDTRAIN_SECRET or
+// SHARDTRAIN_SECRET_FILE, comm/signed_store.h; callers may change kind,
+// file_path or timeout afterwards).
 comm::RendezvousOptions RendezvousOptionsFor(const ClusterInfo& info);
 
 }  // namespace shardtrain

@@ -190,9 +190,14 @@ struct LocalLauncher::State {
   }
 
   // SIGTERM to every running child, SIGKILL to those still alive after `grace`.
+  // SIGCONT after SIGTERM: a stopped child (SIGSTOP, a debugger's stop) acts
+  // on its SIGTERM at once instead of sitting out the grace period.
   void TerminateAll() {
-    for (auto& c : children)
-      if (c.running) kill(c.pid, SIGTERM);
+    for (auto& c : children) {
+      if (!c.running) continue;
+      kill(c.pid, SIGTERM);
+      kill(c.pid, SIGCONT);
+    }
     auto deadline = std::chrono::steady_clock::now() + grace;
     while (AnyRunning() && std::chrono::steady_clock::now() < deadline) {
       for (auto& c : children) TryReap(c);
@@ -309,6 +314,27 @@ void CheckLaunchOptions(const LaunchOptions& o, int num_children) {
   }
 }
 
+// 32 random bytes from the kernel, hex-encoded: the store secret of one job.
+std::string NewSecret() {
+  uint8_t bytes[32];
+  size_t got = 0;
+  const int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  while (fd >= 0 && got < sizeof bytes) {
+    const ssize_t n = read(fd, bytes + got, sizeof bytes - got);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  if (fd >= 0) close(fd);
+  if (got != sizeof bytes) ST_THROW(Error, "launcher: cannot read 32 bytes from /dev/urandom for the store secret");
+  static const char* kHex = "0123456789abcdef";
+  std::string out;
+  for (uint8_t b : bytes) {
+    out.push_back(kHex[b >> 4]);
+    out.push_back(kHex[b & 15]);
+  }
+  return out;
+}
+
 // The variables rank `rank` gets (torchrun's names), then the user's.
 std::vector<std::pair<std::string, std::string>> RankEnvironment(const LaunchOptions& o, int rank, int master_port) {
   std::vector<std::pair<std::string, std::string>> vars = {
@@ -414,6 +440,11 @@ void LocalLauncher::Start() {
     program = ResolveProgram(argv[0]);
   }
 
+  // The rendezvous store's secret (comm/signed_store.h) for the ranks of this
+  // launch, unless the user gave one; children inherit it, rank 0 sets it.
+  if (!std::getenv(kSecretEnvVar) && !std::getenv(kSecretFileEnvVar)) {
+    options_.env.emplace_back(kSecretEnvVar, NewSecret());
+  }
   master_port_ = o.master_port != 0 ? o.master_port : PickFreePort(o.master_addr);
   s.grace = o.kill_grace;
   if (o.current_process_is_rank0) {

@@ -21,6 +21,12 @@ namespace shardtrain {
 
 // Set in the environment of every rank started by the launcher.
 inline constexpr const char* kLaunchedEnvVar = "SHARDTRAIN_LAUNCHED";
+// The rendezvous store's shared secret (comm/signed_store.h reads the same
+// names): when neither is set, Start() generates a random secret and gives it
+// to every rank it starts (and to this process when it is rank 0) in
+// SHARDTRAIN_SECRET.
+inline constexpr const char* kSecretEnvVar = "SHARDTRAIN_SECRET";
+inline constexpr const char* kSecretFileEnvVar = "SHARDTRAIN_SECRET_FILE";
 
 // What to launch and how.
 struct LaunchOptions {

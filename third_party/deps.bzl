@@ -53,3 +53,14 @@ def shardtrain_dependencies():
     _maybe(system_library, "nlohmann_json", headers = ["nlohmann"], libs = {"json": []})
     # zlib (Debian zlib1g-dev): examples/fashion_mnist reads the gzipped IDX files.
     _maybe(system_library, "zlib", headers = ["zlib.h", "zconf.h"], libs = {"zlib": ["z"]})
+    # OpenSSL's libcrypto (Debian libssl-dev): HMAC-SHA-256 of the rendezvous
+    # store's values (comm/signed_store.cc). Debian keeps openssl/configuration.h
+    # under the multiarch include directory: a second, headers-only repository.
+    _maybe(system_library, "openssl", headers = ["openssl"], libs = {"crypto": ["crypto"]})
+    _maybe(
+        system_library,
+        "openssl_arch",
+        include_dir = "/usr/include/x86_64-linux-gnu",
+        headers = ["openssl"],
+        libs = {"headers": []},
+    )

@@ -189,13 +189,18 @@ void Trainer::RunEpoch(FitLoop& loop) {
     fetch.Stop();
     const at::Tensor loss = TrainStep(loop, std::move(next), i);
     if (sync) {
-      // 16-mixed: the overflow flag joins the step's one collective (Unscale's reduce callback).
-      const auto sync_step = [&](double overflow) { return SyncStep(loop, overflow > 0) ? 1.0 : 0.0; };
-      const bool skip = scaler_ ? scaler_->Unscale(strategy_->parameters(), sync_step) : SyncStep(loop, false);
+      // 16-mixed: the overflow flag joins the step's one collective (Unscale's reduce callback);
+      // so does the non-finite check's flag (trainer/nonfinite.h; 0 when off).
+      const double bad =
+          nonfinite_.enabled() ? nonfinite_.LocalFlag(loop.acc_loss / loop.acc_n, strategy_->named_parameters()) : 0;
+      double slot = 0;
+      const auto sync_step = [&](double overflow) { return slot = SyncStep(loop, (overflow > 0) + bad); };
+      bool skip = scaler_ ? scaler_->Unscale(strategy_->parameters(), sync_step) : sync_step(0) > 0;
       if (loop.discard) {
         DiscardStep(loop);
         break;
       }
+      skip = nonfinite_.Decide(slot, global_step_, rank()) || skip;
       OptimizerStep(loop, skip);
       OnStepEnd(loop);
     }
@@ -250,12 +255,12 @@ at::Tensor Trainer::TrainStep(FitLoop& loop, Batch batch, int64_t i) {
 // The step's one collective: [loss, overflow, stop before the step, stop,
 // SIGTERM, SIGINT, SIGUSR1] and what the module Log()ged in the step
 // (trainer/metric_log.h) summed over the ranks. Sets the agreed loss,
-// metrics, stop flags and stop signal in `loop`; returns whether any rank
-// overflowed.
-bool Trainer::SyncStep(FitLoop& loop, bool overflow) {
+// metrics, stop flags and stop signal in `loop`; returns the overflow slot's
+// sum (> 0: some rank overflowed or found a non-finite value, trainer/nonfinite.h).
+double Trainer::SyncStep(FitLoop& loop, double overflow) {
   constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
   const int received = ReceivedStopSignal();
-  std::vector<double> v = {loop.acc_loss / static_cast<double>(loop.acc_n), overflow ? 1.0 : 0.0,
+  std::vector<double> v = {loop.acc_loss / static_cast<double>(loop.acc_n), overflow,
                            loop.stop_before_step ? 1.0 : 0.0, should_stop_ ? 1.0 : 0.0};
   for (int sig : kSignals) v.push_back(received == sig ? 1.0 : 0.0);
   v = loop.metrics.SyncStep(std::move(v));
@@ -271,7 +276,7 @@ bool Trainer::SyncStep(FitLoop& loop, bool overflow) {
     if (v[4 + s] > 0) loop.stop_signal = kSignals[s];
   }
   loop.step_metrics = loop.metrics.step_metrics();
-  return v[1] > 0;
+  return v[1];
 }
 
 // A stop that some rank requested after the previous step's collective (in

@@ -76,6 +76,7 @@ Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
                "\"");
   ST_CHECK_ARG(o.timeout.count() > 0, "timeout must be > 0 ms, got ", o.timeout.count(), " ms");
   CheckProfilerOptions(o.profiler, o.profiler_steps);
+  nonfinite_ = NonfiniteCheck(o.nonfinite, o.precision != "16-mixed");  // checks the option
   if (o.strategy_object) {
     strategy_ = o.strategy_object;
   } else if (o.strategy != "auto") {
@@ -157,6 +158,7 @@ void Trainer::SetupProcesses() {
   } else {
     comm::GlooOptions go;
     go.timeout = options_.timeout;
+    go.stall_timeout = options_.stall_timeout;
     world_ = comm::GlooCommunicator::Create(comm::CreateStore(ro), info.rank, info.world_size, go);
   }
 }

@@ -72,6 +72,7 @@
 #include "trainer/logger.h"
 #include "trainer/profiler.h"
 #include "trainer/sync_batchnorm.h"
+#include "trainer/nonfinite.h"
 #include "trainer/training_module.h"
 
 namespace shardtrain::trainer {
@@ -215,6 +216,20 @@ struct TrainerOptions {
   // global batch of all ranks (trainer/sync_batchnorm.h: the model must call
   // its BatchNorm through the module tree, ForwardBatchNorm).
   bool sync_batchnorm = false;
+
+  // ---- Faults (#12): non-finite values, stalled peers ----
+  // A step whose loss or a gradient is NaN/Inf on any rank: "off" (trains
+  // on), "error" (every rank throws NonfiniteError naming the step and, on
+  // the rank that found it, the loss or the first parameter), "skip" (every
+  // rank skips that optimizer step; counted). See trainer/nonfinite.h.
+  std::string nonfinite = "off";
+  // If > 0: a collective blocked this long on a peer that makes no progress
+  // (its heartbeat stopped: hung or SIGSTOPped) fails on every waiting rank
+  // naming that peer, long before `timeout` (GlooOptions::stall_timeout;
+  // heartbeats every second). 0: only `timeout` ends a wait. Gloo ranks of
+  // a Trainer that makes its own processes.
+  std::chrono::milliseconds stall_timeout{0};
+  // ---- end Faults ----
 };
 
 // ---- Predict's options (issue #16 loops; trainer/eval_loop.cc) ----
@@ -394,6 +409,10 @@ class Trainer {
   // step with its loss, as Lightning pairs them), else the current ones
   // (after the schedulers stepped: the next step's).
   std::map<std::string, double> learning_rate_stats(bool last_step = false) const;
+  // ---- Faults (#12) ----
+  // Optimizer steps skipped by nonfinite = "skip" (this Trainer, every Fit).
+  int64_t skipped_nonfinite_steps() const { return nonfinite_.skipped(); }
+  // ---- end Faults ----
 
  private:
   void SetupProcesses();
@@ -416,7 +435,7 @@ class Trainer {
   std::string ResolveCheckpointPath(const std::string& ckpt_path);
   void RunEpoch(FitLoop& loop);
   at::Tensor TrainStep(FitLoop& loop, Batch batch, int64_t i);
-  bool SyncStep(FitLoop& loop, bool overflow);
+  double SyncStep(FitLoop& loop, double overflow);
   void OptimizerStep(FitLoop& loop, bool skip);
   void OnStepEnd(FitLoop& loop);
   // ---- logging, hooks (fit_loop.cc) ----
@@ -520,6 +539,10 @@ class Trainer {
   };
   std::unique_ptr<Profiler> profiler_;
   std::unique_ptr<SyncBatchNormConversion> sync_bn_;
+
+  // ---- Faults (#12) ----
+  NonfiniteCheck nonfinite_;  // TrainerOptions::nonfinite (trainer/nonfinite.cc)
+  // ---- end Faults ----
 };
 
 }  // namespace shardtrain::trainer

@@ -5,6 +5,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -150,9 +151,19 @@ void Trainer::SaveSharded(const std::string& path) {
     }
     AgreeOrThrow(failed, msg, what);
   };
-  step(rank() == 0, [&] { BeginShardedSave(path); });
-  step(true, [&] { WriteShardedPiece(path, piece); });
-  step(rank() == 0, [&] { FinishShardedSave(path, meta); });
+  try {
+    step(rank() == 0, [&] { BeginShardedSave(path); });
+    step(true, [&] { WriteShardedPiece(path, piece); });
+    step(rank() == 0, [&] { FinishShardedSave(path, meta); });
+  } catch (...) {
+    // Every rank throws at the same step (or a peer died): rank 0 removes the
+    // temporary directory, so a failed save leaves nothing behind.
+    if (rank() == 0) {
+      std::error_code ec;
+      std::filesystem::remove_all(ShardedTempDir(path), ec);
+    }
+    throw;
+  }
 }
 
 void Trainer::LoadFrom(const std::string& path) {
