@@ -110,7 +110,12 @@ void GlooPeerMonitor::LookAgain(std::unique_lock<std::mutex>& lock, const Snapsh
     const auto& a = snap.peers[r];
     const auto& b = again.peers[r];
     if (r == rank_ || !a || !b) continue;
-    if (!b->closed && b->wall_ms == a->wall_ms) {
+    if (!b->closed && b->wall_ms == a->wall_ms && a->host == host_ && a->pid != pid_ &&
+        local_host::ProcessGone(a->pid)) {
+      // Judge's pid check ran while the peer was still exiting (its sockets
+      // close before it becomes a zombie); now it is gone.
+      findings->push_back(internal::StrCat(Rank(r), " (pid ", a->pid, " on this host) has died (", a->Progress(), ")"));
+    } else if (!b->closed && b->wall_ms == a->wall_ms) {
       findings->push_back(internal::StrCat(Rank(r), ": its heartbeat stopped (not renewed for ",
                                            FormatSeconds(again.wall_ms - a->wall_ms), ": dead or hung; ", a->Progress(),
                                            ")"));
