@@ -9,24 +9,12 @@
 
 #include "base/errors.h"
 #include "base/logging.h"
+#include "base/time_text.h"
 
 namespace shardtrain::comm {
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
-
-int64_t WallMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-std::string Seconds(int64_t ms) {
-  std::ostringstream os;
-  os.setf(std::ios::fixed);
-  os.precision(1);
-  os << ms / 1000.0 << " s";
-  return os.str();
-}
 
 // The host name part of a local_host::Id() ("name/boot:...").
 std::string HostName(const std::string& id) { return id.substr(0, id.find('/')); }
@@ -101,7 +89,7 @@ void PeerWatch::State::Run() {
     }
     lock.lock();
     next_read = SteadyClock::now() + opts.period;
-    if (ok && !stop && !waits.empty()) Judge(beats, WallMs(), oldest, seq);
+    if (ok && !stop && !waits.empty()) Judge(beats, WallClockMs(), oldest, seq);
   }
   exited = true;
   cv.notify_all();
@@ -124,11 +112,11 @@ void PeerWatch::State::Judge(const std::vector<std::optional<PeerBeat>>& beats, 
     std::string why;
     if (stale) {
       since = std::max(h.wall_ms, w.start_wall);
-      why = internal::StrCat("its heartbeat stopped ", Seconds(now - h.wall_ms),
+      why = internal::StrCat("its heartbeat stopped ", FormatSeconds(now - h.wall_ms),
                              " ago (the process is stopped or hung, or its host is unreachable)");
     } else if (h.issued < seq) {
       since = std::max(p.issued_changed, w.start_wall);
-      why = internal::StrCat("it is alive (heartbeat ", Seconds(std::max<int64_t>(now - h.wall_ms, 0)),
+      why = internal::StrCat("it is alive (heartbeat ", FormatSeconds(std::max<int64_t>(now - h.wall_ms, 0)),
                              " ago) but has not issued the collective this rank waits in");
     } else {
       p.warned = false;  // it reached this collective: not at fault
@@ -137,17 +125,18 @@ void PeerWatch::State::Judge(const std::vector<std::optional<PeerBeat>>& beats, 
     const int64_t stalled = now - since;
     const std::string text = internal::StrCat(
         "rank ", r, " of group '", opts.group, "' (pid ", h.pid, ", host ", HostName(h.host),
-        ") has made no progress for ", Seconds(stalled), ": ", why, "; its last heartbeat says collective #", h.issued,
+        ") has made no progress for ", FormatSeconds(stalled), ": ", why, "; its last heartbeat says collective #",
+        h.issued,
         h.op.empty() || h.op == "-" ? "" : " (" + h.op + ")", "; this rank (", opts.rank, ") waits in collective #",
-        w.seq, " (", w.op, ") since ", Seconds(now - w.start_wall), " ago");
+        w.seq, " (", w.op, ") since ", FormatSeconds(now - w.start_wall), " ago");
     if (opts.stall_warning.count() > 0 && stalled >= opts.stall_warning.count() && !p.warned) {
       p.warned = true;
       ST_LOG(WARNING) << "stalled peer: " << text << " (warning after GlooOptions::stall_warning = "
-                      << Seconds(opts.stall_warning.count()) << ")";
+                      << FormatSeconds(opts.stall_warning.count()) << ")";
     }
     if (opts.stall_timeout.count() > 0 && stalled >= opts.stall_timeout.count() && failure.empty()) {
       failure = internal::StrCat("stalled peer: ", text, "; giving up after GlooOptions::stall_timeout = ",
-                                 Seconds(opts.stall_timeout.count()), " (the group is unusable from now on)");
+                                 FormatSeconds(opts.stall_timeout.count()), " (the group is unusable from now on)");
       ST_LOG(ERROR) << failure;
       cv.notify_all();
       if (abort) abort();
@@ -189,7 +178,7 @@ PeerWatch::Waiting::Waiting(PeerWatch* watch, int64_t seq, const char* op) : wat
   State& s = *watch_->state_;
   std::lock_guard<std::mutex> lock(s.mu);
   id_ = ++s.next_id;
-  s.waits[id_] = State::Wait{seq, op, WallMs(), SteadyClock::now()};
+  s.waits[id_] = State::Wait{seq, op, WallClockMs(), SteadyClock::now()};
   s.cv.notify_all();
 }
 

@@ -36,9 +36,20 @@ std::vector<std::string> OptionKeys(const std::vector<OptionDoc>& docs) {
   return keys;
 }
 
+std::string MarkdownCell(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '|') out += '\\';  // a bare '|' would end the cell
+    out += c == '\n' ? ' ' : c;
+  }
+  return out;
+}
+
 std::string OptionDocsMarkdown(const std::vector<OptionDoc>& docs) {
   std::string out = "| option | values | what it does |\n| --- | --- | --- |\n";
-  for (const auto& d : docs) out += "| `" + d.key + "` | " + d.values + " | " + d.doc + " |\n";
+  for (const auto& d : docs) {
+    out += "| `" + MarkdownCell(d.key) + "` | " + MarkdownCell(d.values) + " | " + MarkdownCell(d.doc) + " |\n";
+  }
   return out;
 }
 

@@ -1,7 +1,9 @@
 // OptionTable: one table per strategy for its string options.
 //
-// Each row names a key, the values it takes, a one-line doc and how it sets
-// the strategy's typed options (e.g. FsdpNativeOptions). The one table gives
+// Each row names a key, the values it takes, a one-line doc and the field it
+// sets: a field of the strategy's typed options (e.g. FsdpNativeOptions), or
+// directly a field of the sharding::ShardingOptions those options carry for
+// the core (Field<O, T>). The one table gives
 //   - the valid keys (StrategyRegistry checks them; the error lists them),
 //   - the parsing (the strategy's FromStrings is table.Parse),
 //   - the option reference, docs/strategy_options.md (generated from the
@@ -42,7 +44,10 @@ struct OptionDoc {
                                      std::vector<std::string> valid);
 // The keys of `docs`, sorted.
 std::vector<std::string> OptionKeys(const std::vector<OptionDoc>& docs);
-// The Markdown table of `docs` (header row, one row per option, table order).
+// `text` as one Markdown table cell: '|' escaped as "\|", newlines as spaces.
+std::string MarkdownCell(const std::string& text);
+// The Markdown table of `docs` (header row, one row per option, table order;
+// every cell through MarkdownCell).
 std::string OptionDocsMarkdown(const std::vector<OptionDoc>& docs);
 
 template <typename Options>
@@ -94,39 +99,77 @@ c10::ScalarType ParseDtype(const std::string& strategy, const std::string& key, 
 std::string DtypeName(c10::ScalarType t);
 }  // namespace option_parsing
 
+// Where a row stores its value: a field of Options (`&O::x`), or a field of a
+// struct inside Options (`Field<O, T>(&O::sharding, &sharding::ShardingOptions::x)`),
+// so a row can set the core's ShardingOptions directly instead of a copy.
+template <typename O, typename T>
+class Field {
+ public:
+  Field(T O::*field) : get_([field](O& o) -> T& { return o.*field; }) {}  // NOLINT: implicit on purpose
+  template <typename Inner>
+  Field(Inner O::*outer, T Inner::*field) : get_([outer, field](O& o) -> T& { return (o.*outer).*field; }) {}
+  T& operator()(O& o) const { return get_(o); }
+
+ private:
+  std::function<T&(O&)> get_;
+};
+
 // Rows for plain fields: the value is parsed and stored into `field`.
 template <typename O>
-OptionRow<O> OptionBool(std::string key, bool O::*field, std::string doc) {
+OptionRow<O> OptionBool(std::string key, Field<O, bool> field, std::string doc) {
   return {{std::move(key), "true|false", std::move(doc)},
           [field](O& o, const std::string& s, const std::string& k, const std::string& v) {
-            o.*field = option_parsing::ParseBool(s, k, v);
+            field(o) = option_parsing::ParseBool(s, k, v);
           }};
 }
 template <typename O, typename Int>
-OptionRow<O> OptionInt(std::string key, Int O::*field, std::string doc) {
+OptionRow<O> OptionInt(std::string key, Field<O, Int> field, std::string doc) {
   return {{std::move(key), "integer", std::move(doc)},
           [field](O& o, const std::string& s, const std::string& k, const std::string& v) {
-            o.*field = static_cast<Int>(option_parsing::ParseInt(s, k, v));
+            field(o) = static_cast<Int>(option_parsing::ParseInt(s, k, v));
           }};
+}
+template <typename O>
+OptionRow<O> OptionDouble(std::string key, Field<O, double> field, std::string doc) {
+  return {{std::move(key), "number", std::move(doc)},
+          [field](O& o, const std::string& s, const std::string& k, const std::string& v) {
+            field(o) = option_parsing::ParseDouble(s, k, v);
+          }};
+}
+template <typename O>
+OptionRow<O> OptionDtype(std::string key, Field<O, std::optional<c10::ScalarType>> field, std::string doc) {
+  return {{std::move(key), "bf16|fp16|fp32", std::move(doc)},
+          [field](O& o, const std::string& s, const std::string& k, const std::string& v) {
+            field(o) = option_parsing::ParseDtype(s, k, v);
+          }};
+}
+template <typename O>
+OptionRow<O> OptionString(std::string key, std::string values, Field<O, std::string> field, std::string doc) {
+  return {{std::move(key), std::move(values), std::move(doc)},
+          [field](O& o, const std::string&, const std::string&, const std::string& v) { field(o) = v; }};
+}
+
+// The same for a field of Options itself (`&O::x`; the template argument O is
+// deduced from the member pointer, which Field<O, T> alone cannot do).
+template <typename O>
+OptionRow<O> OptionBool(std::string key, bool O::*field, std::string doc) {
+  return OptionBool(std::move(key), Field<O, bool>(field), std::move(doc));
+}
+template <typename O, typename Int>
+OptionRow<O> OptionInt(std::string key, Int O::*field, std::string doc) {
+  return OptionInt(std::move(key), Field<O, Int>(field), std::move(doc));
 }
 template <typename O>
 OptionRow<O> OptionDouble(std::string key, double O::*field, std::string doc) {
-  return {{std::move(key), "number", std::move(doc)},
-          [field](O& o, const std::string& s, const std::string& k, const std::string& v) {
-            o.*field = option_parsing::ParseDouble(s, k, v);
-          }};
+  return OptionDouble(std::move(key), Field<O, double>(field), std::move(doc));
 }
 template <typename O>
 OptionRow<O> OptionDtype(std::string key, std::optional<c10::ScalarType> O::*field, std::string doc) {
-  return {{std::move(key), "bf16|fp16|fp32", std::move(doc)},
-          [field](O& o, const std::string& s, const std::string& k, const std::string& v) {
-            o.*field = option_parsing::ParseDtype(s, k, v);
-          }};
+  return OptionDtype(std::move(key), Field<O, std::optional<c10::ScalarType>>(field), std::move(doc));
 }
 template <typename O>
 OptionRow<O> OptionString(std::string key, std::string values, std::string O::*field, std::string doc) {
-  return {{std::move(key), std::move(values), std::move(doc)},
-          [field](O& o, const std::string&, const std::string&, const std::string& v) { o.*field = v; }};
+  return OptionString(std::move(key), std::move(values), Field<O, std::string>(field), std::move(doc));
 }
 
 }  // namespace shardtrain::strategies

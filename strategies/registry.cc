@@ -13,6 +13,7 @@ struct Entry {
   std::vector<std::string> valid_keys;  // sorted
   StrategyFactory factory;
   std::string description;
+  std::string options_of;  // a variant's base: its options are listed there
 };
 
 std::mutex& Mu() {
@@ -40,9 +41,29 @@ void StrategyRegistry::Register(const std::string& name, std::vector<OptionDoc> 
   Entries()[name] = Entry{std::move(options), std::move(keys), std::move(factory), std::move(description)};
 }
 
+void StrategyRegistry::RegisterVariant(const std::string& name, const std::string& base, StrategyFactory factory,
+                                       std::string description) {
+  std::lock_guard<std::mutex> lock(Mu());
+  ST_CHECK_ARG(!Entries().count(name), "strategy '", name, "' is registered twice");
+  auto it = Entries().find(base);
+  ST_CHECK_ARG(it != Entries().end(), "strategy '", name, "' is a variant of '", base,
+               "', which is not registered yet; register '", base, "' first");
+  Entry e = it->second;
+  e.factory = std::move(factory);
+  e.description = std::move(description);
+  e.options_of = base;
+  Entries()[name] = std::move(e);
+}
+
 bool RegisterStrategy(const std::string& name, std::vector<OptionDoc> options, StrategyFactory factory,
                       std::string description) {
   StrategyRegistry::Register(name, std::move(options), std::move(factory), std::move(description));
+  return true;
+}
+
+bool RegisterStrategyVariant(const std::string& name, const std::string& base, StrategyFactory factory,
+                             std::string description) {
+  StrategyRegistry::RegisterVariant(name, base, std::move(factory), std::move(description));
   return true;
 }
 
@@ -103,19 +124,15 @@ std::string StrategyRegistry::OptionReference() {
       "tests/strategies checks that this file matches them. Options are given as\n"
       "strings: `StrategyRegistry::Create(name, {{key, value}, ...})` or the examples'\n"
       "`--strategy_options=key=value,...`.\n";
-  std::map<std::vector<std::string>, std::string> first_with_keys;
   for (const auto& [name, e] : Entries()) {
     out += "\n## " + name + "\n\n" + (e.description.empty() ? "" : e.description + ".\n\n");
     if (e.options.empty()) {
       out += "No options.\n";
-      continue;
+    } else if (!e.options_of.empty()) {
+      out += "Options as `" + e.options_of + "`.\n";
+    } else {
+      out += OptionDocsMarkdown(e.options);
     }
-    auto [it, fresh] = first_with_keys.emplace(e.valid_keys, name);
-    if (!fresh) {
-      out += "Options as `" + it->second + "`.\n";
-      continue;
-    }
-    out += OptionDocsMarkdown(e.options);
   }
   return out;
 }

@@ -29,6 +29,11 @@ class StrategyRegistry {
   // OptionTable's Docs()). Registering a name twice throws InvalidArgumentError.
   static void Register(const std::string& name, std::vector<OptionDoc> options, StrategyFactory factory,
                        std::string description = "");
+  // Registers `name` with the options of `base` (already registered): an
+  // alias or a preset such as fsdp_native_full_shard_offload. The option
+  // reference lists the options under `base` and says so under `name`.
+  static void RegisterVariant(const std::string& name, const std::string& base, StrategyFactory factory,
+                              std::string description);
   // Creates a strategy; see the header comment for errors.
   static StrategyPtr Create(const std::string& name, const StrategyOptions& options = {});
   static bool Has(const std::string& name);
@@ -45,8 +50,10 @@ class StrategyRegistry {
 //   static const bool kRegistered = RegisterStrategy("ddp", Table().Docs(), factory);
 bool RegisterStrategy(const std::string& name, std::vector<OptionDoc> options, StrategyFactory factory,
                       std::string description = "");
-
-
+// The same for StrategyRegistry::RegisterVariant; `base` must be registered
+// first (earlier in the same file: static initialization runs in order there).
+bool RegisterStrategyVariant(const std::string& name, const std::string& base, StrategyFactory factory,
+                             std::string description);
 }  // namespace shardtrain::strategies
 
 #endif  // SHARDTRAIN_STRATEGIES_REGISTRY_H_

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "base/errors.h"
+#include "trainer/file_util.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;
@@ -165,9 +166,7 @@ ArchiveWriter::ArchiveWriter(std::string path) : path_(std::move(path)), state_(
   fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   std::error_code ec;
   fs::create_directories(dir, ec);
-  state_->tmp = (dir / ("." + p.filename().string() + ".tmp." + std::to_string(::getpid()) + "." +
-                        std::to_string(counter++)))
-                    .string();
+  state_->tmp = TemporaryBeside(path_, std::to_string(counter++));
   state_->fd = ::open(state_->tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (state_->fd < 0) ST_THROW(Error, "cannot create '", state_->tmp, "': ", std::strerror(errno));
   State* s = state_.get();

@@ -16,11 +16,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// ".NAME.tmp.<pid>" beside `p`: a name RemoveStaleTemporaries recognises.
-std::string TemporaryBeside(const fs::path& dir, const fs::path& p) {
-  return (dir / ("." + p.filename().string() + ".tmp." + std::to_string(::getpid()))).string();
-}
-
 // Makes a rename inside `dir` durable (best effort).
 void SyncDirectory(const fs::path& dir) {
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -32,12 +27,20 @@ void SyncDirectory(const fs::path& dir) {
 
 }  // namespace
 
+std::string TemporaryBeside(const std::string& path, const std::string& suffix) {
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  return (dir / ("." + p.filename().string() + ".tmp." + std::to_string(::getpid()) +
+                 (suffix.empty() ? "" : "." + suffix)))
+      .string();
+}
+
 void WriteFileAtomically(const std::string& path, const std::string& bytes) {
   fs::path p(path);
   fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   std::error_code ec;
   fs::create_directories(dir, ec);
-  const std::string tmp = TemporaryBeside(dir, p);
+  const std::string tmp = TemporaryBeside(path);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) ST_THROW(Error, "cannot create '", tmp, "': ", std::strerror(errno));
   size_t off = 0;
@@ -70,7 +73,7 @@ bool LinkFileAtomically(const std::string& target, const std::string& path) {
   if (!fs::is_regular_file(target, ec) || fs::is_directory(path, ec)) return false;
   const fs::path p(path);
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  const std::string tmp = TemporaryBeside(dir, p);
+  const std::string tmp = TemporaryBeside(path);
   ::unlink(tmp.c_str());
   if (::link(target.c_str(), tmp.c_str()) != 0) return false;
   if (::rename(tmp.c_str(), path.c_str()) != 0) {

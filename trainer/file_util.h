@@ -9,6 +9,12 @@
 
 namespace shardtrain::trainer {
 
+// The temporary name an atomic writer of `path` uses: ".NAME.tmp.<pid>"
+// (".NAME.tmp.<pid>.<suffix>" with a suffix, for several writers in one
+// process) in the directory of `path`: the form RemoveStaleTemporaries
+// recognises once the process is gone.
+std::string TemporaryBeside(const std::string& path, const std::string& suffix = "");
+
 // Writes `bytes` to `path` atomically: a temporary file ".NAME.tmp.<pid>" in
 // the same directory, fsync, rename over `path`, fsync of the directory.
 // Creates missing directories. Throws shardtrain::Error naming the file; the

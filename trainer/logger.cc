@@ -1,11 +1,11 @@
 #include "trainer/logger.h"
 
 #include <algorithm>
-#include <charconv>
 #include <filesystem>
 #include <sstream>
 
 #include "base/errors.h"
+#include "base/numbers.h"
 #include "trainer/file_util.h"
 
 namespace shardtrain::trainer {
@@ -49,10 +49,6 @@ void WriteHparamsYaml(const std::string& log_dir, const std::map<std::string, st
   WriteFileAtomically((fs::path(log_dir) / "hparams.yaml").string(), os.str());
 }
 
-std::string HparamValue(double value) {
-  char buf[64];
-  const auto r = std::to_chars(buf, buf + sizeof(buf), value);  // shortest round-trip form
-  return std::string(buf, r.ptr);
-}
+std::string HparamValue(double value) { return ShortestDecimal(value); }
 
 }  // namespace shardtrain::trainer

@@ -317,22 +317,14 @@ void SaveShardedCheckpoint(const std::string& path, const ShardedCheckpoint& ckp
   FinishShardedSave(path, meta);
 }
 
-ShardedCheckpoint LoadShardedCheckpoint(const std::string& path) {
-  const fs::path dir(path);
-  std::error_code ec;
-  if (!fs::exists(dir, ec)) ST_THROW(Error, "cannot open checkpoint '", path, "': it does not exist");
-  if (!fs::is_directory(dir, ec)) ST_THROW(Error, "checkpoint '", path, "' is not a sharded checkpoint directory");
-  if (!fs::exists(dir / kShardedCompleteMarker, ec)) {
-    ST_THROW(Error, "sharded checkpoint '", path, "' is incomplete: '", (dir / kShardedCompleteMarker).string(),
-             "' is missing (the save did not finish)");
-  }
-  const std::string meta_path = (dir / kShardedMetadataFile).string();
-  if (!fs::exists(meta_path, ec)) {
-    ST_THROW(Error, "sharded checkpoint '", path, "' is missing its metadata file '", meta_path, "'");
-  }
+namespace {
+
+// metadata.pt of the sharded checkpoint `path`: the loop position, RNG state,
+// hyperparameters and callback states, and the rank files it lists.
+CheckpointData ReadShardedMetadata(const std::string& path, const std::string& meta_path,
+                                   std::vector<std::string>* files) {
   auto md = ReadPickleDict(meta_path, "sharded checkpoint metadata");
-  ShardedCheckpoint ck;
-  std::vector<std::string> files;
+  CheckpointData m;
   try {
     if (!md.contains("format") || md.at("format").toStringRef() != kFormat) {
       ST_THROW(Error, "'", meta_path, "' is not ShardTrain sharded checkpoint metadata");
@@ -342,7 +334,6 @@ ShardedCheckpoint LoadShardedCheckpoint(const std::string& path) {
       ST_THROW(Error, "sharded checkpoint '", path, "' has format version ", version, "; this build reads up to ",
                kShardedCheckpointFormatVersion);
     }
-    auto& m = ck.meta;
     m.world_size = md.at("world_size").toInt();
     m.epoch = md.at("epoch").toInt();
     m.global_step = md.at("global_step").toInt();
@@ -356,7 +347,7 @@ ShardedCheckpoint LoadShardedCheckpoint(const std::string& path) {
     }
     if (md.contains("grad_scaler")) m.grad_scaler = GradScalerStateFromIValue(md.at("grad_scaler"));
     if (md.contains("lr_schedulers")) m.lr_schedulers = LRSchedulerStatesFromIValue(md.at("lr_schedulers"));
-    for (const auto& f : md.at("files").toListRef()) files.push_back(f.toStringRef());
+    for (const auto& f : md.at("files").toListRef()) files->push_back(f.toStringRef());
   } catch (const c10::Error& e) {
     std::string what = e.what();
     ST_THROW(Error, "sharded checkpoint metadata '", meta_path, "' has an unexpected layout: ",
@@ -365,6 +356,73 @@ ShardedCheckpoint LoadShardedCheckpoint(const std::string& path) {
     ST_THROW(Error, "sharded checkpoint metadata '", meta_path, "' has an unexpected layout: an entry is missing (",
              e.what(), ")");
   }
+  return m;
+}
+
+// Checks that the piece read from `file` is rank `r` of `W`, that its units'
+// sizes, shards and optimizer state agree with each other, and that its units,
+// shard group and optimizer agree with rank 0's piece (`first`, null for rank 0).
+void CheckPiece(const ShardedPiece& p, int64_t r, int64_t W, const ShardedPiece* first, const std::string& file) {
+  auto bad = [&](const auto&... what) { ST_THROW(Error, "sharded checkpoint file '", file, "': ", what...); };
+  if (p.rank != r || p.world_size != W) {
+    bad("holds rank ", p.rank, " of ", p.world_size, ", expected rank ", r, " of ", W);
+  }
+  if (p.shard_world < 1 || p.shard_rank < 0 || p.shard_rank >= p.shard_world) {
+    bad("shard rank ", p.shard_rank, " outside [0, ", p.shard_world, ")");
+  }
+  if (p.shards.size() != p.units.size()) bad(p.shards.size(), " unit shards for ", p.units.size(), " units");
+  for (size_t i = 0; i < p.units.size(); ++i) {
+    const auto& u = p.units[i];
+    if (u.param_names.size() != u.param_shapes.size()) bad("unit '", u.name, "' names and shapes disagree");
+    int64_t n = 0;
+    for (const auto& s : u.param_shapes) n += c10::multiply_integers(s);
+    if (n != u.numel || u.shard_numel * p.shard_world != u.padded_numel || u.padded_numel < u.numel) {
+      bad("unit '", u.name, "' has inconsistent sizes");
+    }
+    if (p.shards[i].numel() != u.shard_numel) {
+      bad("unit '", u.name, "' shard has ", p.shards[i].numel(), " elements, expected ", u.shard_numel);
+    }
+  }
+  if (!p.optimizer_units.empty()) {
+    if (p.optimizer_units.size() != p.units.size() || p.optimizer_steps.size() != p.units.size()) {
+      bad("optimizer state for ", p.optimizer_units.size(), " units, expected ", p.units.size());
+    }
+    for (size_t i = 0; i < p.units.size(); ++i) {
+      for (const auto& [k, t] : p.optimizer_units[i]) {
+        if (t.numel() != p.units[i].shard_numel) {
+          bad("optimizer state '", k, "' of unit '", p.units[i].name, "' has the wrong size");
+        }
+      }
+    }
+  }
+  if (first) {
+    if (p.shard_world != first->shard_world || !SameUnits(p.units, first->units)) {
+      bad("its units or shard group disagree with rank 0's file");
+    }
+    if (p.optimizer_kind != first->optimizer_kind) {
+      bad("optimizer '", p.optimizer_kind, "' but rank 0's file has '", first->optimizer_kind, "'");
+    }
+  }
+}
+
+}  // namespace
+
+ShardedCheckpoint LoadShardedCheckpoint(const std::string& path) {
+  const fs::path dir(path);
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) ST_THROW(Error, "cannot open checkpoint '", path, "': it does not exist");
+  if (!fs::is_directory(dir, ec)) ST_THROW(Error, "checkpoint '", path, "' is not a sharded checkpoint directory");
+  if (!fs::exists(dir / kShardedCompleteMarker, ec)) {
+    ST_THROW(Error, "sharded checkpoint '", path, "' is incomplete: '", (dir / kShardedCompleteMarker).string(),
+             "' is missing (the save did not finish)");
+  }
+  const std::string meta_path = (dir / kShardedMetadataFile).string();
+  if (!fs::exists(meta_path, ec)) {
+    ST_THROW(Error, "sharded checkpoint '", path, "' is missing its metadata file '", meta_path, "'");
+  }
+  ShardedCheckpoint ck;
+  std::vector<std::string> files;
+  ck.meta = ReadShardedMetadata(path, meta_path, &files);
   const int64_t W = ck.meta.world_size;
   if (W < 1 || static_cast<int64_t>(files.size()) != W) {
     ST_THROW(Error, "sharded checkpoint metadata '", meta_path, "' lists ", files.size(), " rank files for world size ",
@@ -381,43 +439,7 @@ ShardedCheckpoint LoadShardedCheckpoint(const std::string& path) {
   for (int64_t r = 0; r < W; ++r) {
     const std::string f = (dir / files[r]).string();
     ShardedPiece p = PieceFromDict(MapPieceDict(f), f);
-    auto bad = [&](const auto&... what) { ST_THROW(Error, "sharded checkpoint file '", f, "': ", what...); };
-    if (p.rank != r || p.world_size != W) bad("holds rank ", p.rank, " of ", p.world_size, ", expected rank ", r, " of ", W);
-    if (p.shard_world < 1 || p.shard_rank < 0 || p.shard_rank >= p.shard_world) {
-      bad("shard rank ", p.shard_rank, " outside [0, ", p.shard_world, ")");
-    }
-    if (p.shards.size() != p.units.size()) bad(p.shards.size(), " unit shards for ", p.units.size(), " units");
-    for (size_t i = 0; i < p.units.size(); ++i) {
-      const auto& u = p.units[i];
-      if (u.param_names.size() != u.param_shapes.size()) bad("unit '", u.name, "' names and shapes disagree");
-      int64_t n = 0;
-      for (const auto& s : u.param_shapes) n += c10::multiply_integers(s);
-      if (n != u.numel || u.shard_numel * p.shard_world != u.padded_numel || u.padded_numel < u.numel) {
-        bad("unit '", u.name, "' has inconsistent sizes");
-      }
-      if (p.shards[i].numel() != u.shard_numel) {
-        bad("unit '", u.name, "' shard has ", p.shards[i].numel(), " elements, expected ", u.shard_numel);
-      }
-    }
-    if (!p.optimizer_units.empty()) {
-      if (p.optimizer_units.size() != p.units.size() || p.optimizer_steps.size() != p.units.size()) {
-        bad("optimizer state for ", p.optimizer_units.size(), " units, expected ", p.units.size());
-      }
-      for (size_t i = 0; i < p.units.size(); ++i) {
-        for (const auto& [k, t] : p.optimizer_units[i]) {
-          if (t.numel() != p.units[i].shard_numel) bad("optimizer state '", k, "' of unit '", p.units[i].name, "' has the wrong size");
-        }
-      }
-    }
-    if (!ck.pieces.empty()) {
-      const auto& first = ck.pieces.front();
-      if (p.shard_world != first.shard_world || !SameUnits(p.units, first.units)) {
-        bad("its units or shard group disagree with rank 0's file");
-      }
-      if (p.optimizer_kind != first.optimizer_kind) {
-        bad("optimizer '", p.optimizer_kind, "' but rank 0's file has '", first.optimizer_kind, "'");
-      }
-    }
+    CheckPiece(p, r, W, ck.pieces.empty() ? nullptr : &ck.pieces.front(), f);
     ck.pieces.push_back(std::move(p));
   }
   std::vector<bool> seen(ck.pieces.front().shard_world, false);

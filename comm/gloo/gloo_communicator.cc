@@ -19,6 +19,7 @@
 
 #include "base/errors.h"
 #include "base/logging.h"
+#include "base/time_text.h"
 #include "comm/gloo/internal/call_issuer.h"
 #include "comm/gloo/internal/common.h"
 #include "comm/gloo/internal/gloo_work.h"
@@ -299,7 +300,7 @@ void GlooCommunicator::CheckCpu(const char* op, const at::Tensor& t) const {
 }
 
 IssuedCall GlooCommunicator::Issue(CommOp op) {
-  IssuedCall call{++issued_, monitor_ ? gloo_internal::WallMs() : 0};
+  IssuedCall call{++issued_, monitor_ ? WallClockMs() : 0};
   if (monitor_) monitor_->Note(call.seq, OpTitle(op));
   return call;
 }

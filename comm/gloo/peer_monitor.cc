@@ -8,26 +8,11 @@
 #include <stdexcept>
 
 #include "base/errors.h"
+#include "base/time_text.h"
 #include "comm/gloo/shared_memory_mesh.h"
 
 namespace shardtrain::comm {
 namespace gloo_internal {
-namespace {
-
-std::string Seconds(int64_t ms) {
-  std::ostringstream os;
-  os.setf(std::ios::fixed);
-  os.precision(1);
-  os << ms / 1000.0 << " s";
-  return os.str();
-}
-
-}  // namespace
-
-int64_t WallMs() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string Heartbeat::Format() const {
   return internal::StrCat(wall_ms, " ", issued, " ", op, " ", pid, " ", host, " ", closed ? "closed" : "up");
@@ -50,8 +35,6 @@ std::string Heartbeat::Progress() const {
 }  // namespace gloo_internal
 
 using gloo_internal::Heartbeat;
-using gloo_internal::Seconds;
-using gloo_internal::WallMs;
 
 GlooPeerMonitor::GlooPeerMonitor(gloo_internal::HeartbeatStore store, std::string group, int rank, int size,
                                  std::chrono::milliseconds period)
@@ -127,9 +110,14 @@ void GlooPeerMonitor::LookAgain(std::unique_lock<std::mutex>& lock, const Snapsh
     const auto& a = snap.peers[r];
     const auto& b = again.peers[r];
     if (r == rank_ || !a || !b) continue;
-    if (!b->closed && b->wall_ms == a->wall_ms) {
+    if (!b->closed && b->wall_ms == a->wall_ms && a->host == host_ && a->pid != pid_ &&
+        local_host::ProcessGone(a->pid)) {
+      // Judge's pid check ran while the peer was still exiting (its sockets
+      // close before it becomes a zombie); now it is gone.
+      findings->push_back(internal::StrCat(Rank(r), " (pid ", a->pid, " on this host) has died (", a->Progress(), ")"));
+    } else if (!b->closed && b->wall_ms == a->wall_ms) {
       findings->push_back(internal::StrCat(Rank(r), ": its heartbeat stopped (not renewed for ",
-                                           Seconds(again.wall_ms - a->wall_ms), ": dead or hung; ", a->Progress(),
+                                           FormatSeconds(again.wall_ms - a->wall_ms), ": dead or hung; ", a->Progress(),
                                            ")"));
     } else if (b->closed) {
       findings->push_back(internal::StrCat(Rank(r), " has closed its communicator (", b->Progress(), ")"));
@@ -183,7 +171,7 @@ void GlooPeerMonitor::Run() {
 
 void GlooPeerMonitor::Publish(bool closed) {
   Heartbeat h;
-  h.wall_ms = WallMs();
+  h.wall_ms = WallClockMs();
   h.issued = issued_.load(std::memory_order_acquire);
   if (const char* op = last_op_.load(std::memory_order_relaxed)) h.op = op;
   h.pid = pid_;
@@ -218,7 +206,7 @@ GlooPeerMonitor::Snapshot GlooPeerMonitor::Read() {
   } catch (const std::exception& e) {
     s.error = e.what();
   }
-  s.wall_ms = WallMs();
+  s.wall_ms = WallClockMs();
   return s;
 }
 
@@ -259,14 +247,14 @@ void GlooPeerMonitor::Judge(const Snapshot& snap, bool fresh, int64_t seq, int64
     } else if (!have) {
       continue;  // nothing more can be said without the store
     } else if (const int64_t age = snap.wall_ms - h->wall_ms; age > kStalePeriods * period_.count()) {
-      findings->push_back(internal::StrCat(Rank(r), ": no heartbeat for ", Seconds(age), " (dead or hung; ",
+      findings->push_back(internal::StrCat(Rank(r), ": no heartbeat for ", FormatSeconds(age), " (dead or hung; ",
                                            h->Progress(), ")"));
     } else if (h->issued >= seq) {
       reached->push_back(r);
     } else if (h->wall_ms < issued_ms || !timed_out) {  // (hosts' wall clocks: NTP's skew is far below a period)
       alive->push_back(r);
     } else {
-      findings->push_back(internal::StrCat(Rank(r), " is alive (heartbeat ", Seconds(std::max<int64_t>(age, 0)),
+      findings->push_back(internal::StrCat(Rank(r), " is alive (heartbeat ", FormatSeconds(std::max<int64_t>(age, 0)),
                                            " ago) but has issued ", h->issued, " collectives while this rank is at #",
                                            seq, " (", op, "): it has not reached this collective",
                                            h->op == "-" ? "" : " (its latest: " + h->op + ")"));
@@ -274,7 +262,7 @@ void GlooPeerMonitor::Judge(const Snapshot& snap, bool fresh, int64_t seq, int64
   }
   if (!fresh) {
     findings->push_back(exited_ ? "no heartbeats read: the communicator was destroyed"
-                                : "the rendezvous store did not answer within " + Seconds(kReadWait.count()) +
+                                : "the rendezvous store did not answer within " + FormatSeconds(kReadWait.count()) +
                                       store_.unreachable_note);
   } else if (!snap.ok) {
     findings->push_back(

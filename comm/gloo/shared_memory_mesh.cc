@@ -135,9 +135,32 @@ SharedMemoryMesh::SharedMemoryMesh(int rank, int size, int64_t ring_bytes)
   segment_bytes_ = kHeaderBytes + static_cast<size_t>(size - 1) * (kRingHeaderBytes + ring_bytes);
 }
 
-// Longer than 80 lines on purpose: the three agreement rounds (wanted and
-// same host, created, mapped) are one protocol that every rank must walk in
-// the same order; it reads top to bottom as the ranks execute it.
+namespace {
+
+// One agreement round of Connect(): publishes this rank's `mine` under `what`
+// and reads every rank's; true when `good` holds for all of them, else the
+// first that fails is in `first_bad` ("rank R: value").
+bool AllRanksAgree(const MeshRendezvous& store, const std::string& prefix, const std::string& what, int rank,
+                   int size, const std::string& mine, std::string* first_bad,
+                   const std::function<bool(const std::string&)>& good) {
+  store.set(prefix + what + "/" + std::to_string(rank), mine);
+  bool all = true;
+  for (int r = 0; r < size; ++r) {
+    const std::string v = r == rank ? mine : store.get(prefix + what + "/" + std::to_string(r));
+    if (!good(v) && all) {
+      all = false;
+      *first_bad = "rank " + std::to_string(r) + ": " + v;
+    }
+  }
+  return all;
+}
+
+bool IsOk(const std::string& v) { return v == "ok"; }
+
+}  // namespace
+
+// The ranks walk three agreement rounds in the same order: wanted by all and
+// all on this host; every segment created; every peer's segment mapped.
 std::unique_ptr<SharedMemoryMesh> SharedMemoryMesh::Connect(const MeshRendezvous& store, int rank, int size,
                                                             bool wanted, int64_t ring_bytes, std::string* why_not) {
   if (size < 2) {
@@ -150,23 +173,11 @@ std::unique_ptr<SharedMemoryMesh> SharedMemoryMesh::Connect(const MeshRendezvous
   // communicators in the same order): a second mesh never reads the first's keys.
   const int64_t connects = store.add("shardtrain/shm/connects/" + std::to_string(rank), 1);
   const std::string prefix = "shardtrain/shm/" + std::to_string(connects) + "/";
-  auto gather = [&](const std::string& what, const std::string& mine, std::string* first_bad,
-                    const std::function<bool(const std::string&)>& good) {
-    store.set(prefix + what + "/" + std::to_string(rank), mine);
-    bool all = true;
-    for (int r = 0; r < size; ++r) {
-      const std::string v = r == rank ? mine : store.get(prefix + what + "/" + std::to_string(r));
-      if (!good(v) && all) {
-        all = false;
-        *first_bad = "rank " + std::to_string(r) + ": " + v;
-      }
-    }
-    return all;
-  };
   std::string bad;
   // 1. Wanted by every rank, with the same ring size, and all on this host?
   const std::string host = local_host::Id(), mine = wanted ? host + " ring " + std::to_string(ring_bytes) : "off";
-  if (!gather("host", mine, &bad, [&](const std::string& v) { return wanted && v == mine; })) {
+  if (!AllRanksAgree(store, prefix, "host", rank, size, mine, &bad,
+                     [&](const std::string& v) { return wanted && v == mine; })) {
     *why_not = !wanted ? "shared memory is off on this rank"
                        : "not every rank runs on this host with the same ring size (this rank: " + mine + "; " + bad +
                              "; off: shared memory is off there)";
@@ -180,72 +191,12 @@ std::unique_ptr<SharedMemoryMesh> SharedMemoryMesh::Connect(const MeshRendezvous
   }
   const uint64_t token = std::stoull(store.get(prefix + "token"));
   std::unique_ptr<SharedMemoryMesh> mesh(new SharedMemoryMesh(rank, size, ring_bytes));
-  mesh->name_ = SegmentName(token, rank);
-  std::string created = "ok";
-  {
-    const int fd = shm_open(mesh->name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) {
-      created = Errno(("shm_open(" + mesh->name_ + ")").c_str());
-    } else {
-      // posix_fallocate reserves the pages now: a full /dev/shm fails here,
-      // not later with SIGBUS inside a collective.
-      int rc = ftruncate(fd, static_cast<off_t>(mesh->segment_bytes_)) != 0 ? errno : 0;
-      if (rc == 0) rc = posix_fallocate(fd, 0, static_cast<off_t>(mesh->segment_bytes_));
-      if (rc != 0) {
-        created = "reserving " + std::to_string(mesh->segment_bytes_) + " bytes in /dev/shm for " + mesh->name_ +
-                  " failed: " + std::strerror(rc);
-      } else {
-        void* p = mmap(nullptr, mesh->segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) {
-          created = Errno("mmap");
-        } else {
-          mesh->maps_[rank] = p;
-          SegmentHeader* h = Segment::Header(p);
-          h->token = token;
-          h->pid = getpid();
-          h->rank = rank;
-          h->size = size;
-          h->ring_bytes = ring_bytes;
-          std::atomic_thread_fence(std::memory_order_release);
-          h->magic = kMagic;
-        }
-      }
-      close(fd);
-    }
-  }
-  if (!gather("created", created, &bad, [](const std::string& v) { return v == "ok"; })) {
+  if (!AllRanksAgree(store, prefix, "created", rank, size, mesh->CreateSegment(token), &bad, IsOk)) {
     *why_not = "creating the shared memory segments failed (" + bad + ")";
     return nullptr;  // the destructor unlinks and unmaps what this rank made
   }
   // 3. Map the peers' segments.
-  std::string mapped = "ok";
-  for (int r = 0; r < size && mapped == "ok"; ++r) {
-    if (r == rank) continue;
-    const std::string name = SegmentName(token, r);
-    const int fd = shm_open(name.c_str(), O_RDWR, 0600);
-    if (fd < 0) {
-      mapped = Errno(("shm_open(" + name + ")").c_str());
-      break;
-    }
-    struct stat st {};
-    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != mesh->segment_bytes_) {
-      mapped = name + " has an unexpected size";
-    } else if (void* p = mmap(nullptr, mesh->segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-               p == MAP_FAILED) {
-      mapped = Errno("mmap");
-    } else {
-      mesh->maps_[r] = p;
-      const SegmentHeader* h = Segment::Header(p);
-      std::atomic_thread_fence(std::memory_order_acquire);
-      if (h->magic != kMagic || h->token != token || h->rank != r || h->size != size) {
-        mapped = name + " belongs to another mesh";
-      } else {
-        mesh->pids_[r] = h->pid;
-      }
-    }
-    close(fd);
-  }
-  if (!gather("mapped", mapped, &bad, [](const std::string& v) { return v == "ok"; })) {
+  if (!AllRanksAgree(store, prefix, "mapped", rank, size, mesh->MapPeerSegments(token), &bad, IsOk)) {
     *why_not = "mapping the peers' shared memory segments failed (" + bad + ")";
     return nullptr;
   }
@@ -253,6 +204,62 @@ std::unique_ptr<SharedMemoryMesh> SharedMemoryMesh::Connect(const MeshRendezvous
   shm_unlink(mesh->name_.c_str());
   mesh->name_.clear();
   return mesh;
+}
+
+std::string SharedMemoryMesh::CreateSegment(uint64_t token) {
+  name_ = SegmentName(token, rank_);
+  const int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return Errno(("shm_open(" + name_ + ")").c_str());
+  std::string created = "ok";
+  // posix_fallocate reserves the pages now: a full /dev/shm fails here,
+  // not later with SIGBUS inside a collective.
+  int rc = ftruncate(fd, static_cast<off_t>(segment_bytes_)) != 0 ? errno : 0;
+  if (rc == 0) rc = posix_fallocate(fd, 0, static_cast<off_t>(segment_bytes_));
+  if (rc != 0) {
+    created = "reserving " + std::to_string(segment_bytes_) + " bytes in /dev/shm for " + name_ +
+              " failed: " + std::strerror(rc);
+  } else if (void* p = mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0); p == MAP_FAILED) {
+    created = Errno("mmap");
+  } else {
+    maps_[rank_] = p;
+    SegmentHeader* h = Segment::Header(p);
+    h->token = token;
+    h->pid = getpid();
+    h->rank = rank_;
+    h->size = size_;
+    h->ring_bytes = ring_bytes_;
+    std::atomic_thread_fence(std::memory_order_release);
+    h->magic = kMagic;
+  }
+  close(fd);
+  return created;
+}
+
+std::string SharedMemoryMesh::MapPeerSegments(uint64_t token) {
+  std::string mapped = "ok";
+  for (int r = 0; r < size_ && mapped == "ok"; ++r) {
+    if (r == rank_) continue;
+    const std::string name = SegmentName(token, r);
+    const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+    if (fd < 0) return Errno(("shm_open(" + name + ")").c_str());
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != segment_bytes_) {
+      mapped = name + " has an unexpected size";
+    } else if (void* p = mmap(nullptr, segment_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0); p == MAP_FAILED) {
+      mapped = Errno("mmap");
+    } else {
+      maps_[r] = p;
+      const SegmentHeader* h = Segment::Header(p);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (h->magic != kMagic || h->token != token || h->rank != r || h->size != size_) {
+        mapped = name + " belongs to another mesh";
+      } else {
+        pids_[r] = h->pid;
+      }
+    }
+    close(fd);
+  }
+  return mapped;
 }
 
 SharedMemoryMesh::~SharedMemoryMesh() {
@@ -318,33 +325,34 @@ std::optional<SharedMemoryError> SharedMemoryMesh::CheckPeers(const std::vector<
   return std::nullopt;
 }
 
-// Longer than 80 lines on purpose: one event loop whose ring-index loads and
-// stores (acquire/release pairs with the peers' loops) and doorbell protocol
-// (read the bell before looking, sleep on the value read) must be read
-// together to be checked; splitting it would scatter that ordering.
+// One peer's two streams in the Exchange() in progress.
+struct SharedMemoryMesh::Stream {
+  size_t piece = 0;      // next piece to send
+  int64_t offset = 0;    // bytes of it sent
+  int64_t pad = 0;       // padding bytes still to send after the pieces
+  int64_t received = 0;  // bytes consumed
+  int64_t recv_total = 0;
+  int64_t skip = 0;      // padding bytes still to skip after the received bytes
+  int64_t unsent = 0;    // bytes still to send, padding included
+};
+
+// An event loop over the peers: send what fits (SendTo), consume what arrived
+// (ReceiveFrom), and when neither moved, spin briefly, check the peers, then
+// sleep on this rank's doorbell (SleepOnDoorbell). The doorbell is read before
+// looking at the rings, and the sleep is on the value read, so news that
+// lands after the look ends the sleep at once.
 void SharedMemoryMesh::Exchange(const std::vector<PeerTraffic>& traffic, const Consumer& consume,
                                 SteadyClock::time_point deadline) {
-  static const uint8_t kZeros[kStreamAlign] = {};
-  const int64_t cap = ring_bytes_;
-  const int64_t chunk = std::min(kMaxChunk, cap / kChunkDivisor);
-  struct Progress {
-    size_t piece = 0;      // next piece to send
-    int64_t offset = 0;    // bytes of it sent
-    int64_t pad = 0;       // padding bytes still to send after the pieces
-    int64_t received = 0;  // bytes consumed
-    int64_t recv_total = 0;
-    int64_t skip = 0;      // padding bytes still to skip after the received bytes
-    int64_t unsent = 0;    // bytes still to send, padding included
-  };
-  std::vector<Progress> prog(size_);
+  const int64_t chunk = std::min(kMaxChunk, ring_bytes_ / kChunkDivisor);
+  std::vector<Stream> streams(size_);
   for (int p = 0; p < size_; ++p) {
     if (p == rank_) continue;
     int64_t sent = 0;
     for (const auto& piece : traffic[p].send) sent += piece.second;
-    prog[p].pad = (kStreamAlign - sent % kStreamAlign) % kStreamAlign;
-    prog[p].unsent = sent + prog[p].pad;
-    prog[p].recv_total = traffic[p].recv_bytes;
-    prog[p].skip = (kStreamAlign - traffic[p].recv_bytes % kStreamAlign) % kStreamAlign;
+    streams[p].pad = (kStreamAlign - sent % kStreamAlign) % kStreamAlign;
+    streams[p].unsent = sent + streams[p].pad;
+    streams[p].recv_total = traffic[p].recv_bytes;
+    streams[p].skip = (kStreamAlign - traffic[p].recv_bytes % kStreamAlign) % kStreamAlign;
   }
   SegmentHeader* me = Segment::Header(maps_[rank_]);
   std::vector<bool> pending(size_, false);
@@ -357,55 +365,10 @@ void SharedMemoryMesh::Exchange(const std::vector<PeerTraffic>& traffic, const C
     bool progressed = false, done = true;
     for (int p = 0; p < size_; ++p) {
       if (p == rank_) continue;
-      Progress& g = prog[p];
-      const auto& pieces = traffic[p].send;
-      // Send what fits into the ring to p.
-      RingHeader* out = Segment::Ring(maps_[rank_], rank_, p, cap);
-      uint64_t head = out->head.load(std::memory_order_relaxed);
-      while (g.piece < pieces.size() || g.pad > 0) {
-        const int64_t space = cap - static_cast<int64_t>(head - out->tail.load(std::memory_order_acquire));
-        if (space <= 0) break;
-        const bool padding = g.piece >= pieces.size();
-        const int64_t left = padding ? g.pad : pieces[g.piece].second - g.offset;
-        const int64_t pos = static_cast<int64_t>(head % cap);
-        const int64_t k = std::min({space, cap - pos, left, chunk});
-        const uint8_t* src = padding ? kZeros : static_cast<const uint8_t*>(pieces[g.piece].first) + g.offset;
-        if (k > 0) std::memcpy(Segment::Data(out) + pos, src, k);  // src is null for an empty tensor (UBSan)
-        head += k;
-        g.unsent -= k;
-        out->head.store(head, std::memory_order_release);
-        Ring(p);
-        progressed = true;
-        if (padding) {
-          g.pad -= k;
-        } else if ((g.offset += k) == pieces[g.piece].second) {
-          ++g.piece;
-          g.offset = 0;
-        }
-      }
-      // Consume what p has written to this rank.
-      RingHeader* in = Segment::Ring(maps_[p], p, rank_, cap);
-      uint64_t tail = in->tail.load(std::memory_order_relaxed);
-      while (g.received < g.recv_total || g.skip > 0) {
-        const int64_t avail = static_cast<int64_t>(in->head.load(std::memory_order_acquire) - tail);
-        if (avail <= 0) break;
-        const int64_t pos = static_cast<int64_t>(tail % cap);
-        int64_t used;
-        if (g.received < g.recv_total) {
-          const int64_t k = std::min({avail, cap - pos, g.recv_total - g.received, chunk});
-          used = consume(p, g.received, Segment::Data(in) + pos, k);
-          if (used <= 0) break;
-          g.received += used;
-        } else {
-          used = std::min(avail, g.skip);
-          g.skip -= used;
-        }
-        tail += used;
-        in->tail.store(tail, std::memory_order_release);
-        Ring(p);
-        progressed = true;
-      }
-      pending[p] = g.piece < pieces.size() || g.pad > 0 || g.received < g.recv_total || g.skip > 0;
+      Stream& g = streams[p];
+      if (SendTo(p, traffic[p].send, g, chunk)) progressed = true;
+      if (ReceiveFrom(p, consume, g, chunk)) progressed = true;
+      pending[p] = g.piece < traffic[p].send.size() || g.pad > 0 || g.received < g.recv_total || g.skip > 0;
       owed[p] = {g.recv_total - g.received + g.skip, g.recv_total - g.received, g.recv_total, g.unsent};
       done = done && !pending[p];
     }
@@ -422,24 +385,88 @@ void SharedMemoryMesh::Exchange(const std::vector<PeerTraffic>& traffic, const C
     const bool check_pids = now >= next_pid_check;
     if (check_pids) next_pid_check = now + kPidCheckPeriod;
     if (auto gone = CheckPeers(owed, check_pids)) throw *gone;
-    if (now >= deadline) {
-      std::string waiting;
-      int first = -1;
-      for (int p = 0; p < size_; ++p) {
-        if (!pending[p]) continue;
-        if (first < 0) first = p;
-        waiting += (waiting.empty() ? "" : ", ") + std::to_string(p);
-      }
-      throw SharedMemoryError(SharedMemoryError::Kind::kTimeout, first,
-                              "no progress before the deadline; still waiting on rank(s) " + waiting);
-    }
-    const auto slice = std::min<SteadyClock::duration>(kSleepSlice, deadline - now);
-    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
-    timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-    me->sleepers.fetch_add(1, std::memory_order_seq_cst);
-    Futex(&me->doorbell, FUTEX_WAIT, bell, &ts);
-    me->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    SleepOnDoorbell(bell, now, deadline, pending);
   }
+}
+
+bool SharedMemoryMesh::SendTo(int p, const std::vector<std::pair<const void*, int64_t>>& pieces, Stream& g,
+                              int64_t chunk) {
+  static const uint8_t kZeros[kStreamAlign] = {};
+  const int64_t cap = ring_bytes_;
+  RingHeader* out = Segment::Ring(maps_[rank_], rank_, p, cap);
+  uint64_t head = out->head.load(std::memory_order_relaxed);
+  bool progressed = false;
+  while (g.piece < pieces.size() || g.pad > 0) {
+    const int64_t space = cap - static_cast<int64_t>(head - out->tail.load(std::memory_order_acquire));
+    if (space <= 0) break;
+    const bool padding = g.piece >= pieces.size();
+    const int64_t left = padding ? g.pad : pieces[g.piece].second - g.offset;
+    const int64_t pos = static_cast<int64_t>(head % cap);
+    const int64_t k = std::min({space, cap - pos, left, chunk});
+    const uint8_t* src = padding ? kZeros : static_cast<const uint8_t*>(pieces[g.piece].first) + g.offset;
+    if (k > 0) std::memcpy(Segment::Data(out) + pos, src, k);  // src is null for an empty tensor (UBSan)
+    head += k;
+    g.unsent -= k;
+    out->head.store(head, std::memory_order_release);
+    Ring(p);
+    progressed = true;
+    if (padding) {
+      g.pad -= k;
+    } else if ((g.offset += k) == pieces[g.piece].second) {
+      ++g.piece;
+      g.offset = 0;
+    }
+  }
+  return progressed;
+}
+
+bool SharedMemoryMesh::ReceiveFrom(int p, const Consumer& consume, Stream& g, int64_t chunk) {
+  const int64_t cap = ring_bytes_;
+  RingHeader* in = Segment::Ring(maps_[p], p, rank_, cap);
+  uint64_t tail = in->tail.load(std::memory_order_relaxed);
+  bool progressed = false;
+  while (g.received < g.recv_total || g.skip > 0) {
+    const int64_t avail = static_cast<int64_t>(in->head.load(std::memory_order_acquire) - tail);
+    if (avail <= 0) break;
+    const int64_t pos = static_cast<int64_t>(tail % cap);
+    int64_t used;
+    if (g.received < g.recv_total) {
+      const int64_t k = std::min({avail, cap - pos, g.recv_total - g.received, chunk});
+      used = consume(p, g.received, Segment::Data(in) + pos, k);
+      if (used <= 0) break;
+      g.received += used;
+    } else {
+      used = std::min(avail, g.skip);
+      g.skip -= used;
+    }
+    tail += used;
+    in->tail.store(tail, std::memory_order_release);
+    Ring(p);
+    progressed = true;
+  }
+  return progressed;
+}
+
+void SharedMemoryMesh::SleepOnDoorbell(uint32_t bell, SteadyClock::time_point now, SteadyClock::time_point deadline,
+                                       const std::vector<bool>& pending) {
+  if (now >= deadline) {
+    std::string waiting;
+    int first = -1;
+    for (int p = 0; p < size_; ++p) {
+      if (!pending[p]) continue;
+      if (first < 0) first = p;
+      waiting += (waiting.empty() ? "" : ", ") + std::to_string(p);
+    }
+    throw SharedMemoryError(SharedMemoryError::Kind::kTimeout, first,
+                            "no progress before the deadline; still waiting on rank(s) " + waiting);
+  }
+  SegmentHeader* me = Segment::Header(maps_[rank_]);
+  const auto slice = std::min<SteadyClock::duration>(kSleepSlice, deadline - now);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
+  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  me->sleepers.fetch_add(1, std::memory_order_seq_cst);
+  Futex(&me->doorbell, FUTEX_WAIT, bell, &ts);
+  me->sleepers.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 }  // namespace shardtrain::comm

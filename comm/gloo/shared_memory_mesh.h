@@ -118,6 +118,20 @@ class SharedMemoryMesh {
   // the ring or has bytes for it that the ring cannot take.
   std::optional<SharedMemoryError> CheckPeers(const std::vector<Outstanding>& owed, bool check_pids);
 
+  // Connect()'s steps: this rank's segment, created and mapped, and the
+  // peers' segments, mapped and checked; each returns "ok" or what failed.
+  std::string CreateSegment(uint64_t token);
+  std::string MapPeerSegments(uint64_t token);
+  // Exchange()'s steps. Stream: what is sent to and received from one peer
+  // so far. SendTo and ReceiveFrom move what the rings allow now and return
+  // whether anything moved; SleepOnDoorbell throws the timeout at `deadline`,
+  // else sleeps until the doorbell changes from `bell` (or a slice passes).
+  struct Stream;
+  bool SendTo(int peer, const std::vector<std::pair<const void*, int64_t>>& pieces, Stream& stream, int64_t chunk);
+  bool ReceiveFrom(int peer, const Consumer& consume, Stream& stream, int64_t chunk);
+  void SleepOnDoorbell(uint32_t bell, std::chrono::steady_clock::time_point now,
+                       std::chrono::steady_clock::time_point deadline, const std::vector<bool>& pending);
+
   const int rank_;
   const int size_;
   const int64_t ring_bytes_;

@@ -1,7 +1,8 @@
 #include "examples/common/flag_checks.h"
 
-#include <charconv>
 #include <cmath>
+
+#include "base/numbers.h"
 
 namespace shardtrain::examples {
 namespace {
@@ -36,12 +37,12 @@ void CheckDoubleFlag(const std::string& flag, double value, double min, double m
   if (std::isfinite(value) && !below && !above) return;
   std::string valid = "a finite number ";
   if (max == kNoMax) {
-    valid += (min_open ? "> " : ">= ") + FormatNumber(min);
+    valid += (min_open ? "> " : ">= ") + ShortestDecimal(min);
   } else {
-    valid += std::string("in ") + (min_open ? "(" : "[") + FormatNumber(min) + ", " + FormatNumber(max) +
+    valid += std::string("in ") + (min_open ? "(" : "[") + ShortestDecimal(min) + ", " + ShortestDecimal(max) +
              (max_open ? ")" : "]");
   }
-  FailFlag(flag, FormatNumber(value), valid);
+  FailFlag(flag, ShortestDecimal(value), valid);
 }
 
 void CheckChoiceFlag(const std::string& flag, const std::string& value, const std::vector<std::string>& valid) {
@@ -51,14 +52,6 @@ void CheckChoiceFlag(const std::string& flag, const std::string& value, const st
   std::string list;
   for (const auto& v : valid) list += (list.empty() ? "" : ", ") + v;
   FailFlag(flag, value, "one of " + list);
-}
-
-std::string FormatNumber(double value) {
-  if (std::isnan(value)) return "nan";
-  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
-  char buf[64];
-  const auto res = std::to_chars(buf, buf + sizeof(buf), value);
-  return std::string(buf, res.ptr);
 }
 
 }  // namespace shardtrain::examples

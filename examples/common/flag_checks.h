@@ -46,10 +46,6 @@ void CheckDoubleFlag(const std::string& flag, double value, double min, double m
 // `value` is one of `valid`.
 void CheckChoiceFlag(const std::string& flag, const std::string& value, const std::vector<std::string>& valid);
 
-// The shortest decimal text that reads back as exactly `value` (1e-05, 0.1, 3),
-// for hparams files and messages; std::to_string's %f would print 1e-7 as 0.000000.
-std::string FormatNumber(double value);
-
 }  // namespace shardtrain::examples
 
 #endif  // SHARDTRAIN_EXAMPLES_COMMON_FLAG_CHECKS_H_

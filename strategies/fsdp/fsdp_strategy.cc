@@ -4,18 +4,26 @@
 
 namespace shardtrain::strategies {
 
+namespace {
+using O = FsdpOptions;
+using Core = sharding::ShardingOptions;
+}  // namespace
+
 const OptionTable<FsdpOptions>& FsdpOptions::Table() {
-  using O = FsdpOptions;
   static const OptionTable<O> table({
-      OptionBool("reshard_after_forward", &O::reshard_after_forward,
-                 "true (default): FULL_SHARD, free full parameters after forward; false: SHARD_GRAD_OP"),
+      {{"reshard_after_forward", "true|false",
+        "true (default): FULL_SHARD, free full parameters after forward; false: SHARD_GRAD_OP"},
+       [](O& o, const std::string& n, const std::string& k, const std::string& v) {
+         o.sharding.sharding_strategy = option_parsing::ParseBool(n, k, v) ? sharding::ShardingStrategy::kFullShard
+                                                                            : sharding::ShardingStrategy::kShardGradOp;
+       }},
       OptionBool("flatten_parameters", &O::flatten_parameters,
                  "must be true (the core always flattens a unit's parameters; false is rejected)"),
       OptionBool("mixed_precision", &O::mixed_precision,
                  "fp32 master shards, compute and reduce in compute_dtype (default false)"),
       OptionDtype("compute_dtype", &O::compute_dtype, "compute dtype with mixed_precision (default fp16, as fairscale)"),
       OptionDtype("buffer_dtype", &O::buffer_dtype, "dtype of buffers (default: compute_dtype)"),
-      OptionBool("fp32_reduce_scatter", &O::fp32_reduce_scatter,
+      OptionBool("fp32_reduce_scatter", Field<O, bool>(&O::sharding, &Core::fp32_reduce_scatter),
                  "reduce gradients in fp32 (needs mixed_precision, as in fairscale)"),
       OptionBool("move_grads_to_cpu", &O::move_grads_to_cpu,
                  "reduced gradient shards in host memory: turns on the same offload as cpu_offload"),
@@ -27,9 +35,9 @@ const OptionTable<FsdpOptions>& FsdpOptions::Table() {
       OptionInt("min_num_params", &O::min_num_params,
                 "0 (default): every Sharded<> wrap point is a unit; N > 0: smaller wrap points join their parent"),
       OptionBool("state_dict_to_cpu", &O::state_dict_to_cpu, "full state dicts on the CPU (default true)"),
-      OptionDouble("gradient_predivide_factor", &O::gradient_predivide_factor,
+      OptionDouble("gradient_predivide_factor", Field<O, double>(&O::sharding, &Core::gradient_predivide_factor),
                    "divide gradients by this before the reduction (> 0; default: PyTorch's split of the world size)"),
-      OptionDouble("gradient_postdivide_factor", &O::gradient_postdivide_factor,
+      OptionDouble("gradient_postdivide_factor", Field<O, double>(&O::sharding, &Core::gradient_postdivide_factor),
                    "divide gradients by this after the reduction (> 0; default: the rest of the world size)"),
       OptionTypeList("activation_checkpointing", &O::activation_checkpointing,
                      "units of these module types (full name or its part after \"::\") recompute forward in "
@@ -42,10 +50,16 @@ FsdpOptions FsdpOptions::FromStrings(const StrategyOptions& in, const std::strin
 
 FsdpStrategy::FsdpStrategy(FsdpOptions options, std::string name) : options_(options), name_(std::move(name)) {
   const auto& o = options_;
+  ST_CHECK_ARG(!o.sharding.offload_params, "strategy '", name_,
+               "': set cpu_offload=true, not sharding.offload_params (WrapModel turns that on for a CUDA model)");
+  const auto& mp = o.sharding.mixed_precision;
+  ST_CHECK_ARG(!mp.param_dtype && !mp.reduce_dtype && !mp.buffer_dtype, "strategy '", name_,
+               "': set mixed_precision, compute_dtype and buffer_dtype, not sharding.mixed_precision (fairscale's "
+               "options decide it)");
   ST_CHECK_ARG(o.flatten_parameters, "strategy '", name_,
                "': flatten_parameters=false is not supported: ShardTrain always shards a unit's parameters "
                "as one flat buffer (set flatten_parameters=true or leave it out)");
-  ST_CHECK_ARG(!o.fp32_reduce_scatter || o.mixed_precision, "strategy '", name_,
+  ST_CHECK_ARG(!o.sharding.fp32_reduce_scatter || o.mixed_precision, "strategy '", name_,
                "': fp32_reduce_scatter=true requires mixed_precision=true (as in fairscale)");
   ST_CHECK_ARG(!o.cpu_offload || o.mixed_precision, "strategy '", name_,
                "': cpu_offload=true requires mixed_precision=true (as in fairscale)");
@@ -55,7 +69,8 @@ FsdpStrategy::FsdpStrategy(FsdpOptions options, std::string name) : options_(opt
   ST_CHECK_ARG(o.bucket_cap_mb >= 0, "strategy '", name_, "': bucket_cap_mb must be >= 0, got ", o.bucket_cap_mb);
   ST_CHECK_ARG(o.min_num_params >= 0, "strategy '", name_, "': min_num_params must be >= 0, got ",
                o.min_num_params);
-  ST_CHECK_ARG(o.gradient_predivide_factor >= 0 && o.gradient_postdivide_factor >= 0, "strategy '", name_,
+  ST_CHECK_ARG(o.sharding.gradient_predivide_factor >= 0 && o.sharding.gradient_postdivide_factor >= 0,
+               "strategy '", name_,
                "': gradient pre/post divide factors must be > 0 (or 0 for the default)");
   for (const auto& t : {o.compute_dtype, o.buffer_dtype}) {
     ST_CHECK_ARG(!t || *t == c10::ScalarType::Float || *t == c10::ScalarType::BFloat16 ||
@@ -75,16 +90,12 @@ FsdpStrategy::FsdpStrategy(FsdpOptions options, std::string name) : options_(opt
     };
   }
   auto& s = sharding_options_;
-  s.sharding_strategy =
-      o.reshard_after_forward ? sharding::ShardingStrategy::kFullShard : sharding::ShardingStrategy::kShardGradOp;
-  s.fp32_reduce_scatter = o.fp32_reduce_scatter;
-  s.gradient_predivide_factor = o.gradient_predivide_factor;
-  s.gradient_postdivide_factor = o.gradient_postdivide_factor;
-  s.sync_module_states = true;
+  s = o.sharding;
+  s.sync_module_states = true;  // fairscale has no such option: ranks always start from rank 0's weights
   if (o.mixed_precision) {
     auto compute = o.compute_dtype.value_or(c10::ScalarType::Half);
     s.mixed_precision.param_dtype = compute;
-    s.mixed_precision.reduce_dtype = o.fp32_reduce_scatter ? c10::ScalarType::Float : compute;
+    s.mixed_precision.reduce_dtype = o.sharding.fp32_reduce_scatter ? c10::ScalarType::Float : compute;
     s.mixed_precision.buffer_dtype = o.buffer_dtype.value_or(compute);
   } else if (o.buffer_dtype) {
     s.mixed_precision.buffer_dtype = o.buffer_dtype;
@@ -107,9 +118,9 @@ StrategyPtr MakeFsdp(const StrategyOptions& o, const std::string& name) {
 const bool kRegistered = RegisterStrategy(
     "fsdp", FsdpOptions::Table().Docs(), [](const StrategyOptions& o) { return MakeFsdp(o, "fsdp"); },
     "Fully Sharded Data Parallel with fairscale FSDP options");
-const bool kRegisteredAlias = RegisterStrategy(
-    "ddp_fully_sharded", FsdpOptions::Table().Docs(),
-    [](const StrategyOptions& o) { return MakeFsdp(o, "ddp_fully_sharded"); }, "alias of fsdp");
+const bool kRegisteredAlias = RegisterStrategyVariant(
+    "ddp_fully_sharded", "fsdp", [](const StrategyOptions& o) { return MakeFsdp(o, "ddp_fully_sharded"); },
+    "alias of fsdp");
 }  // namespace
 
 }  // namespace shardtrain::strategies

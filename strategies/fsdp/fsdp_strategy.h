@@ -15,25 +15,33 @@
 #include <string>
 #include <vector>
 
+#include "sharding/options.h"
 #include "strategies/registry.h"
 #include "strategies/sharded_strategy_base.h"
 
 namespace shardtrain::strategies {
 
 struct FsdpOptions {
-  bool reshard_after_forward = true;
+  // What the core gets as it is: reshard_after_forward sets
+  // sharding.sharding_strategy (FULL_SHARD, or SHARD_GRAD_OP for false);
+  // fp32_reduce_scatter and gradient_pre/postdivide_factor (0 = default) set
+  // the fields of the same names. The table's rows set them here directly.
+  // sync_module_states is always true; offload_params and mixed_precision
+  // come from the fields below (setting them here is an error).
+  sharding::ShardingOptions sharding;
+  // What the strategy resolves itself. The dtypes are translated after
+  // parsing because they depend on each other (compute_dtype defaults to fp16
+  // only with mixed_precision; reduce_dtype follows fp32_reduce_scatter) and
+  // on the trainer's precision (FsdpStrategy::PrepareOptions).
   bool flatten_parameters = true;
   bool mixed_precision = false;
   std::optional<c10::ScalarType> compute_dtype;  // default fp16 with mixed_precision
   std::optional<c10::ScalarType> buffer_dtype;   // default compute_dtype
-  bool fp32_reduce_scatter = false;
   bool move_grads_to_cpu = false;
   bool cpu_offload = false;
   double bucket_cap_mb = 25;
   int64_t min_num_params = 0;  // 0: every wrap point is a unit
   bool state_dict_to_cpu = true;
-  double gradient_predivide_factor = 0;  // 0 = default
-  double gradient_postdivide_factor = 0;
   std::vector<std::string> activation_checkpointing;  // module type names
 
   // The string options: key, values, doc, and which field each sets.

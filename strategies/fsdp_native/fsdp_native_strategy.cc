@@ -44,12 +44,18 @@ OptionRow<O> Row(std::string key, std::string values, std::string doc, SetFn set
   return {{std::move(key), std::move(values), std::move(doc)}, std::move(set)};
 }
 
-// param_dtype, reduce_dtype, buffer_dtype: one field of MixedPrecision.
+// A field of the core's options (FsdpNativeOptions::sharding).
+template <typename T>
+Field<O, T> Core(T sharding::ShardingOptions::*field) {
+  return Field<O, T>(&O::sharding, field);
+}
+
+// param_dtype, reduce_dtype, buffer_dtype: one field of the core's MixedPrecision.
 OptionRow<O> MixedPrecisionDtype(std::string key, std::optional<c10::ScalarType> sharding::MixedPrecision::*field,
                                  std::string doc) {
   return Row(std::move(key), "bf16|fp16|fp32", std::move(doc),
              [field](O& o, const std::string& n, const std::string& k, const std::string& v) {
-               o.mixed_precision.*field = ParseDtype(n, k, v);
+               o.sharding.mixed_precision.*field = ParseDtype(n, k, v);
              });
 }
 }  // namespace
@@ -59,9 +65,9 @@ const OptionTable<FsdpNativeOptions>& FsdpNativeOptions::Table() {
       Row("sharding_strategy", "FULL_SHARD|SHARD_GRAD_OP|NO_SHARD|HYBRID_SHARD", "how parameters, gradients and "
           "optimizer state are split (default FULL_SHARD; case-insensitive)",
           [](O& o, const std::string&, const std::string&, const std::string& v) {
-            o.sharding_strategy = sharding::ParseShardingStrategy(v);
+            o.sharding.sharding_strategy = sharding::ParseShardingStrategy(v);
           }),
-      OptionInt("hybrid_shard_group_size", &O::hybrid_shard_group_size,
+      OptionInt("hybrid_shard_group_size", Core(&sharding::ShardingOptions::hybrid_shard_group_size),
                 "ranks per shard group for HYBRID_SHARD (default 0: ranks per node); must divide the world size"),
       OptionBool("cpu_offload", &O::cpu_offload,
                  "CPUOffload(offload_params=...): with a CUDA accelerator, shards, gradients and the optimizer step "
@@ -73,17 +79,21 @@ const OptionTable<FsdpNativeOptions>& FsdpNativeOptions::Table() {
       Row("backward_prefetch", "BACKWARD_PRE|BACKWARD_POST|NONE",
           "when backward gathers the next unit (default BACKWARD_PRE)",
           [](O& o, const std::string&, const std::string&, const std::string& v) {
-            o.backward_prefetch = sharding::ParseBackwardPrefetch(v);
+            o.sharding.backward_prefetch = sharding::ParseBackwardPrefetch(v);
           }),
-      OptionBool("forward_prefetch", &O::forward_prefetch, "gather the next unit during forward (default false)"),
-      OptionBool("limit_all_gathers", &O::limit_all_gathers,
-                 "at most 2 units unsharded through prefetching (default true)"),
+      OptionBool("forward_prefetch", Core(&sharding::ShardingOptions::forward_prefetch),
+                 "gather the next unit during forward (default false)"),
+      Row("limit_all_gathers", "true|false", "at most 2 units unsharded through prefetching (default true)",
+          [](O& o, const std::string& n, const std::string& k, const std::string& v) {
+            o.sharding.limit_all_gathers = option_parsing::ParseBool(n, k, v) ? 2 : 0;
+          }),
       Row("mixed_precision", "bf16|fp16|fp32", "shorthand: param, reduce and buffer dtype not given otherwise",
           [](O& o, const std::string& n, const std::string& k, const std::string& v) {
             auto t = ParseDtype(n, k, v);
-            o.mixed_precision.param_dtype = o.mixed_precision.param_dtype.value_or(t);
-            o.mixed_precision.reduce_dtype = o.mixed_precision.reduce_dtype.value_or(t);
-            o.mixed_precision.buffer_dtype = o.mixed_precision.buffer_dtype.value_or(t);
+            auto& mp = o.sharding.mixed_precision;
+            mp.param_dtype = mp.param_dtype.value_or(t);
+            mp.reduce_dtype = mp.reduce_dtype.value_or(t);
+            mp.buffer_dtype = mp.buffer_dtype.value_or(t);
           }),
       MixedPrecisionDtype("param_dtype", &sharding::MixedPrecision::param_dtype,
                           "dtype of gathered parameters and compute (MixedPrecision.param_dtype)"),
@@ -91,10 +101,10 @@ const OptionTable<FsdpNativeOptions>& FsdpNativeOptions::Table() {
                           "dtype of gradient reduction (MixedPrecision.reduce_dtype)"),
       MixedPrecisionDtype("buffer_dtype", &sharding::MixedPrecision::buffer_dtype,
                           "dtype of buffers (MixedPrecision.buffer_dtype)"),
-      OptionBool("sync_module_states", &O::sync_module_states,
+      OptionBool("sync_module_states", Core(&sharding::ShardingOptions::sync_module_states),
                  "broadcast rank 0's parameters and buffers at setup (default true, unlike PyTorch: ranks that "
                  "start different would silently train different replicas)"),
-      OptionBool("use_orig_params", &O::use_orig_params,
+      OptionBool("use_orig_params", Core(&sharding::ShardingOptions::use_orig_params),
                  "the optimizer steps per-parameter views of the shards (default false)"),
       OptionString("activation_checkpointing_policy", "type:TypeA,TypeB", &O::activation_checkpointing_policy,
                    "units of the listed module types recompute forward in backward (default none)"),
@@ -117,14 +127,17 @@ FsdpNativeStrategy::FsdpNativeStrategy(FsdpNativeOptions options, std::string na
   ST_CHECK_ARG(o.state_dict_type == "full" || o.state_dict_type == "sharded", "strategy '", name_,
                "': unsupported state_dict_type '", o.state_dict_type,
                "'; valid: full, sharded (LOCAL state dicts are not supported)");
-  ST_CHECK_ARG(o.hybrid_shard_group_size >= 0, "strategy '", name_, "': hybrid_shard_group_size must be >= 0, got ",
-               o.hybrid_shard_group_size);
-  ST_CHECK_ARG(o.hybrid_shard_group_size == 0 || o.sharding_strategy == sharding::ShardingStrategy::kHybridShard,
+  const auto& core = o.sharding;
+  ST_CHECK_ARG(!core.offload_params, "strategy '", name_,
+               "': set cpu_offload=true, not sharding.offload_params (WrapModel turns that on for a CUDA model)");
+  ST_CHECK_ARG(core.hybrid_shard_group_size >= 0, "strategy '", name_,
+               "': hybrid_shard_group_size must be >= 0, got ", core.hybrid_shard_group_size);
+  ST_CHECK_ARG(core.hybrid_shard_group_size == 0 || core.sharding_strategy == sharding::ShardingStrategy::kHybridShard,
                "strategy '", name_, "': hybrid_shard_group_size is only valid with sharding_strategy=HYBRID_SHARD, not ",
-               sharding::ShardingStrategyName(o.sharding_strategy));
-  CheckDtype(name_, "param_dtype", o.mixed_precision.param_dtype);
-  CheckDtype(name_, "reduce_dtype", o.mixed_precision.reduce_dtype);
-  CheckDtype(name_, "buffer_dtype", o.mixed_precision.buffer_dtype);
+               sharding::ShardingStrategyName(core.sharding_strategy));
+  CheckDtype(name_, "param_dtype", core.mixed_precision.param_dtype);
+  CheckDtype(name_, "reduce_dtype", core.mixed_precision.reduce_dtype);
+  CheckDtype(name_, "buffer_dtype", core.mixed_precision.buffer_dtype);
   policy_ = ParseAutoWrapPolicy(name_, o.auto_wrap_policy);
   ST_CHECK_ARG(o.activation_checkpointing_policy.empty() || o.activation_checkpointing.empty(), "strategy '", name_,
                "': give activation_checkpointing (a list of module types) or activation_checkpointing_policy "
@@ -144,15 +157,7 @@ FsdpNativeStrategy::FsdpNativeStrategy(FsdpNativeOptions options, std::string na
       return by_type.should_wrap(wp, 0);
     };
   }
-  auto& s = sharding_options_;
-  s.sharding_strategy = o.sharding_strategy;
-  s.hybrid_shard_group_size = o.hybrid_shard_group_size;
-  s.backward_prefetch = o.backward_prefetch;
-  s.forward_prefetch = o.forward_prefetch;
-  s.limit_all_gathers = o.limit_all_gathers ? 2 : 0;
-  s.mixed_precision = o.mixed_precision;
-  s.sync_module_states = o.sync_module_states;
-  s.use_orig_params = o.use_orig_params;
+  sharding_options_ = core;
   if (o.cpu_offload) {
     offload_requested_by_ =
         name_ == "fsdp_native_full_shard_offload" ? "the strategy name" : "cpu_offload(offload_params=true)";
@@ -162,8 +167,9 @@ FsdpNativeStrategy::FsdpNativeStrategy(FsdpNativeOptions options, std::string na
 void FsdpNativeStrategy::Setup(comm::CommunicatorPtr world, const ClusterInfo& cluster) {
   Strategy::Setup(std::move(world), cluster);
   const int W = world_size();
-  if (options_.sharding_strategy == sharding::ShardingStrategy::kHybridShard) {
-    int g = options_.hybrid_shard_group_size > 0 ? options_.hybrid_shard_group_size
+  const auto& core = options_.sharding;
+  if (core.sharding_strategy == sharding::ShardingStrategy::kHybridShard) {
+    int g = core.hybrid_shard_group_size > 0 ? core.hybrid_shard_group_size
                                                   : (cluster_.local_world_size > 0 ? cluster_.local_world_size : W);
     ST_CHECK_ARG(g > 0 && W % g == 0, "strategy '", name_, "': HYBRID_SHARD shard group size ", g,
                  " does not divide the world size ", W, "; set hybrid_shard_group_size to a divisor of ", W);
@@ -171,7 +177,7 @@ void FsdpNativeStrategy::Setup(comm::CommunicatorPtr world, const ClusterInfo& c
 }
 
 void FsdpNativeStrategy::PrepareOptions(sharding::ShardingOptions& s) const {
-  const auto& mp = options_.mixed_precision;
+  const auto& mp = options_.sharding.mixed_precision;
   if (!mp.param_dtype && !mp.reduce_dtype && !mp.buffer_dtype) s.mixed_precision = PrecisionToMixed(precision_);
 }
 
@@ -182,8 +188,8 @@ const bool kRegistered = RegisterStrategy(
       return std::make_shared<FsdpNativeStrategy>(FsdpNativeOptions::FromStrings(o, "fsdp_native"), "fsdp_native");
     },
     "Fully Sharded Data Parallel with PyTorch FSDP options");
-const bool kRegisteredOffload = RegisterStrategy(
-    "fsdp_native_full_shard_offload", FsdpNativeOptions::Table().Docs(),
+const bool kRegisteredOffload = RegisterStrategyVariant(
+    "fsdp_native_full_shard_offload", "fsdp_native",
     [](const StrategyOptions& o) {
       StrategyOptions with = o;
       with.emplace("cpu_offload", "true");

@@ -22,18 +22,18 @@
 namespace shardtrain::strategies {
 
 struct FsdpNativeOptions {
-  sharding::ShardingStrategy sharding_strategy = sharding::ShardingStrategy::kFullShard;
-  int hybrid_shard_group_size = 0;
+  // What the core gets: sharding_strategy, hybrid_shard_group_size,
+  // backward_prefetch, forward_prefetch, limit_all_gathers, mixed_precision,
+  // sync_module_states, use_orig_params are PyTorch's options under the same
+  // names, so the table's rows set them here directly. Unset mixed_precision
+  // fields: float32, or what the trainer's precision implies when no field
+  // is set at all. offload_params comes from cpu_offload (setting it here is
+  // an error).
+  sharding::ShardingOptions sharding;
+  // What the strategy resolves itself: offload (CUDA only), the wrap and
+  // activation-checkpointing policies, the checkpoint format.
   bool cpu_offload = false;  // CPUOffload(offload_params=...)
   std::string auto_wrap_policy = "always";
-  sharding::BackwardPrefetch backward_prefetch = sharding::BackwardPrefetch::kBackwardPre;
-  bool forward_prefetch = false;
-  bool limit_all_gathers = true;
-  // Unset fields: float32, or what the trainer's precision implies when no
-  // field is set at all.
-  sharding::MixedPrecision mixed_precision;
-  bool sync_module_states = true;
-  bool use_orig_params = false;
   std::string activation_checkpointing_policy;  // "" or "type:A,B"
   std::vector<std::string> activation_checkpointing;  // module type names (Lightning's list)
   std::string state_dict_type = "full";         // "full" or "sharded"

@@ -80,7 +80,7 @@ TEST(OptionReference, TablesAreTheValidKeys) {
   EXPECT_TRUE(FsdpNativeOptions::FromStrings({{"offload_params", "true"}}).cpu_offload);
   EXPECT_FALSE(FsdpOptions::FromStrings({{"state_dict_to_cpu", "false"}}).state_dict_to_cpu);
   EXPECT_FALSE(DdpOptions::FromStrings({{"broadcast_buffers", "no"}}).broadcast_buffers);
-  EXPECT_EQ(FsdpNativeOptions::FromStrings({{"hybrid_shard_group_size", "4"}}).hybrid_shard_group_size, 4);
+  EXPECT_EQ(FsdpNativeOptions::FromStrings({{"hybrid_shard_group_size", "4"}}).sharding.hybrid_shard_group_size, 4);
 }
 
 // docs/strategy_options.md is generated from the tables; `tools/bazel run
@@ -99,6 +99,34 @@ TEST(OptionReference, DocsMatchTables) {
   EXPECT_EQ(file.str(), generated)
       << "docs/strategy_options.md does not match the strategies' option tables; regenerate it with "
          "tools/bazel run //tests/strategies:strategies_test -- --gtest_filter=OptionReference.*";
+}
+
+// The reference is valid Markdown: a '|' inside a cell (values such as
+// true|false) is escaped, so every table row has exactly three cells; each
+// option table is listed once, under the strategy's own name, and its aliases
+// and presets point there.
+TEST(OptionReference, CellsEscapedAndTablesUnderTheirOwnName) {
+  EXPECT_EQ(MarkdownCell("true|false"), "true\\|false");
+  const std::string ref = StrategyRegistry::OptionReference();
+  std::istringstream lines(ref);
+  int rows = 0;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line[0] != '|') continue;
+    int bars = 0;
+    for (size_t i = 0; i < line.size(); ++i) bars += line[i] == '|' && (i == 0 || line[i - 1] != '\\');
+    EXPECT_EQ(bars, 4) << "a table row without exactly three cells: " << line;
+    ++rows;
+  }
+  EXPECT_GT(rows, 30);
+  auto section = [&](const std::string& name) {
+    const size_t at = ref.find("\n## " + name + "\n");
+    EXPECT_NE(at, std::string::npos) << name;
+    return at == std::string::npos ? std::string() : ref.substr(at + 1, ref.find("\n## ", at + 1) - at - 1);
+  };
+  EXPECT_NE(section("fsdp").find("| `reshard_after_forward` |"), std::string::npos) << section("fsdp");
+  EXPECT_NE(section("ddp_fully_sharded").find("Options as `fsdp`."), std::string::npos);
+  EXPECT_NE(section("fsdp_native").find("| `sharding_strategy` |"), std::string::npos);
+  EXPECT_NE(section("fsdp_native_full_shard_offload").find("Options as `fsdp_native`."), std::string::npos);
 }
 
 TEST(Registry, InvalidValuesAndCombinations) {
@@ -134,14 +162,34 @@ TEST(Registry, InvalidValuesAndCombinations) {
 TEST(Registry, TypedOptions) {
   auto o = FsdpNativeOptions::FromStrings(
       {{"mixed_precision", "bf16"}, {"reduce_dtype", "fp32"}, {"auto_wrap_policy", "type:MlpBlockImpl"}});
-  EXPECT_EQ(*o.mixed_precision.param_dtype, at::kBFloat16);
-  EXPECT_EQ(*o.mixed_precision.reduce_dtype, at::kFloat);
+  EXPECT_EQ(*o.sharding.mixed_precision.param_dtype, at::kBFloat16);
+  EXPECT_EQ(*o.sharding.mixed_precision.reduce_dtype, at::kFloat);
   auto f = FsdpOptions::FromStrings({{"min_num_params", "1e8"}, {"reshard_after_forward", "false"}});
   EXPECT_EQ(f.min_num_params, 100000000);
   FsdpStrategy fs(f);
   EXPECT_EQ(fs.sharding_options().sharding_strategy, sharding::ShardingStrategy::kShardGradOp);
   auto off = StrategyRegistry::Create("fsdp_native_full_shard_offload");
   EXPECT_TRUE(static_cast<FsdpNativeStrategy&>(*off).options().cpu_offload);
+  // The rows set the core's options directly; the constructor hands them on.
+  auto n = FsdpNativeOptions::FromStrings({{"limit_all_gathers", "false"}, {"forward_prefetch", "true"}});
+  FsdpNativeStrategy ns(n);
+  EXPECT_EQ(ns.sharding_options().limit_all_gathers, 0);
+  EXPECT_TRUE(ns.sharding_options().forward_prefetch);
+  auto g = FsdpOptions::FromStrings({{"gradient_predivide_factor", "2"}, {"mixed_precision", "true"},
+                                     {"fp32_reduce_scatter", "true"}});
+  FsdpStrategy gs(g);
+  EXPECT_EQ(gs.sharding_options().gradient_predivide_factor, 2);
+  EXPECT_TRUE(gs.sharding_options().fp32_reduce_scatter);
+  EXPECT_EQ(*gs.sharding_options().mixed_precision.reduce_dtype, at::kFloat);
+  // Core fields a strategy decides itself are refused when set directly.
+  FsdpNativeOptions offload;
+  offload.sharding.offload_params = true;
+  const std::string msg = ErrorOf([&] { FsdpNativeStrategy s(offload); });
+  EXPECT_NE(msg.find("set cpu_offload=true, not sharding.offload_params"), std::string::npos) << msg;
+  FsdpOptions dtypes;
+  dtypes.sharding.mixed_precision.param_dtype = at::kBFloat16;
+  const std::string msg2 = ErrorOf([&] { FsdpStrategy s(dtypes); });
+  EXPECT_NE(msg2.find("not sharding.mixed_precision"), std::string::npos) << msg2;
 }
 
 // Every spelling of CPU offload becomes the core's offload_params when the
@@ -264,7 +312,9 @@ TEST(WrapPolicy, FsdpDefaultShardsEveryWrapPoint) {
     auto s = StrategyRegistry::Create("fsdp", {{"min_num_params", "100000000"}});
     s->Setup(comm, {});
     s->WrapModel(tm.make());
-    if (rank == 0) EXPECT_EQ(dynamic_cast<ShardedStrategyBase&>(*s).sharded_model().num_units(), 1);
+    if (rank == 0) {  // braces: EXPECT_EQ is an if/else inside (-Wdangling-else)
+      EXPECT_EQ(dynamic_cast<ShardedStrategyBase&>(*s).sharded_model().num_units(), 1);
+    }
   });
 }
 

@@ -14,6 +14,7 @@
 #include "strategies/sharded_strategy_base.h"
 #include "tests/testing/counting_allocator.h"
 #include "tests/trainer/fixtures.h"
+#include "tests/trainer/unit_stack.h"
 #include "trainer/checkpoint.h"
 
 namespace shardtrain::trainer {
@@ -31,29 +32,13 @@ constexpr int64_t kUnitStateBytes = 3 * kUnitBytes;
 constexpr int64_t kSlack = 256 << 10;
 const int64_t kBound = static_cast<int64_t>(1.15 * kUnitStateBytes) + kSlack;
 
-class Stack : public torch::nn::Module {
- public:
-  Stack() {
-    for (int i = 0; i < kUnits; ++i) {
-      blocks.push_back(register_module("b" + std::to_string(i), std::make_shared<sharding::Sharded<BlockImpl>>(kDim, kDim)));
-    }
-    head = register_module("head", torch::nn::Linear(kDim, 3));
-  }
-  at::Tensor forward(at::Tensor x) {
-    for (auto& b : blocks) x = b->forward(x);
-    return head->forward(x);
-  }
-  std::vector<std::shared_ptr<sharding::Sharded<BlockImpl>>> blocks;
-  torch::nn::Linear head{nullptr};
-};
-
 // Records the live bytes when the optimizer is made (the last user code
 // before a checkpoint is loaded) and the peak and live bytes at on_fit_start
 // (right after it is loaded).
 class StackModule : public TrainingModule {
  public:
   std::shared_ptr<torch::nn::Module> configure_model() override {
-    net_ = std::make_shared<Stack>();
+    net_ = std::make_shared<UnitStack>(kUnits, kDim, 3);
     auto g = at::detail::createCPUGenerator(7);
     at::NoGradGuard no_grad;
     for (auto& p : net_->parameters()) p.copy_(at::randn(p.sizes(), g) * 0.05);
@@ -75,7 +60,7 @@ class StackModule : public TrainingModule {
     live_at_start = st::LiveCpuBytesOfThisThread();
   }
   int64_t peak_before_start = 0, live_at_start = 0;
-  std::shared_ptr<Stack> net_;
+  std::shared_ptr<UnitStack> net_;
 };
 
 TrainerOptions Options(const std::string& root) {

@@ -30,6 +30,7 @@
 #include "strategies/sharded_strategy_base.h"
 #include "tests/testing/counting_allocator.h"
 #include "tests/trainer/fixtures.h"
+#include "tests/trainer/unit_stack.h"
 #include "trainer/sharded_checkpoint.h"
 
 namespace shardtrain::trainer {
@@ -48,29 +49,13 @@ constexpr int64_t kUnitBytes = (kDim * kDim + kDim) * 4;
 constexpr int64_t kWriterBufferBytes = 1 << 20;
 constexpr int64_t kSlackBytes = 256 << 10;
 
-class Stack : public torch::nn::Module {
- public:
-  Stack() {
-    for (int i = 0; i < kUnits; ++i) {
-      blocks.push_back(register_module("b" + std::to_string(i), std::make_shared<sharding::Sharded<BlockImpl>>(kDim, kDim)));
-    }
-    head = register_module("head", torch::nn::Linear(kDim, kClasses));
-  }
-  at::Tensor forward(at::Tensor x) {
-    for (auto& b : blocks) x = b->forward(x);
-    return head->forward(x);
-  }
-  std::vector<std::shared_ptr<sharding::Sharded<BlockImpl>>> blocks;
-  torch::nn::Linear head{nullptr};
-};
-
 // Records the peak bytes of its rank thread from the end of
 // configure_optimizers (model sharded, optimizer made) to on_fit_start: what
 // Trainer::Fit allocates while it loads `ckpt_path`.
 class StackModule : public TrainingModule {
  public:
   std::shared_ptr<torch::nn::Module> configure_model() override {
-    net_ = std::make_shared<Stack>();
+    net_ = std::make_shared<UnitStack>(kUnits, kDim, kClasses);
     auto g = at::detail::createCPUGenerator(11);
     at::NoGradGuard no_grad;
     for (auto& p : net_->parameters()) p.copy_(at::randn(p.sizes(), g) * (1.0 / std::sqrt(double(kDim))));
@@ -90,7 +75,7 @@ class StackModule : public TrainingModule {
   int64_t load_peak = -1;
 
  private:
-  std::shared_ptr<Stack> net_;
+  std::shared_ptr<UnitStack> net_;
   int64_t base_ = 0;
 };
 

@@ -22,9 +22,6 @@
 namespace shardtrain::comm {
 namespace gloo_internal {
 
-// Wall time, ms since the epoch.
-int64_t WallMs();
-
 // The store operations the monitor uses. Each may throw std::exception whose
 // what() is one line (the caller strips c10's backtraces).
 struct HeartbeatStore {
