@@ -73,6 +73,9 @@ class Callback {
   // (and after the module's hook of the same name), before they are logged.
   virtual void on_validation_epoch_end(Trainer& trainer, TrainingModule& module) {}
   virtual void on_test_epoch_end(Trainer& trainer, TrainingModule& module) {}
+  // Before the first batch of training epoch `epoch` (0-based; not when a
+  // resumed Fit continues an epoch mid-way), after the module's hook.
+  virtual void on_train_epoch_start(Trainer& trainer, TrainingModule& module, int64_t epoch) {}
   // After training epoch `epoch` (0-based) ended; trainer.current_epoch() is
   // already epoch + 1 (a checkpoint taken here resumes with the next epoch).
   virtual void on_train_epoch_end(Trainer& trainer, TrainingModule& module, int64_t epoch) {}

@@ -172,7 +172,10 @@ void Trainer::RunEpoch(FitLoop& loop) {
   TrainingModule& module = loop.module;
   loop.sampler.set_epoch(epoch_);
   module.epoch_ = epoch_;
-  if (batch_in_epoch_ == 0) module.on_train_epoch_start(epoch_);
+  if (batch_in_epoch_ == 0) {
+    module.on_train_epoch_start(epoch_);
+    for (auto& cb : o.callbacks) cb->on_train_epoch_start(*this, module, epoch_);
+  }
   loop.acc_loss = 0;
   loop.acc_n = 0;
   // Prepared ahead by num_workers threads (in this order), from batch_in_epoch_ (a resumed epoch) on.

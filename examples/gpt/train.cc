@@ -54,12 +54,13 @@ DEFINE_int32(n_embd, 128, "embedding width");
 DEFINE_double(dropout, 0.0, "dropout");
 DEFINE_double(lr, 3e-3, "AdamW learning rate");
 DEFINE_double(weight_decay, 0.01, "AdamW weight decay");
-DEFINE_string(lr_scheduler, "none",
+DEFINE_string(lr_scheduler, "cosine",
               "none (constant lr), cosine (to lr/10 at --max_steps) or onecycle (up to --lr, then down to "
               "lr/25e4; AdamW beta1 cycled 0.95-0.85); stepped every optimizer step");
-DEFINE_int64(warmup_steps, 0,
+DEFINE_int64(warmup_steps, -1,
              "linear warmup steps before the cosine (from lr/warmup_steps), or the rising part of onecycle "
-             "(default 0: 30% of --max_steps)");
+             "(-1, the default: 10% of --max_steps for cosine, 30% for onecycle; 0: none for cosine, 30% for "
+             "onecycle)");
 DEFINE_double(grad_clip, 1.0, "clip the global gradient norm to this (0 = off)");
 DEFINE_int64(eval_every, 100,
              "validate every N training batches, counted within each epoch (the Trainer's val_check_interval; "
@@ -177,7 +178,8 @@ class GptModule : public trainer::TrainingModule {
   // --lr_scheduler and --warmup_steps over a run of `total_steps` optimizer steps.
   void set_schedule(std::string kind, int64_t warmup_steps, int64_t total_steps) {
     schedule_ = std::move(kind);
-    warmup_steps_ = warmup_steps;
+    // -1: 10% of the run for cosine; for onecycle 0 means its default (30%).
+    warmup_steps_ = warmup_steps >= 0 ? warmup_steps : (schedule_ == "cosine" ? total_steps / 10 : 0);
     total_steps_ = total_steps;
   }
 
@@ -291,7 +293,7 @@ void CheckFlags() {
   using examples::CheckIntFlag;
   CheckIntFlag("max_steps", FLAGS_max_steps, 1);
   examples::CheckChoiceFlag("lr_scheduler", FLAGS_lr_scheduler, {"none", "cosine", "onecycle"});
-  CheckIntFlag("warmup_steps", FLAGS_warmup_steps, 0, FLAGS_max_steps - 1);
+  CheckIntFlag("warmup_steps", FLAGS_warmup_steps, -1, FLAGS_max_steps - 1);
   CheckIntFlag("batch_size", FLAGS_batch_size, 1, 1 << 20);
   CheckIntFlag("block_size", FLAGS_block_size, 1, 1 << 16);
   CheckIntFlag("n_layer", FLAGS_n_layer, 1, 1024);

@@ -45,6 +45,7 @@ class RecordingModule : public Classifier {
     events_->push_back(std::string("M:before_optimizer_step @") + std::to_string(trainer().global_step()) +
                        (&opt == trainer().optimizer() ? " trainer's" : " other") + (grads ? " grads" : " no grads"));
   }
+  void on_train_epoch_start(int64_t e) override { events_->push_back("M:epoch_start " + std::to_string(e)); }
   void on_train_epoch_end(int64_t e) override { events_->push_back("M:epoch_end " + std::to_string(e)); }
   void on_save_checkpoint(std::map<std::string, std::string>& c) override {
     events_->push_back("M:save_checkpoint");
@@ -79,6 +80,9 @@ class RecordingCallback : public Callback {
   }
   void on_train_batch_end(Trainer& t, TrainingModule&, const at::Tensor&, int64_t i) override {
     events_->push_back("C:batch_end " + std::to_string(i) + " @" + std::to_string(t.global_step()));
+  }
+  void on_train_epoch_start(Trainer&, TrainingModule&, int64_t e) override {
+    events_->push_back("C:epoch_start " + std::to_string(e));
   }
   void on_train_epoch_end(Trainer&, TrainingModule&, int64_t e) override {
     events_->push_back("C:epoch_end " + std::to_string(e));
@@ -116,7 +120,7 @@ TEST(Hooks, OrderAndArgumentsOnEveryRank) {
     Trainer trainer(mine, comm);
     trainer.Fit(module, *train);
   });
-  std::vector<std::string> expected;
+  std::vector<std::string> expected = {"M:epoch_start 0", "C:epoch_start 0"};
   for (int i = 0; i < 4; ++i) {
     const std::string n = std::to_string(i);
     for (const std::string& e :
