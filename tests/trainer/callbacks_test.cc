@@ -203,6 +203,42 @@ TEST(Callbacks, StopRequestFromOneRankStopsAll) {
   EXPECT_EQ(d.batch_in_epoch, 1);
 }
 
+// Draws from the CPU generator at every micro-batch, on rank 0 only (the
+// rank threads share the generator; it is reseeded once both ranks have
+// built their models, whose initialization draws from it in any order).
+class DrawOnRank0 : public Callback {
+ public:
+  void on_fit_start(Trainer& t, TrainingModule&) override {
+    if (t.rank() == 0) at::manual_seed(7);
+  }
+  void on_train_batch_start(Trainer& t, TrainingModule&, const Batch&, int64_t) override {
+    if (t.rank() == 0) at::rand({4});
+  }
+};
+
+// The step dropped after a stop request also gives back its random draws:
+// the checkpoint written at the stop holds the generator state of a run that
+// simply ended after step 5.
+TEST(Callbacks, StopRequestRestoresTheGeneratorOfTheDroppedStep) {
+  TrainerOptions o = BaseOptions(TmpDir("stop_rng"), 2);
+  o.strategy = "ddp";
+  FitResult stopped = Fit(2, o, "", {}, nullptr, [](int) {
+    return std::vector<CallbackPtr>{std::make_shared<DrawOnRank0>(), std::make_shared<StopOnRank1>()};
+  });
+  TrainerOptions ref_o = BaseOptions(TmpDir("stop_rng_ref"), 2);
+  ref_o.strategy = "ddp";
+  ref_o.max_steps = 5;
+  FitResult ref = Fit(2, ref_o, "", {}, nullptr,
+                      [](int) { return std::vector<CallbackPtr>{std::make_shared<DrawOnRank0>()}; });
+  CheckpointData a = LoadCheckpoint(stopped.last_ckpt);
+  CheckpointData b = LoadCheckpoint(ref.last_ckpt);
+  EXPECT_EQ(a.global_step, 5);
+  EXPECT_EQ(b.global_step, 5);
+  ASSERT_TRUE(a.rng_state.defined() && b.rng_state.defined());
+  EXPECT_TRUE(at::equal(a.rng_state, b.rng_state)) << "the dropped step's draws were kept";
+  EXPECT_EQ(stopped.losses, ref.losses);
+}
+
 // Order and arguments of the hooks.
 class Recorder : public Callback {
  public:

@@ -8,6 +8,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/modules/dropout.h>
 
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <string>
@@ -228,6 +229,37 @@ TEST(TrainerTest, PredictReturnsEverySampleOnceInDatasetOrder) {
     const at::Tensor idx = at::arange(rank, data.size(), kWorld, at::kLong);  // rank, rank + W, ...
     ASSERT_EQ(own.size(0), idx.size(0));
     EXPECT_TRUE(at::equal(own, ref.out.index_select(0, idx))) << "rank " << rank;
+  });
+}
+
+// limit_test_batches / limit_predict_batches: at W=3, batch 4, 2 batches per
+// rank cover dataset samples 0..23 (rank r: r, r + 3, ...), all real.
+TEST(TrainerTest, TestAndPredictHonourTheirBatchLimits) {
+  const TensorDataset data = MakeSet(25);
+  const Reference ref = Compute(*MakeNet(), data);
+  std::vector<int64_t> first(24);
+  for (int64_t i = 0; i < 24; ++i) first[i] = i;
+  const Batch head = data.get_batch(first);
+  const at::Tensor head_out = ref.out.narrow(0, 0, 24);
+  const double head_loss = SampleLoss(head_out, head.targets).mean().item<double>();
+  constexpr int kWorld = 3;
+  RunRanks(kWorld, [&](int rank, const auto& comm) {
+    TrainerOptions o = EvalOptions("fsdp_native", 4);
+    o.limit_test_batches = 2;
+    o.limit_predict_batches = 2;
+    ScaleModule module;
+    Trainer trainer(o, comm);
+    const auto m = trainer.Test(module, data);
+    EXPECT_EQ(module.test_rows, 8);
+    EXPECT_NEAR(m.at("test_loss"), head_loss, 1e-12);
+    EXPECT_GT(std::abs(m.at("test_loss") - ref.loss), 1e-6);  // the limit changed what was measured
+    at::Tensor all = trainer.Predict(module, data);
+    ASSERT_EQ(all.size(0), 24);
+    EXPECT_TRUE(at::equal(all, head_out)) << "rank " << rank;
+    PredictOptions mine;
+    mine.gather = false;
+    at::Tensor own = trainer.Predict(module, data, mine);
+    EXPECT_TRUE(at::equal(own, head_out.index_select(0, at::arange(rank, 24, kWorld, at::kLong)))) << "rank " << rank;
   });
 }
 
