@@ -192,7 +192,6 @@ void NcclState::PollLocked(NcclOp& op, Clock::time_point deadline) {
 }  // namespace internal
 
 namespace {
-
 using internal::Clock;
 using internal::NcclOp;
 using internal::NcclState;

@@ -138,6 +138,29 @@ std::map<std::string, double> Trainer::RunEvalStage(TrainingModule& module, cons
     val_losses_.push_back(row["val_loss"]);
   }
   for (const auto& [k, x] : row) callback_metrics_[k] = x;
+  RunEvalEpochEnd(module, test, row);
+  module.logged_ = std::move(pending);
+  module.log_options_ = std::move(pending_options);
+  module.log_eval_defaults_ = false;
+  if (!row.empty()) {
+    std::map<std::string, double> logged_row = row;
+    logged_row["epoch"] = static_cast<double>(epoch_);
+    LogMetrics(logged_row, global_step_);  // at the global step at which the pass ran
+  }
+  if (test) {
+    module.on_test_end();
+    for (auto& cb : options_.callbacks) cb->on_test_end(*this, module);
+  } else {
+    module.on_validation_end();
+    for (auto& cb : options_.callbacks) cb->on_validation_end(*this, module);
+  }
+  return row;
+}
+
+// The module's and then the callbacks' on_{validation,test}_epoch_end, with
+// `row` in callback_metrics; what the module log()s there is rank-averaged
+// into `row`.
+void Trainer::RunEvalEpochEnd(TrainingModule& module, bool test, std::map<std::string, double>& row) {
   if (test) {
     module.on_test_epoch_end();
   } else {
@@ -162,22 +185,6 @@ std::map<std::string, double> Trainer::RunEvalStage(TrainingModule& module, cons
       cb->on_validation_epoch_end(*this, module);
     }
   }
-  module.logged_ = std::move(pending);
-  module.log_options_ = std::move(pending_options);
-  module.log_eval_defaults_ = false;
-  if (!row.empty()) {
-    std::map<std::string, double> logged_row = row;
-    logged_row["epoch"] = static_cast<double>(epoch_);
-    LogMetrics(logged_row, global_step_);  // at the global step at which the pass ran
-  }
-  if (test) {
-    module.on_test_end();
-    for (auto& cb : options_.callbacks) cb->on_test_end(*this, module);
-  } else {
-    module.on_validation_end();
-    for (auto& cb : options_.callbacks) cb->on_validation_end(*this, module);
-  }
-  return row;
 }
 
 void Trainer::SetupForEval(TrainingModule& module, const char* what, const Dataset& data) {

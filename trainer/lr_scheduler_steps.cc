@@ -126,6 +126,7 @@ std::vector<SchedulerState> Trainer::LRSchedulerStates() const {
 
 std::function<void()> Trainer::PrepareLRSchedulerLoad(const std::vector<SchedulerState>& states, int64_t global_step,
                                                       const std::string& path) {
+  if (states.empty() && lr_schedulers_.empty()) return [] {};  // no schedule saved, none to restore
   if (states.empty() && lr_schedulers_.size() == 1 && lr_lambda_index_ == 0) {
     // A checkpoint of a run whose only schedule was lr_lambda, written before
     // scheduler states were saved: the schedule is a function of the step.

@@ -482,6 +482,8 @@ class Trainer {
   // One validation or test pass with its hooks; returns the metrics row
   // (the loss and what the module log()ged, reduced over batches and ranks).
   std::map<std::string, double> RunEvalStage(TrainingModule& module, const Dataset& data, EvalStage stage);
+  // The epoch-end hooks of a validation or test pass (eval_loop.cc).
+  void RunEvalEpochEnd(TrainingModule& module, bool test, std::map<std::string, double>& row);
   // Calls fn(batch, batch_idx, real) for this rank's batches of `data`
   // (as many as LimitBatches(options(), stage) allows), the model in eval mode under
   // NoGradGuard; `real`: the batch's samples that are not padding
