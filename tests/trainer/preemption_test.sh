@@ -30,7 +30,7 @@ fail() { echo "FAIL [$CASE]: $*" >&2; FAILURES=$((FAILURES + 1)); }
 "$WORKER" "$OUT/base" 12 > "$OUT/base.out" 2> "$OUT/base.err" || die "baseline run failed: $(cat "$OUT/base.err")"
 [[ $(grep -c ' step ' "$OUT/base.out") -eq 12 ]] || die "baseline printed no 12 steps: $(cat "$OUT/base.out")"
 declare -A BASE
-while read -r _ _ _ step _ loss; do BASE[$step]=$loss; done < "$OUT/base.out"
+while read -r _ _ _ step _ loss; do BASE[$step]=$loss; done < <(grep ' step ' "$OUT/base.out")  # not the model summary
 
 # Every "step N loss L" line of $1 must carry the baseline's L exactly.
 same_losses() {
