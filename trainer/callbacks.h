@@ -65,7 +65,7 @@ class Callback {
   // (trainer.fitting() tells which); at the end callback_metrics has val_loss.
   virtual void on_validation_start(Trainer& trainer, TrainingModule& module) {}
   virtual void on_validation_end(Trainer& trainer, TrainingModule& module) {}
-  // ---- Test and the evaluation epoch ends (issue #16 loops) ----
+  // ---- Test and the evaluation epoch ends ----
   // Around Trainer::Test; at the end callback_metrics has the test metrics.
   virtual void on_test_start(Trainer& trainer, TrainingModule& module) {}
   virtual void on_test_end(Trainer& trainer, TrainingModule& module) {}

@@ -1,4 +1,4 @@
-// Trainer: the fit/validate loops (Lightning's Trainer).
+// Trainer: the fit, validate, test and predict loops (Lightning's Trainer; docs/lightning.md maps the two).
 //
 //   TrainerOptions o;
 //   o.strategy = "fsdp_native"; o.strategy_options = {{"sharding_strategy", "FULL_SHARD"}};
@@ -217,7 +217,7 @@ struct TrainerOptions {
   // its BatchNorm through the module tree, ForwardBatchNorm).
   bool sync_batchnorm = false;
 
-  // ---- Faults (#12): non-finite values, stalled peers ----
+  // ---- Faults: non-finite values, stalled peers ----
   // A step whose loss or a gradient is NaN/Inf on any rank: "off" (trains
   // on), "error" (every rank throws NonfiniteError naming the step and, on
   // the rank that found it, the loss or the first parameter), "skip" (every
@@ -232,7 +232,7 @@ struct TrainerOptions {
   // ---- end Faults ----
 };
 
-// ---- Predict's options (issue #16 loops; trainer/eval_loop.cc) ----
+// ---- Predict's options (trainer/eval_loop.cc) ----
 struct PredictOptions {
   // true: every rank returns every sample's prediction, in dataset order
   // (one all-gather: W times a rank's share in memory on every rank).
@@ -281,7 +281,7 @@ class Trainer {
   // Test and Predict on test_dataset() / predict_dataset(), as above.
   std::map<std::string, double> Test(TrainingModule& module, DataModule& datamodule);
   at::Tensor Predict(TrainingModule& module, DataModule& datamodule, const PredictOptions& options = {});
-  // ---- Test and Predict (issue #16 loops; trainer/eval_loop.cc) ----
+  // ---- Test and Predict (trainer/eval_loop.cc) ----
   // Lightning's trainer.test: one collective pass over `test` in
   // DistributedSampler order (no shuffling; val_batch_size, or batch_size,
   // samples per rank per batch), the model in eval mode without gradients,
@@ -409,7 +409,7 @@ class Trainer {
   // step with its loss, as Lightning pairs them), else the current ones
   // (after the schedulers stepped: the next step's).
   std::map<std::string, double> learning_rate_stats(bool last_step = false) const;
-  // ---- Faults (#12) ----
+  // ---- Faults ----
   // Optimizer steps skipped by nonfinite = "skip" (this Trainer, every Fit).
   int64_t skipped_nonfinite_steps() const { return nonfinite_.skipped(); }
   // ---- end Faults ----
@@ -477,7 +477,7 @@ class Trainer {
   // This rank's index on its node.
   int LocalRank() const;
 
-  // ---- The evaluation loop of validation, Test and Predict (issue #16 loops; trainer/eval_loop.cc) ----
+  // ---- The evaluation loop of validation, Test and Predict (trainer/eval_loop.cc) ----
   enum class EvalStage { kValidation, kTest };
   // One validation or test pass with its hooks; returns the metrics row
   // (the loss and what the module log()ged, reduced over batches and ranks).
@@ -542,7 +542,7 @@ class Trainer {
   std::unique_ptr<Profiler> profiler_;
   std::unique_ptr<SyncBatchNormConversion> sync_bn_;
 
-  // ---- Faults (#12) ----
+  // ---- Faults ----
   NonfiniteCheck nonfinite_;  // TrainerOptions::nonfinite (trainer/nonfinite.cc)
   // ---- end Faults ----
 };

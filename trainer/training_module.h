@@ -143,7 +143,7 @@ class TrainingModule {
   // every rank that throws, before the callbacks' on_exception, then `e`
   // propagates. An exception thrown by the hook itself is logged and dropped.
   virtual void on_exception(const std::exception& e) {}
-  // ---- Test, Predict and the evaluation epoch ends (issue #16 loops; defaults in trainer/eval_loop.cc) ----
+  // ---- Test, Predict and the evaluation epoch ends (defaults in trainer/eval_loop.cc) ----
   // Trainer::Test: the mean loss of one test batch (test_loss), or
   // std::nullopt (then only what it log()s is reported). The batch holds no
   // padding duplicates, so on some ranks the last one can be smaller than
