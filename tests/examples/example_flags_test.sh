@@ -41,6 +41,8 @@ bad() {
 
 # --- the cases
 bad "$GPT" block_size 0
+bad "$GPT" nonfinite warn
+bad "$GPT" stall_timeout_s 1800   # not below --timeout_s=1800
 bad "$GPT" lr -1
 bad "$GPT" dropout 2
 bad "$GPT" checkpoint_every_n_steps -1
