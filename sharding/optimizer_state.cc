@@ -10,6 +10,7 @@
 
 #include "base/errors.h"
 #include "sharding/sharded_model.h"
+#include "sharding/source_release.h"
 
 namespace shardtrain::sharding {
 namespace {
@@ -216,7 +217,9 @@ OptimizerStates OptimizerStatesFromFull(const ShardedModel& model, const std::ve
           auto kit = sit->second.find(key);
           if (kit != sit->second.end()) t = &kit->second;
         }
-        full[n] = t ? t->reshape(shapes.at(n)).to(at::kFloat) : at::zeros(shapes.at(n), at::kFloat);
+        // A missing key reads as zeros without allocating the full tensor
+        // (a zero-strided view; ShardOfFull copies only this rank's slice).
+        full[n] = t ? t->reshape(shapes.at(n)).to(at::kFloat) : at::zeros({}, at::kFloat).expand(shapes.at(n));
       }
     }
     shards[key] = model.ShardsFromFull(full);
@@ -273,6 +276,7 @@ OptimizerStates OptimizerStatesFromShards(const ShardedModel& model, const std::
         at::Tensor& d = dense[k];
         if (!d.defined()) d = at::zeros({units[u].shard_numel}, at::kFloat);
         d.narrow(0, c.dst_offset, c.len).copy_(t.reshape({-1}).narrow(0, c.src_offset, c.len));
+        SourceReleaseScope::Release(t);  // e.g. drop the mapped record's pages: one source range resident at a time
       }
     }
     if (dense.empty()) continue;

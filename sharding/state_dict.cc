@@ -13,6 +13,7 @@
 #include "sharding/shard_layout.h"
 #include "sharding/sharded_model.h"
 #include "sharding/sharded_state.h"
+#include "sharding/source_release.h"
 
 namespace shardtrain::sharding {
 
@@ -148,8 +149,13 @@ void ShardedModel::LoadFullStateDict(const std::map<std::string, at::Tensor>& st
     ST_THROW(InvalidArgumentError, "state dict does not match the model (nothing was loaded):", problems.str());
   }
   at::NoGradGuard no_grad;
-  auto shards = ShardsFromFull(state);
-  for (size_t i = 0; i < units_.size(); ++i) units_[i]->flat->shard().detach().copy_(shards[i]);
+  // One unit at a time into the live shard: never a second copy of all shards.
+  for (auto& u : units_) {
+    const auto& flat = *u->flat;
+    std::vector<at::Tensor> ts;
+    for (auto& e : flat.entries()) ts.push_back(state.at(e.name).to(flat.device()));
+    flat.shard().detach().copy_(flat.ShardOfFull(ts, at::kFloat));
+  }
   for (auto& [k, b] : buffers) b.copy_(state.at(k));
   // Gathered copies are stale now; aliased units (`full` is the shard) are current.
   for (auto& u : units_) Reshard(u.get());
@@ -224,6 +230,7 @@ void ShardedModel::LoadShardedStateDict(const std::vector<ShardedStateDict>& pie
     for (const auto& c : plans[i]) {
       const at::Tensor& from = pieces[by_rank[c.src_rank]].shards[c.src_unit];
       shard.narrow(0, c.dst_offset, c.len).copy_(from.reshape({-1}).narrow(0, c.src_offset, c.len));
+      SourceReleaseScope::Release(from);  // e.g. drop the mapped record's pages once its range is copied
     }
   }
   const ShardedStateDict& first = pieces.front();
