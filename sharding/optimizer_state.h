@@ -51,7 +51,10 @@ void ForEachFullOptimizerState(ShardedModel& model, const std::vector<at::Tensor
 
 // This rank's state of each optimized tensor from the full state by parameter
 // name (each rank passes the same; sizes are the caller's to check first).
-// Parameters of a unit with any state get zeros for keys they lack.
+// Parameters of a unit with any state get zeros for keys they lack (never a
+// full-size zero tensor). Only this rank's slice of each full tensor is read
+// (FlatParameter::ShardOfFull, which hands each source to the active
+// SourceReleaseScope).
 OptimizerStates OptimizerStatesFromFull(const ShardedModel& model, const std::vector<at::Tensor>& params,
                                         const std::map<std::string, std::map<std::string, at::Tensor>>& state,
                                         const std::map<std::string, int64_t>& step);
@@ -59,8 +62,11 @@ OptimizerStates OptimizerStatesFromFull(const ShardedModel& model, const std::ve
 // This rank's state of each optimized tensor from the pieces of a sharded
 // checkpoint saved at any world size (`optimizer[i]` is pieces[i]'s state):
 // per unit, only the ranges of the saved shards that overlap this rank's
-// shards are read, and a unit's dense state is dropped before the next one's
-// is built. The pieces must fit the model (ShardedModel::CheckShardedStateDict).
+// shards are read, each straight into this rank's state, and each source
+// tensor is handed to the active SourceReleaseScope right after its range is
+// copied (sharding/source_release.h: a loader drops a mapped record's pages),
+// so no more than one source record is resident at a time. The pieces must
+// fit the model (ShardedModel::CheckShardedStateDict).
 OptimizerStates OptimizerStatesFromShards(const ShardedModel& model, const std::vector<at::Tensor>& params,
                                           const std::vector<ShardedStateDict>& pieces,
                                           const std::vector<ShardedOptimizerState>& optimizer);

@@ -8,7 +8,9 @@
 // during a full load grows by every page it touched. The trainer holds this
 // scope around a load with a function that drops a mapped record's pages from
 // the process (they stay in the page cache); ShardOfFull calls it for each
-// source tensor right after copying from it.
+// source tensor right after copying from it, and so do the sharded loads
+// (ShardedModel::LoadShardedStateDict, sharding::OptimizerStatesFromShards)
+// for each saved shard once its overlapping range is copied.
 #ifndef SHARDTRAIN_SHARDING_SOURCE_RELEASE_H_
 #define SHARDTRAIN_SHARDING_SOURCE_RELEASE_H_
 

@@ -60,7 +60,9 @@ ShardedPiece MakeShardedPiece(strategies::Strategy& strategy, torch::optim::Opti
 // model (names and sizes; the error lists every problem), computes this
 // rank's optimizer state from only the ranges of the (mapped) source shards
 // that overlap this rank's shards, and returns the function that installs
-// parameters, buffers and optimizer state. Throws shardtrain::Error naming
+// parameters, buffers and optimizer state. Under a SourceReleaseScope
+// (the Trainer holds one) each source record is released as soon as its
+// range is copied. Throws shardtrain::Error naming
 // `path`, with nothing changed, when the checkpoint does not fit.
 std::function<void()> PrepareShardedLoad(strategies::Strategy& strategy, torch::optim::Optimizer& opt,
                                          const ShardedCheckpoint& ckpt, const std::string& path);

@@ -34,7 +34,11 @@
 // tensors are views of the files, read only where touched, so a rank that
 // loads (Trainer, trainer/checkpoint_state.h PrepareShardedLoad) reads only
 // the byte ranges of the source shards that overlap its own new shards
-// (sharding/shard_layout.h). Saving writes into a temporary sibling
+// (sharding/shard_layout.h), copies each range straight into its shard or
+// optimizer state, and drops the source record's pages from the process right
+// after (trainer::ReleaseMappedPages under sharding::SourceReleaseScope): a
+// rank holds at most one source record beyond its own state, never a whole
+// rank file. Saving writes into a temporary sibling
 // directory, fsyncs every file, writes COMPLETE last and then swaps the
 // directory into place (renameat2 RENAME_EXCHANGE, or two renames where the
 // file system lacks it), so an interrupted save never destroys the previous
