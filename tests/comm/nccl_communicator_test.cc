@@ -11,6 +11,7 @@
 #include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/cuda.h>
 
@@ -18,6 +19,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/errors.h"
@@ -445,7 +447,14 @@ TEST(NcclCommunicatorTest, StuckCollectiveTimesOutAndLaterCallsFailAtOnce) {
     EXPECT_TRUE(std::string(e.what()).find("called on a failed communicator") != std::string::npos) << e.what();
   }
   EXPECT_TRUE(ms_since(again) < 200) << "the call after the timeout took " << ms_since(again) << " ms";
-  side.synchronize();  // the spin has ended: later tests get an idle GPU
+  // The spin ends by itself: later tests get an idle GPU (bounded, so a
+  // collective that never completes after the abort fails here, not hangs).
+  const auto spin = SteadyClock::now();
+  cudaError_t q = cudaErrorNotReady;
+  while ((q = cudaStreamQuery(side.stream())) == cudaErrorNotReady && ms_since(spin) < 30000) {
+    std::this_thread::sleep_for(Ms(10));
+  }
+  EXPECT_TRUE(q == cudaSuccess) << "the stream did not drain within 30 s after the abort: " << cudaGetErrorName(q);
   std::fprintf(stderr, "  stuck collective: timed out after %lld ms (calibrated %.0f cycles/ms)\n",
                static_cast<long long>(waited), cycles_per_ms);
 }
