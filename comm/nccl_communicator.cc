@@ -17,179 +17,13 @@
 
 #include "base/errors.h"
 #include "comm/nccl_check.h"
+#include "comm/nccl_state.h"
 #include "comm/wait_time.h"
 
 namespace shardtrain::comm {
 
 using ::shardtrain::internal::StrCat;
 
-namespace internal {
-using Clock = std::chrono::steady_clock;
-
-// "<what> failed: NCCL error N (name): <last error>", naming peers as a possible cause when `peer_note`.
-std::string NcclFailure(const std::string& what, ncclResult_t state, ncclComm_t comm, bool peer_note) {
-  const char* last = ncclGetLastError(comm);  // comm may be null (init failed): the last global error
-  return StrCat(what, " failed: NCCL error ", static_cast<int>(state), " (", ncclGetErrorString(state), ")",
-                (last && *last) ? std::string(": ") + last : std::string(),
-                peer_note ? " (a peer rank may have died or failed)" : "");
-}
-
-// "<what> timed out after <ms> ms (...)".
-std::string NcclTimeout(const std::string& what, std::chrono::milliseconds t) {
-  return StrCat(what, " timed out after ", t.count(), " ms (a peer rank may have died, hung, or not reached this collective)");
-}
-
-// One collective in flight.
-struct NcclOp {
-  std::string what;  // "AllGather on nccl group 'world' (rank 0/2, cuda:0)"
-  std::chrono::milliseconds timeout{0};
-  Clock::time_point deadline;
-  cudaEvent_t done = nullptr;  // recorded on the communicator's stream after the collective
-  bool ok = false;             // seen complete while the communicator was healthy
-
-  NcclOp() = default;
-  NcclOp(const NcclOp&) = delete;
-  NcclOp& operator=(const NcclOp&) = delete;
-  ~NcclOp() {
-    if (done) (void)cudaEventDestroy(done);
-  }
-};
-
-// The NCCL communicator, its stream and its fault state. Shared by the
-// NcclCommunicator and its Work handles, so a Work outliving its communicator
-// stays valid; the NCCL communicator is destroyed with the last of them.
-struct NcclState {
-  std::string name;
-  int rank = 0;
-  int size = 1;
-  int device = 0;
-  std::chrono::milliseconds timeout{0};
-  cudaStream_t stream = nullptr;  // dedicated, non-blocking, high priority
-  cudaEvent_t ready = nullptr;    // marks the caller's stream position (issuing thread only)
-
-  std::mutex mu;  // guards everything below and every NCCL call on `comm`
-  ncclComm_t comm = nullptr;
-  bool aborted = false;
-  bool timed_out = false;
-  std::string error;
-  std::vector<std::shared_ptr<NcclOp>> pending;  // watched by the watchdog
-
-  NcclState() = default;
-  NcclState(const NcclState&) = delete;
-  NcclState& operator=(const NcclState&) = delete;
-  ~NcclState();
-
-  // Aborts the NCCL communicator (ending its kernels) and records why. mu held.
-  void AbortLocked(const std::string& message, bool timeout);
-  // Throws the recorded error. mu held.
-  [[noreturn]] void ThrowErrorLocked() const {
-    if (timed_out) throw CommTimeoutError(error);
-    throw CommError(error);
-  }
-  // After an NCCL call that returned ncclSuccess or ncclInProgress on this
-  // nonblocking communicator: polls until it is enqueued (or initialized),
-  // aborting on an error or at `deadline`. mu held.
-  void WaitReadyLocked(const std::string& what, std::chrono::milliseconds timeout, Clock::time_point deadline);
-  // Checks `op` once without blocking: sets op.ok when complete; aborts the
-  // communicator on an asynchronous NCCL error, a CUDA error or at `deadline`.
-  // mu held; the calling thread's current device is `device`.
-  void PollLocked(NcclOp& op, Clock::time_point deadline);
-};
-
-NcclState::~NcclState() {
-  if (comm != nullptr && !aborted) {
-    // Flush and free the communicator; abort if it does not quiesce in time.
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-    const ncclResult_t fr = ncclCommFinalize(comm);
-    bool clean = fr == ncclSuccess || fr == ncclInProgress;
-    const auto deadline = Clock::now() + std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(60));
-    ncclResult_t state = ncclInProgress;
-    while (clean) {
-      if (ncclCommGetAsyncError(comm, &state) != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
-        clean = false;
-      } else if (state == ncclSuccess) {
-        break;
-      } else if (Clock::now() > deadline) {
-        clean = false;
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-      }
-    }
-    if (clean) {
-      (void)ncclCommDestroy(comm);
-    } else {
-      std::fprintf(stderr, "[shardtrain] nccl group '%s' (rank %d/%d) did not finalize cleanly; aborting it\n",
-                   name.c_str(), rank, size);
-      (void)ncclCommAbort(comm);
-    }
-    comm = nullptr;
-  }
-  pending.clear();
-  if (ready) (void)cudaEventDestroy(ready);
-  if (stream) (void)cudaStreamDestroy(stream);
-}
-
-void NcclState::AbortLocked(const std::string& message, bool timeout) {
-  if (aborted) return;
-  aborted = true;
-  timed_out = timeout;
-  error = message + "; the NCCL communicator was aborted";
-  std::fprintf(stderr, "[shardtrain] %s\n", error.c_str());
-  if (comm != nullptr) {
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
-    (void)ncclCommAbort(comm);
-    comm = nullptr;
-  }
-}
-
-void NcclState::WaitReadyLocked(const std::string& what, std::chrono::milliseconds timeout, Clock::time_point deadline) {
-  auto sleep = std::chrono::microseconds(1);
-  while (true) {
-    if (comm == nullptr) ThrowErrorLocked();
-    ncclResult_t state = ncclInProgress;
-    const ncclResult_t r = ncclCommGetAsyncError(comm, &state);
-    if (r != ncclSuccess) state = r;
-    if (state == ncclSuccess) return;
-    if (state != ncclInProgress) {
-      AbortLocked(NcclFailure(what, state, comm, true), false);
-      ThrowErrorLocked();
-    }
-    if (Clock::now() > deadline) {
-      AbortLocked(NcclTimeout(what, timeout), true);
-      ThrowErrorLocked();
-    }
-    std::this_thread::sleep_for(sleep);
-    sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
-  }
-}
-
-void NcclState::PollLocked(NcclOp& op, Clock::time_point deadline) {
-  if (op.ok || aborted) return;
-  const cudaError_t q = cudaEventQuery(op.done);
-  if (q == cudaSuccess) {
-    op.ok = true;
-    return;
-  }
-  if (q != cudaErrorNotReady) {
-    (void)cudaGetLastError();
-    AbortLocked(StrCat(op.what, " failed: CUDA error ", static_cast<int>(q), " (", cudaGetErrorName(q), ": ",
-                       cudaGetErrorString(q), ")"),
-                false);
-    return;
-  }
-  ncclResult_t state = ncclSuccess;
-  const ncclResult_t r = comm ? ncclCommGetAsyncError(comm, &state) : ncclInvalidUsage;
-  if (r != ncclSuccess) state = r;
-  if (state != ncclSuccess && state != ncclInProgress) {
-    AbortLocked(NcclFailure(op.what, state, comm, true), false);
-    return;
-  }
-  if (Clock::now() > deadline) {
-    AbortLocked(NcclTimeout(op.what, op.timeout), true);
-  }
-}
-
-}  // namespace internal
 
 namespace {
 using internal::Clock;
@@ -294,22 +128,7 @@ class NcclWork : public Work {
                     op_->what + ": ordering the current stream after it");
     }
     if (!host_blocking_) return;
-    const auto deadline = timeout.count() > 0 ? Clock::now() + timeout : op_->deadline;
-    auto sleep = std::chrono::microseconds(1);
-    while (true) {
-      {
-        std::lock_guard<std::mutex> lock(s.mu);
-        if (!op_->ok && !s.aborted) {
-          // An explicit Wait timeout is reported like the collective's own.
-          if (timeout.count() > 0) op_->timeout = timeout;
-          s.PollLocked(*op_, deadline);
-        }
-        if (op_->ok) return;
-        if (s.aborted) s.ThrowErrorLocked();
-      }
-      std::this_thread::sleep_for(sleep);
-      sleep = std::min(sleep * 2, std::chrono::microseconds(500));
-    }
+    s.WaitComplete(*op_, timeout, timeout.count() > 0 ? Clock::now() + timeout : op_->deadline);
   }
 
   bool IsCompleted() override {
@@ -458,22 +277,21 @@ WorkPtr NcclCommunicator::Launch(const char* opname, const std::vector<at::Tenso
   const c10::cuda::CUDAStream comm_stream =
       c10::cuda::getStreamFromExternal(s.stream, static_cast<c10::DeviceIndex>(device_));
 
-  auto op = std::make_shared<NcclOp>();
-  op->what = what;
-  op->timeout = timeout_;
-  ST_CUDA_CHECK(cudaEventCreateWithFlags(&op->done, cudaEventDisableTiming), what);
-
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.aborted) {
     if (s.timed_out) ST_THROW(CommTimeoutError, what, " called on a failed communicator: ", s.error);
     ST_THROW(CommError, what, " called on a failed communicator: ", s.error);
   }
+  auto op = std::make_shared<NcclOp>();
+  op->what = StrCat(what.substr(0, what.size() - 1), "; collective #", ++s.issued, " of this rank)");
+  op->timeout = timeout_;
+  ST_CUDA_CHECK(cudaEventCreateWithFlags(&op->done, cudaEventDisableTiming), what);
   // The collective starts after what the caller queued on its current stream.
   ST_CUDA_CHECK(cudaEventRecord(s.ready, compute.stream()), what);
   ST_CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.ready, 0), what);
   op->deadline = Clock::now() + timeout_;
   try {
-    issue(s, what);
+    issue(s, op->what);
   } catch (const CommError& e) {
     s.AbortLocked(e.what(), dynamic_cast<const CommTimeoutError*>(&e) != nullptr);
     throw;

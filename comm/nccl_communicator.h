@@ -15,14 +15,18 @@
 // (ncclRedOpCreatePreMulSum, the input is not modified), post_divide a division
 // on the communicator's stream after the collective (floating dtypes only).
 //
-// Timeouts and faults: the communicator is nonblocking (ncclConfig_t::blocking
-// = 0), so initialization and every enqueue are polled against the timeout.
-// A watchdog thread checks the collectives in flight; one not complete within
-// the timeout (or an asynchronous NCCL error such as a dead peer's closed
-// connection) aborts the NCCL communicator (ncclCommAbort, which also ends its
-// kernels on the GPU) and the error is thrown, as CommTimeoutError or
-// CommError naming the operation and the group, from Wait() and from every
-// later call on the communicator. With NcclOptions::blocking_wait the host
+// Timeouts and faults: NcclOptions::timeout (default 30 min, as Gloo's and
+// c10d's; the Trainer passes TrainerOptions::timeout) bounds everything. The
+// communicator is nonblocking (ncclConfig_t::blocking = 0), so initialization
+// and every enqueue are polled against it (comm/deadline_wait.h). A watchdog
+// thread checks the collectives in flight (cudaEventQuery, never a blocking
+// synchronize); one not complete within the timeout (or an asynchronous NCCL
+// error such as a dead peer's closed connection) marks the communicator
+// failed, aborts the NCCL communicator (ncclCommAbort, which also ends its
+// kernels on the GPU, on a thread of its own so that the wait does not wait
+// for it) and the error is thrown, as CommTimeoutError or CommError naming the
+// operation, its number (collective #N of this rank), the group, the timeout
+// and how to change it, from Wait() and at once from every later call. With NcclOptions::blocking_wait the host
 // thread also blocks in Wait() until the collective completed (a nonzero Wait
 // timeout bounds that wait, expiry aborting the group as above; the watchdog
 // still applies the group's timeout). Barrier()'s Work always blocks the host.

@@ -125,8 +125,8 @@ void PeerWatch::State::Judge(const std::vector<std::optional<PeerBeat>>& beats, 
     const int64_t stalled = now - since;
     const std::string text = internal::StrCat(
         "rank ", r, " of group '", opts.group, "' (pid ", h.pid, ", host ", HostName(h.host),
-        ") has made no progress for ", FormatSeconds(stalled), ": ", why, "; its last heartbeat says collective #",
-        h.issued,
+        ") has made no progress for ", FormatSeconds(stalled), ": ", why,
+        h.exact ? "; its latest collective is #" : "; its last heartbeat says collective #", h.issued,
         h.op.empty() || h.op == "-" ? "" : " (" + h.op + ")", "; this rank (", opts.rank, ") waits in collective #",
         w.seq, " (", w.op, ") since ", FormatSeconds(now - w.start_wall), " ago");
     if (opts.stall_warning.count() > 0 && stalled >= opts.stall_warning.count() && !p.warned) {

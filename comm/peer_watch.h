@@ -32,6 +32,9 @@ struct PeerBeat {
   int64_t pid = 0;
   std::string host;  // local_host::Id() of the peer
   bool closed = false;
+  // `issued`/`op` are exact now (read from shared memory on this host), not
+  // as of the heartbeat (which may be a period old, or stopped with the process).
+  bool exact = false;
 };
 
 struct PeerWatchOptions {

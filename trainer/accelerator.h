@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <chrono>
 #include <string>
 
 #include "comm/communicator.h"
@@ -53,10 +54,11 @@ c10::Device RankDevice(const std::string& resolved_accelerator, int local_rank);
 // Makes `device` the calling thread's current CUDA device (no-op for CPU).
 void SetCurrentDevice(const c10::Device& device);
 
-// The NCCL communicator of the job for a rank on CUDA device `device_index`.
+// The NCCL communicator of the job for a rank on CUDA device `device_index`;
+// `timeout` bounds its creation and every collective (TrainerOptions::timeout).
 // Throws InvalidArgumentError in a build without CUDA support.
 comm::CommunicatorPtr CreateNcclCommunicator(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
-                                             int device_index);
+                                             int device_index, std::chrono::milliseconds timeout);
 
 // Collectives on CPU tensors over any backend (comm/host_collectives.h).
 using comm::HostAllGather;

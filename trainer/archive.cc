@@ -19,6 +19,7 @@
 
 #include "base/errors.h"
 #include "trainer/file_util.h"
+#include "trainer/pickle_scan.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;
@@ -297,6 +298,7 @@ c10::IValue MapArchive(const std::string& path) {
     const at::DataPtr& pickle_ptr = std::get<0>(record);
     const size_t pickle_size = std::get<1>(record);  // not a structured binding: clang 14 cannot capture those
     const char* pickle = static_cast<const char*>(pickle_ptr.get());
+    ScanPickle(pickle, pickle_size, "checkpoint '" + path + "' (data.pkl)");  // before LibTorch reserves its lengths
     size_t pos = 0;
     auto read = [&](char* buf, size_t n) -> size_t {
       n = std::min(n, pickle_size - pos);

@@ -18,6 +18,7 @@
 #include "base/errors.h"
 #include "sharding/sharded_state.h"
 #include "trainer/archive.h"
+#include "trainer/pickle_scan.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;
@@ -55,6 +56,7 @@ c10::impl::GenericDict ReadPickleDict(const std::string& path, const std::string
   std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   c10::IValue v;
   try {
+    ScanPickleArchive(bytes, what + " '" + path + "'");  // before LibTorch reserves its lengths
     v = torch::jit::pickle_load(bytes);
   } catch (const std::exception& e) {
     std::string msg = e.what();

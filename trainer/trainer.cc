@@ -125,7 +125,7 @@ void Trainer::SetupProcesses() {
   if (W == 1) {
     if (cuda) {
       SetCurrentDevice(RankDevice(accelerator_, 0));
-      world_ = CreateNcclCommunicator(comm::CreateHashStore(), 0, 1, 0);
+      world_ = CreateNcclCommunicator(comm::CreateHashStore(), 0, 1, 0, options_.timeout);
       return;
     }
     comm::GlooOptions go;
@@ -154,7 +154,8 @@ void Trainer::SetupProcesses() {
   cluster_ = info;
   if (cuda) {
     SetCurrentDevice(RankDevice(accelerator_, info.local_rank));
-    world_ = CreateNcclCommunicator(comm::CreateStore(ro), info.rank, info.world_size, info.local_rank);
+    world_ = CreateNcclCommunicator(comm::CreateStore(ro), info.rank, info.world_size, info.local_rank,
+                                    options_.timeout);
   } else {
     comm::GlooOptions go;
     go.timeout = options_.timeout;

@@ -125,7 +125,7 @@ PeerWatch::Reader MakeBeatReader(std::shared_ptr<GlooPeerMonitor> monitor) {
     std::vector<std::optional<PeerBeat>> beats;
     for (const auto& h : monitor->ReadPeers()) {
       if (h) {
-        beats.push_back(PeerBeat{h->wall_ms, h->issued, h->op, h->pid, h->host, h->closed});
+        beats.push_back(PeerBeat{h->wall_ms, h->issued, h->op, h->pid, h->host, h->closed, h->exact});
       } else {
         beats.push_back(std::nullopt);
       }
@@ -226,6 +226,13 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
   }
   if (size_ > 1 && options_.heartbeat_period.count() > 0) {
     monitor_ = std::make_shared<GlooPeerMonitor>(gloo_internal::MakeHeartbeatStore(store_), name_, rank_, size_, options_.heartbeat_period);
+    if (mesh_) {  // exact counts of the peers, even of a stopped one
+      monitor_->SetLocalProgress([mesh = mesh_.get()](int r) -> std::optional<std::pair<int64_t, const char*>> {
+        const auto p = mesh->PeerProgress(r);
+        if (!p) return std::nullopt;
+        return std::make_pair(p->issued, OpTitle(static_cast<CommOp>(p->op)));
+      });
+    }
     monitor_->Start();
   }
   std::shared_ptr<PeerWatch> watch;
@@ -302,6 +309,7 @@ void GlooCommunicator::CheckCpu(const char* op, const at::Tensor& t) const {
 IssuedCall GlooCommunicator::Issue(CommOp op) {
   IssuedCall call{++issued_, monitor_ ? WallClockMs() : 0};
   if (monitor_) monitor_->Note(call.seq, OpTitle(op));
+  if (mesh_) mesh_->NoteProgress(call.seq, static_cast<int>(op));
   return call;
 }
 

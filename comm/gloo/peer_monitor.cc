@@ -55,7 +55,29 @@ void GlooPeerMonitor::Start() {
   thread_ = std::thread([self = shared_from_this()] { self->Run(); });
 }
 
+void GlooPeerMonitor::SetLocalProgress(LocalProgress fn) {
+  std::lock_guard<std::mutex> lock(progress_mu_);
+  local_progress_ = std::move(fn);
+}
+
+void GlooPeerMonitor::ApplyLocalProgress(Snapshot* s) {
+  std::lock_guard<std::mutex> lock(progress_mu_);
+  if (!local_progress_) return;
+  for (int r = 0; r < size_ && r < static_cast<int>(s->peers.size()); ++r) {
+    if (r == rank_ || !s->peers[r]) continue;
+    if (const auto p = local_progress_(r); p && p->first >= s->peers[r]->issued) {
+      s->peers[r]->issued = p->first;
+      s->peers[r]->op = p->second ? p->second : "-";
+      s->peers[r]->exact = true;
+    }
+  }
+}
+
 void GlooPeerMonitor::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(progress_mu_);
+    local_progress_ = nullptr;
+  }
   bool exited;
   {
     std::unique_lock<std::mutex> lock(mu_);
@@ -206,6 +228,7 @@ GlooPeerMonitor::Snapshot GlooPeerMonitor::Read() {
   } catch (const std::exception& e) {
     s.error = e.what();
   }
+  ApplyLocalProgress(&s);
   s.wall_ms = WallClockMs();
   return s;
 }

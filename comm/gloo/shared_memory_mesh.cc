@@ -49,6 +49,8 @@ struct SegmentHeader {
   alignas(64) std::atomic<uint32_t> doorbell;  // bumped by anyone who has news for this rank
   std::atomic<uint32_t> sleepers;              // > 0 while this rank sleeps on the doorbell
   alignas(64) std::atomic<uint32_t> closed;    // this rank has left the mesh
+  // (collectives issued << 8) | (latest op + 1), written at each issue; 0: none yet.
+  alignas(64) std::atomic<uint64_t> progress;
 };
 static_assert(sizeof(SegmentHeader) <= kHeaderBytes);
 
@@ -274,6 +276,19 @@ void SharedMemoryMesh::Abort() {
   Segment::Header(maps_[rank_])->closed.store(1, std::memory_order_seq_cst);
   for (int p = 0; p < size_; ++p)
     if (maps_[p]) Ring(p);  // wakes the peers, and this rank's own Exchange()
+}
+
+void SharedMemoryMesh::NoteProgress(int64_t issued, int op) {
+  if (!maps_[rank_]) return;
+  const uint64_t v = (static_cast<uint64_t>(issued) << 8) | static_cast<uint64_t>((op + 1) & 0xff);
+  Segment::Header(maps_[rank_])->progress.store(v, std::memory_order_release);
+}
+
+std::optional<SharedMemoryMesh::Progress> SharedMemoryMesh::PeerProgress(int peer) const {
+  if (peer < 0 || peer >= size_ || !maps_[peer]) return std::nullopt;
+  const uint64_t v = Segment::Header(maps_[peer])->progress.load(std::memory_order_acquire);
+  if (v == 0) return std::nullopt;
+  return Progress{static_cast<int64_t>(v >> 8), static_cast<int>(v & 0xff) - 1};
 }
 
 void SharedMemoryMesh::Ring(int peer) {

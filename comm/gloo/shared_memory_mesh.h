@@ -80,6 +80,18 @@ class SharedMemoryMesh {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+
+  // This rank's progress, kept in its segment so that a waiting peer reads it
+  // exactly even when this process is stopped (SIGSTOP), hung or dead, where
+  // its heartbeat in the store may be up to a heartbeat period old. One
+  // atomic store: called at every collective issued (`op`: 0..254).
+  void NoteProgress(int64_t issued, int op);
+  struct Progress {
+    int64_t issued = 0;  // collectives `peer` had issued
+    int op = -1;         // the latest one's `op` as given to NoteProgress
+  };
+  // `peer`'s latest NoteProgress (nullopt: none yet, or not mapped). Any thread.
+  std::optional<Progress> PeerProgress(int peer) const;
   int64_t ring_bytes() const { return ring_bytes_; }
 
   // What this rank sends to one peer (the pieces in order, one stream) and how

@@ -24,8 +24,9 @@
 // exit code, after the communicator is torn down, to DIR/rank_<R>.exit, and
 // the rank's pid to DIR/rank_<R>.pid at start. --stop_rank=K: every rank runs
 // collectives in a loop for --loop_ms; rank K stops itself with SIGSTOP after
-// --die_after_ms (the test continues or kills it); exits 0 if no error was
-// seen. --heartbeat_ms, --stall_warning_ms, --stall_timeout_ms set the
+// --die_after_ms (the test continues or kills it), printing how many
+// collectives it had issued just before (N: the count its peers' stall report
+// must name, exactly or one or two more); exits 0 if no error was seen. --heartbeat_ms, --stall_warning_ms, --stall_timeout_ms set the
 // GlooOptions of the same names.
 //
 // Exit codes: 0 ok; 1 a value check failed; 2 bad flag or InvalidArgumentError;
@@ -41,6 +42,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -241,17 +243,34 @@ void OnSigterm(int) {
 // Collectives in a loop until rank `die_rank` dies (SIGKILL from a timer
 // thread) or rank `stall_rank` stops, and this rank's collective fails with
 // CommError (propagates). Returns normally only if no error was seen within loop_ms.
+// Collectives this rank has issued (each counted once its call returned).
+std::atomic<int64_t> g_issued{0};
+
+int64_t CallsSoFar(const Communicator& comm) {
+  int64_t n = 0;
+  for (int64_t c : comm.stats().calls) n += c;
+  return n;
+}
+
 void LoopUntilPeerFails(Communicator& comm, const Flags& flags) {
   const int W = comm.size(), R = comm.rank();
   const int64_t n = 1 << 18;  // 1 MiB of float32 per shard: ranks are mid-collective most of the time
   at::Tensor shard = Pattern(n, R, at::kFloat), full = at::empty({W * n}, at::kFloat);
   at::Tensor out = at::empty({n}, at::kFloat), t = Pattern(n, R, at::kFloat);
   comm.Barrier()->Wait();
+  g_issued = CallsSoFar(comm);
+  // Issues one collective (the count goes up once its call returned, so a
+  // stop can only find the communicator's count equal to it or one above).
+  auto issue = [](WorkPtr w) {
+    g_issued.fetch_add(1);
+    return w;
+  };
   const auto start = Clock::now();
   if (R == flags.stop_rank) {
     std::thread([delay = flags.die_after_ms, text = std::string(g_rank_text)] {
       std::this_thread::sleep_for(std::chrono::milliseconds(delay));
-      std::fprintf(stderr, "%s: stopping myself with SIGSTOP now (--stop_rank)\n", text.c_str());
+      std::fprintf(stderr, "%s: stopping myself with SIGSTOP now (--stop_rank), %lld collectives issued\n",
+                   text.c_str(), static_cast<long long>(g_issued.load()));
       std::fflush(stderr);
       raise(SIGSTOP);
       std::fprintf(stderr, "%s: continued after SIGSTOP\n", text.c_str());
@@ -274,7 +293,7 @@ void LoopUntilPeerFails(Communicator& comm, const Flags& flags) {
     auto another_iteration = [&] {
       at::Tensor go = at::zeros({1}, at::kLong);
       go.data_ptr<int64_t>()[0] = Clock::now() - start < std::chrono::milliseconds(flags.loop_ms) ? 1 : 0;
-      comm.AllReduce(go, ReduceOptions{ReduceOp::kMin})->Wait();
+      issue(comm.AllReduce(go, ReduceOptions{ReduceOp::kMin}))->Wait();
       return go.data_ptr<int64_t>()[0] == 1;
     };
     while (another_iteration()) {
@@ -287,10 +306,10 @@ void LoopUntilPeerFails(Communicator& comm, const Flags& flags) {
         std::fflush(stderr);
         std::_Exit(143);
       }
-      comm.AllGather(shard, full)->Wait();
-      comm.ReduceScatter(full, out)->Wait();
-      comm.AllReduce(t)->Wait();
-      comm.Broadcast(t, static_cast<int>(iteration % W))->Wait();
+      issue(comm.AllGather(shard, full))->Wait();
+      issue(comm.ReduceScatter(full, out))->Wait();
+      issue(comm.AllReduce(t))->Wait();
+      issue(comm.Broadcast(t, static_cast<int>(iteration % W)))->Wait();
       ++iteration;
     }
   } catch (const CommError& e) {

@@ -8,13 +8,18 @@
 #include "comm/nccl_communicator.h"
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/Sleep.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/errors.h"
@@ -385,6 +390,73 @@ TEST(NcclCommunicatorTest, MissingPeersTimeOut) {
     EXPECT_TRUE(std::string(e.what()).find("'lonely'") != std::string::npos) << e.what();
   }
   EXPECT_TRUE(std::chrono::steady_clock::now() - start < std::chrono::seconds(60));
+}
+
+// A collective stuck behind GPU work (a spin kernel queued on the caller's
+// stream, which the collective is ordered after; as a peer that never comes
+// leaves NCCL's kernel spinning) is bounded by the communicator's timeout:
+// Wait throws CommTimeoutError within timeout + 2 s naming the collective,
+// its number, the group, the timeout and how to change it; the communicator
+// is aborted and the next call fails at once. The spin ends by itself (~6 s).
+TEST(NcclCommunicatorTest, StuckCollectiveTimesOutAndLaterCallsFailAtOnce) {
+  REQUIRE_GPU();
+  using Ms = std::chrono::milliseconds;
+  using SteadyClock = std::chrono::steady_clock;
+  auto ms_since = [](SteadyClock::time_point t) {
+    return std::chrono::duration_cast<Ms>(SteadyClock::now() - t).count();
+  };
+  c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, 0);
+  c10::cuda::CUDAStreamGuard guard(side);
+  // Calibrate at::cuda::sleep (it counts SM clock cycles).
+  at::cuda::sleep(1000);
+  side.synchronize();
+  const int64_t probe = 200'000'000;
+  auto t0 = SteadyClock::now();
+  at::cuda::sleep(probe);
+  side.synchronize();
+  const double cycles_per_ms = static_cast<double>(probe) / static_cast<double>(std::max<int64_t>(ms_since(t0), 1));
+
+  NcclOptions o;
+  o.name = "stuck";
+  o.timeout = Ms(2000);
+  o.blocking_wait = true;
+  auto comm = MakeWorld(o);
+  at::Tensor t = at::ones({1024}, Cuda(at::kFloat));
+  comm->AllReduce(t, {})->Wait();  // collective #1 completes
+  side.synchronize();
+  at::cuda::sleep(static_cast<int64_t>(cycles_per_ms * 6000));  // ~6 s of spin ahead of collective #2
+  const auto start = SteadyClock::now();
+  try {
+    comm->AllReduce(t, {})->Wait();
+    EXPECT_TRUE(false) << "a collective behind 6 s of GPU work must time out after 2 s";
+  } catch (const CommTimeoutError& e) {
+    const std::string what = e.what();
+    for (const char* part : {"AllReduce on nccl group 'stuck'", "collective #2 of this rank", "timed out after 2000 ms",
+                             "NcclOptions::timeout", "TrainerOptions::timeout", "--timeout_s", "aborted"}) {
+      EXPECT_TRUE(what.find(part) != std::string::npos) << "missing '" << part << "' in: " << what;
+    }
+  }
+  const int64_t waited = ms_since(start);
+  EXPECT_TRUE(waited >= 1900 && waited <= 4000) << "Wait threw after " << waited << " ms (timeout 2000 ms)";
+  // The communicator is unusable: the next call fails at once, with the reason.
+  const auto again = SteadyClock::now();
+  try {
+    comm->AllReduce(t, {});
+    EXPECT_TRUE(false) << "a call on a timed-out communicator must fail";
+  } catch (const CommTimeoutError& e) {
+    EXPECT_TRUE(std::string(e.what()).find("called on a failed communicator") != std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(ms_since(again) < 200) << "the call after the timeout took " << ms_since(again) << " ms";
+  // The spin ends by itself: later tests get an idle GPU (bounded, so a
+  // collective that never completes after the abort fails here, not hangs).
+  const auto spin = SteadyClock::now();
+  cudaError_t q = cudaErrorNotReady;
+  while ((q = cudaStreamQuery(side.stream())) == cudaErrorNotReady && ms_since(spin) < 30000) {
+    std::this_thread::sleep_for(Ms(10));
+  }
+  EXPECT_TRUE(q == cudaSuccess) << "the stream did not drain within 30 s after the abort: " << cudaGetErrorName(q);
+  std::fprintf(stderr, "  stuck collective: timed out after %lld ms (calibrated %.0f cycles/ms)\n",
+               static_cast<long long>(waited), cycles_per_ms);
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // issues the awaited collective, within the configured stall time; with
 // stall_timeout the wait fails with CommTimeoutError; nothing is reported
 // while peers make progress; bad options name the field. The real-process
-// SIGSTOP tests are in process_test.sh.
+// SIGSTOP tests are in process_test.sh. Also WaitWithDeadline
+// (comm/deadline_wait.h), the polling loop of the NCCL backend's bounded waits.
 #include "comm/peer_watch.h"
 
 #include <gtest/gtest.h>
@@ -14,6 +15,7 @@
 #include <thread>
 
 #include "base/errors.h"
+#include "comm/deadline_wait.h"
 
 namespace shardtrain::comm {
 namespace {
@@ -138,6 +140,76 @@ TEST(PeerWatchTest, NegativeStallOptionsAreRefusedNamingTheField) {
               std::string::npos);
   }
   EXPECT_THROW(CheckStallOptions(milliseconds(0), milliseconds(-5)), InvalidArgumentError);
+}
+
+TEST(PeerWatchTest, ExactCountFromSharedMemoryIsReportedAsTheLatestCollective) {
+  Script s;
+  const int64_t stopped_at = WallMs();
+  PeerBeat beat{stopped_at, 52, "ReduceScatter", 4242, "hostA/boot:x", false};
+  beat.exact = true;
+  s.beat1 = [&] { return beat; };
+  PeerWatch watch(Options(0, 300), s.Reader());
+  try {
+    PeerWatch::Wait(&watch, 53, "AllGather", milliseconds(20000), BlockForever, [] { return false; });
+    FAIL() << "expected CommTimeoutError";
+  } catch (const CommTimeoutError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("; its latest collective is #52 (ReduceScatter); this rank (0) waits in collective #53 "
+                        "(AllGather)"),
+              std::string::npos)
+        << what;
+    EXPECT_EQ(what.find("its last heartbeat says"), std::string::npos) << what;
+  }
+}
+
+// WaitWithDeadline: returns true as soon as the poll says done, without
+// calling on_timeout.
+TEST(WaitWithDeadlineTest, CompletionEndsTheWaitWithoutTimeout) {
+  int polls = 0;
+  bool timed_out = false;
+  const auto start = Clock::now();
+  EXPECT_TRUE(WaitWithDeadline([&] { return ++polls == 5; }, Clock::now() + milliseconds(5000),
+                               [&] { timed_out = true; }));
+  EXPECT_EQ(polls, 5);
+  EXPECT_FALSE(timed_out);
+  EXPECT_LT(std::chrono::duration_cast<milliseconds>(Clock::now() - start).count(), 1000);
+}
+
+// Never done: on_timeout runs once, after the deadline (not before, and not
+// much after: the sleep between polls is capped), and its exception propagates.
+TEST(WaitWithDeadlineTest, ExpiryCallsOnTimeoutOnceAfterTheDeadline) {
+  int calls = 0;
+  const auto start = Clock::now();
+  try {
+    WaitWithDeadline([] { return false; }, start + milliseconds(300), [&] {
+      ++calls;
+      throw CommTimeoutError("AllReduce timed out");
+    });
+    FAIL() << "expected CommTimeoutError";
+  } catch (const CommTimeoutError& e) {
+    EXPECT_STREQ(e.what(), "AllReduce timed out");
+  }
+  const auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
+  EXPECT_EQ(calls, 1);
+  EXPECT_GE(ms, 300);
+  EXPECT_LT(ms, 1500);
+  // An on_timeout that does not throw: false.
+  calls = 0;
+  EXPECT_FALSE(WaitWithDeadline([] { return false; }, Clock::now() + milliseconds(20), [&] { ++calls; }));
+  EXPECT_EQ(calls, 1);
+}
+
+// Done by the poll after the deadline passed: done, not a timeout; an error
+// from the poll propagates.
+TEST(WaitWithDeadlineTest, DoneAtTheLastPollWinsAndPollErrorsPropagate) {
+  const auto deadline = Clock::now() + milliseconds(50);
+  bool timed_out = false;
+  EXPECT_TRUE(WaitWithDeadline([&] { return Clock::now() > deadline; }, deadline,
+                               [&] { timed_out = true; }));
+  EXPECT_FALSE(timed_out);
+  EXPECT_THROW(WaitWithDeadline([]() -> bool { throw CommError("NCCL error 6"); }, Clock::now() + milliseconds(50),
+                                [] {}),
+               CommError);
 }
 
 }  // namespace

@@ -277,11 +277,26 @@ expect_nothing_left() {
   return 0
 }
 # The report names rank 1 (its pid) and its last collective, on rank 0's stderr.
-expect_stall_report() {  # expect_stall_report PREFIX
-  local pid1
+# With shared memory (no SHARDTRAIN_GLOO_SHM=0 among the case's arguments) the
+# count is exact: "its latest collective is #M" with N <= M <= N+2, where N is
+# what rank 1 printed just before its SIGSTOP (its main thread may issue one
+# more collective before the stop lands); over TCP it is the heartbeat's.
+expect_stall_report() {  # expect_stall_report PREFIX [CASE ARGS...]
+  local pid1 ops="(AllGather|ReduceScatter|AllReduce|Broadcast|Barrier)" prefix="$1" n m
+  shift
   pid1="$(cat "$CASE_DIR/rank_1.pid" 2>/dev/null)"
-  grep -qE "$1rank 1 of group 'world' \(pid $pid1, host [^)]+\) has made no progress for [0-9.]+ s: .*its last heartbeat says collective #[0-9]+ \((AllGather|ReduceScatter|AllReduce|Broadcast|Barrier)\); this rank \(0\) waits in collective #[0-9]+ \((AllGather|ReduceScatter|AllReduce|Broadcast|Barrier)\)" "$CASE_DIR/stderr" ||
-    fail "no report naming rank 1 (pid $pid1), its last collective and rank 0's"
+  if [[ " $* " == *" SHARDTRAIN_GLOO_SHM=0 "* ]]; then
+    grep -qE "${prefix}rank 1 of group 'world' \(pid $pid1, host [^)]+\) has made no progress for [0-9.]+ s: .*its last heartbeat says collective #[0-9]+ \($ops\); this rank \(0\) waits in collective #[0-9]+ \($ops\)" "$CASE_DIR/stderr" ||
+      fail "no report naming rank 1 (pid $pid1), its last heartbeat's collective and rank 0's"
+    return
+  fi
+  grep -qE "${prefix}rank 1 of group 'world' \(pid $pid1, host [^)]+\) has made no progress for [0-9.]+ s: .*its latest collective is #[0-9]+ \($ops\); this rank \(0\) waits in collective #[0-9]+ \($ops\)" "$CASE_DIR/stderr" ||
+    { fail "no report naming rank 1 (pid $pid1), its latest collective and rank 0's"; return; }
+  n="$(grep -oE "rank 1/2: stopping myself with SIGSTOP now \(--stop_rank\), [0-9]+ collectives issued" "$CASE_DIR/stderr" | grep -oE "[0-9]+ collectives" | grep -oE "[0-9]+")"
+  m="$(grep -oE "${prefix}rank 1 of group 'world' .*its latest collective is #[0-9]+" "$CASE_DIR/stderr" | head -1 | grep -oE "#[0-9]+$" | tr -d '#')"
+  echo "rank 1 printed $n collectives issued before its SIGSTOP; rank 0's report: #$m"
+  [[ -n "$n" && -n "$m" ]] || { fail "cannot read the stopped rank's count ('$n') or the report's ('$m')"; return; }
+  (( m > 0 && m >= n && m <= n + 2 )) || fail "the report names collective #$m, but rank 1 had issued $n (expected $n..$((n + 2)))"
 }
 
 # Warning only: rank 0 reports rank 1 once, well within the collective timeout
@@ -289,7 +304,7 @@ expect_stall_report() {  # expect_stall_report PREFIX
 stopped_rank_warning() {
   start_stopped_rank_job "$@" --timeout_ms=30000 --loop_ms=6000 --stall_warning_ms=1500
   measure_stop_to_report "stalled peer: rank 1 of group 'world'" 6000
-  expect_stall_report "stalled peer: "
+  expect_stall_report "stalled peer: " "$@"
   kill -CONT "$(cat "$CASE_DIR/rank_1.pid")" 2>/dev/null || fail "cannot SIGCONT rank 1"
   wait "$LAUNCH_PID"
   RC=$?
@@ -319,7 +334,7 @@ stopped_rank_fails() {
   ELAPSED_MS=$(( $(now_ms) - JOB_START_MS ))
   expect_rc_nonzero
   [[ $RC -ne 124 && $RC -ne 137 ]] || fail "the job hung until the test's limit"
-  expect_stall_report "rank 0/2: CommError in iteration .*stalled peer: "
+  expect_stall_report "rank 0/2: CommError in iteration .*stalled peer: " "$@"
   expect_in stderr "giving up after GlooOptions::stall_timeout = 3.0 s"
   [[ "$(cat "$CASE_DIR/rank_0.exit" 2>/dev/null)" == 3 ]] || fail "rank 0 did not exit with code 3"
   # Well before the collective timeout (30 s): stall 3 s + the launcher's 1 s grace + start-up.

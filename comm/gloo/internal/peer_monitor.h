@@ -17,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace shardtrain::comm {
@@ -42,6 +43,9 @@ struct Heartbeat {
   int64_t pid = 0;
   std::string host;
   bool closed = false;
+  // `issued` and `op` were read from shared memory (GlooPeerMonitor::SetLocalProgress),
+  // exact now, instead of from the heartbeat (as old as the heartbeat). Not published.
+  bool exact = false;
 
   std::string Format() const;
   static std::optional<Heartbeat> Parse(const std::string& text);
@@ -74,6 +78,15 @@ class GlooPeerMonitor : public std::enable_shared_from_this<GlooPeerMonitor> {
     last_op_.store(op, std::memory_order_relaxed);
     issued_.store(seq, std::memory_order_release);
   }
+
+  // Where a peer's exact progress can be read now (the shared-memory mesh):
+  // (collectives issued, the latest op's title: a string literal) or nullopt.
+  // Every read of the peers' heartbeats then takes the count from it: a
+  // heartbeat is up to a period old, and a stopped process publishes none.
+  // Called under a lock of its own; Stop() drops it, so whatever it reads
+  // may go once Stop() returned.
+  using LocalProgress = std::function<std::optional<std::pair<int64_t, const char*>>(int rank)>;
+  void SetLocalProgress(LocalProgress fn);
 
   // Publishes a last "closed" heartbeat and ends the thread. Waits at most
   // kStopWait (a thread stuck in an unresponsive store is detached).
@@ -109,6 +122,8 @@ class GlooPeerMonitor : public std::enable_shared_from_this<GlooPeerMonitor> {
   void Run();
   void Publish(bool closed);
   Snapshot Read();
+  // Overrides the peers' counts in `s` with local_progress_'s.
+  void ApplyLocalProgress(Snapshot* s);
   // Asks the thread for a read that starts after this call and waits for it at
   // most kReadWait. False (and `out` untouched) if none came.
   bool FreshRead(std::unique_lock<std::mutex>& lock, Snapshot* out);
@@ -134,6 +149,9 @@ class GlooPeerMonitor : public std::enable_shared_from_this<GlooPeerMonitor> {
   const std::string host_;
   std::atomic<int64_t> issued_{0};
   std::atomic<const char*> last_op_{nullptr};
+
+  std::mutex progress_mu_;  // guards local_progress_ (taken without mu_)
+  LocalProgress local_progress_;
 
   std::mutex mu_;  // guards everything below
   std::condition_variable cv_;
