@@ -49,6 +49,7 @@ RUNLOG="$OUT/runs.log"
 
 log() { echo "[$(date -u +%H:%M:%S) +$(($(date +%s) - START))s] $*" | tee -a "$PROGRESS" >&2; }
 left() { echo $((DEADLINE - $(date +%s))); }
+avail_mib() { awk '/^MemAvailable:/ {m = int($2 / 1024)} END {print (m == "" ? 999999 : m)}' /proc/meminfo 2>/dev/null || echo 999999; }
 
 log "device_run.sh: budget ${BUDGET}s; out $OUT; carry $CARRY; looking for python3 with torch"
 # --- Python with torch -------------------------------------------------------
@@ -116,7 +117,7 @@ run_one() {
   pid=$!
   while kill -0 "$pid" 2>/dev/null; do
     if (( $(date +%s) - t0 >= limit )); then why="timeout after ${limit}s"; fi
-    if (( $(awk '/MemAvailable/ {print int($2/1024)}' /proc/meminfo) < 2048 )); then why="MemAvailable < 2 GiB"; fi
+    if (( $(avail_mib) < 2048 )); then why="MemAvailable < 2 GiB"; fi
     if [[ -n "$why" ]]; then
       kill -TERM -- -"$pid" 2>/dev/null; sleep 3; kill -KILL -- -"$pid" 2>/dev/null
       break
@@ -128,7 +129,7 @@ run_one() {
   [[ "$why" == MemAvailable* ]] && rc=137
   { echo "===== $name (rc $rc${why:+, $why}, $(($(date +%s) - t0))s)"; tail -c 200000 "$tmp"; } >> "$RUNLOG"
   if [[ -n "$why" ]]; then echo "{\"stopped\": \"$name: $why\"}" >> "$RESULTS"; fi
-  log "$name: rc $rc${why:+ ($why)} in $(($(date +%s) - t0))s; $(awk '/MemAvailable/ {printf "MemAvailable %.1f GiB", $2/1048576}' /proc/meminfo)"
+  log "$name: rc $rc${why:+ ($why)} in $(($(date +%s) - t0))s; MemAvailable $(avail_mib) MiB"
   return "$rc"
 }
 

@@ -53,7 +53,7 @@ fi
 provided() {
   case "$1" in
     libtorch*|libc10*|libshm*|libgomp*|libcaffe2*) return 0 ;;
-    libcu*|libnv*|libnccl*|libcudnn*|libcusparse*|libcufft*|libcurand*|libcublas*|libnvshmem*) return 0 ;;
+    libcuda.so*|libcu*|libnv*|libnccl*|libcudnn*|libcusparse*|libcufft*|libcurand*|libcublas*|libnvshmem*) return 0 ;;
     libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|ld-linux*|linux-vdso*|libutil.so*|libresolv.so*) return 0 ;;
     libstdc++*|libgcc_s*) return 0 ;;  # lib-fallback/, last on the path
   esac
@@ -66,10 +66,10 @@ LIBPATH="$TORCH_LIB$(for d in "$SITE"/nvidia/*/lib; do printf ':%s' "$d"; done)"
 for bin in "${BINS[@]}"; do
   while read -r name _ path _; do
     [[ -n "$name" ]] || continue
+    provided "$name" && continue  # (libcuda.so.1, the driver's, may be "not found" here)
     if [[ "$path" == "not" ]]; then
       echo "prepare_carry.sh: $bin needs $name, which is not found here" >&2; exit 1
     fi
-    provided "$name" && continue
     [[ -f "$path" ]] || continue
     cp -L "$path" "$CARRY/lib/$name"
   done < <(LD_LIBRARY_PATH="$LIBPATH" ldd "$bin" | awk '/=>/ {print $1, $2, $3, $4}')
