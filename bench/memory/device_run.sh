@@ -14,7 +14,8 @@
 #   1. .devcarry/nccl_communicator_test, if present (timeout 120) -> $OUT/nccl_test.log
 #   2. a smoke run of memory_bench (a 2-layer model, W=1): if the binary does
 #      not start, the error and ldd's view go to progress.log and only the
-#      PyTorch side runs;
+#      PyTorch side runs; then each side's --mode=self_test (does its peak
+#      method see a 256 MiB transient? the answer goes to progress.log);
 #   3. the plan DEVICE_PLAN (default "1b:4 1b:2 200m:1 200m:2 200m:4 1b:1"),
 #      each entry ShardTrain (train, load_full, load_sharded) then PyTorch;
 #      every process gets a timeout from what is left of the budget, so a
@@ -152,6 +153,11 @@ else
   tail -20 "$WORK/run.log" >> "$PROGRESS" 2>/dev/null
 fi
 rm -rf "$WORK/smoke" "$WORK/smoke.jsonl"
+# Does each side's peak method see a 256 MiB transient (freed after 50 ms)?
+if [[ "$ST_OK" == 1 ]]; then
+  log "self test: $(timeout 60 env LD_LIBRARY_PATH="$ST_LD" "$BIN" --mode=self_test 2>&1 | grep self_test || echo "shardtrain: failed to run")"
+fi
+log "self test: $(timeout 60 "$PY" bench/memory/torch_memory.py --mode=self_test --dir=. --out=- 2>&1 | grep self_test || echo "pytorch: failed to run")"
 
 # --- 3. the plan ----------------------------------------------------------------------------
 model_args() {  # size -> label and flags

@@ -9,6 +9,7 @@ set, the maximum of VmRSS sampled every 2 ms by a thread ("rss_method").
 
   torch_memory.py --mode train --world W --dir D --out F         construction, step, full save, sharded save
   torch_memory.py --mode load_full|load_sharded --world W ...    construction, full / sharded load
+  torch_memory.py --mode self_test --dir . --out -               does the peak method see a 256 MiB transient?
 """
 import argparse
 import json
@@ -91,6 +92,22 @@ class PeakMeter:
             return status_kb("VmHWM")
         self.max_kb = max(self.max_kb, self.rss_kb())
         return self.max_kb
+
+
+def self_test():
+    """A 256 MiB tensor filled, held 50 ms and freed must show in the peak; exit 1 if not."""
+    meter = PeakMeter()
+    meter.reset()
+    before = status_kb("VmRSS")
+    t = torch.ones(64 << 20)
+    time.sleep(0.05)
+    del t
+    after = status_kb("VmRSS")
+    seen = (meter.peak_kb() - before) / 1024.0
+    ok = seen >= 0.9 * 256 and after - before < 128 * 1024
+    print(json.dumps({"self_test": "pytorch", "rss_method": meter.method, "expected_mib": 256,
+                      "seen_mib": round(seen, 1), "ok": ok}))
+    sys.exit(0 if ok else 1)
 
 
 def run(rank, args, port):
@@ -180,7 +197,7 @@ def run(rank, args, port):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["train", "load_full", "load_sharded"], required=True)
+    p.add_argument("--mode", choices=["train", "load_full", "load_sharded", "self_test"], required=True)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--dir", required=True)
     p.add_argument("--out", required=True)
@@ -190,6 +207,8 @@ def main():
                           ("steps", 1)]:
         p.add_argument(f"--{name}", type=int, default=default)
     args = p.parse_args()
+    if args.mode == "self_test":
+        self_test()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
