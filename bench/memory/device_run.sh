@@ -18,8 +18,8 @@
 #      method see a 256 MiB transient? the answer goes to progress.log);
 #   3. the plan DEVICE_PLAN (default "1b:4 1b:2 200m:1 200m:2 200m:4 1b:1"),
 #      each entry ShardTrain (train, load_full, load_sharded) then PyTorch;
-#      every process gets a timeout from what is left of the budget, so a
-#      partial result still comes back; checkpoints are deleted after each
+#      every process gets a timeout from what is left of the budget (at most
+#      DEVICE_PROC_CAP_S), so a partial result still comes back; checkpoints are deleted after each
 #      entry (1B: ~12 GB full + ~12 GB sharded per implementation).
 # $OUT (default ./device-out) receives, rewritten after every process (at most 8 files):
 #   progress.log   timestamped progress, machine facts, timings per process
@@ -28,11 +28,14 @@
 #   memory_phases_<size>.png  at the end, where the Python has matplotlib
 #   runs.log       stdout/stderr of every process (tail 200 KB each)
 #   nccl_test.log  only when the NCCL test was carried
-# Knobs: DEVICE_BUDGET_S, DEVICE_PLAN, DEVICE_SIZES ("small" or "mid": the
-# plan's sizes replaced, for a rehearsal), DEVICE_WORK (checkpoint folder;
-# default the largest of /tmp, /var/tmp and the tree that is not tmpfs),
-# DEVCARRY (default ./.devcarry), PYTHON, ST_RSS_SAMPLER=1 (force the VmRSS
-# sampler in both implementations).
+# Knobs: DEVICE_BUDGET_S; DEVICE_PROC_CAP_S (one process's limit, default
+# 240, so a hang does not eat the budget); DEVICE_PLAN; DEVICE_SIZES ("small
+# mid": the plan's 1b and 200m replaced, for a rehearsal); DEVICE_WORK
+# (checkpoint folder; default the roomiest of /tmp, /var/tmp and the tree,
+# tmpfs last); DEVCARRY (default ./.devcarry); PYTHON; ST_RSS_SAMPLER=1
+# (force the VmRSS sampler on both sides). Rehearse here from a copy of the
+# tree outside the repository (no Bazel rpath), e.g.
+#   OUT=/tmp/o PYTHON=$PWD/.deps/venv/bin/python3 DEVICE_SIZES="small mid" bash bench/memory/device_run.sh
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -40,6 +43,7 @@ OUT="${OUT:-$ROOT/device-out}"
 mkdir -p "$OUT"
 START=$(date +%s)
 BUDGET="${DEVICE_BUDGET_S:-480}"
+PROC_CAP="${DEVICE_PROC_CAP_S:-240}"  # the most one process may take (a hang costs no more)
 DEADLINE=$((START + BUDGET))
 CARRY="$(cd "${DEVCARRY:-$ROOT/.devcarry}" 2>/dev/null && pwd || echo "${DEVCARRY:-$ROOT/.devcarry}")"
 PROGRESS="$OUT/progress.log"
@@ -206,6 +210,7 @@ for entry in $PLAN; do
     mkdir -p "$dir"
     for mode in train load_full load_sharded; do
       remaining=$(($(left) - 5))
+      (( remaining > PROC_CAP )) && remaining=$PROC_CAP
       if (( remaining < 15 )); then
         [[ -z "${SKIPPED[$entry]:-}" ]] && log "budget spent: skipping $label W=$W ($impl $mode and what follows)"
         SKIPPED[$entry]=1
