@@ -6,6 +6,7 @@ parameter; largest unit: one transformer block's fp32 parameters; activations
 of batch 1 x T tokens in fp32; baseline: ShardTrain's process RSS before the
 Trainer starts). Prints the markdown section; writes docs/memory_phases.png.
 Usage: report.py results.jsonl --n_layer=16 --n_embd=1024 --n_head=16 [--block_size=32 --vocab=96]
+                 [--label=gpt-201.7M (only that model's rows)] [--png=PATH ('' for none)]
 """
 import argparse
 import collections
@@ -22,13 +23,21 @@ def main():
     p.add_argument("results")
     for name, default in [("n_layer", 16), ("n_embd", 1024), ("n_head", 16), ("block_size", 32), ("vocab", 96)]:
         p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--label", default=None, help="only rows of this model label")
+    p.add_argument("--png", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
+                                                 "memory_phases.png"))
     a = p.parse_args()
     d, L, T, V = a.n_embd, a.n_layer, a.block_size, a.vocab
     block = 12 * d * d + 13 * d
     n = L * block + V * d + T * d + 2 * d
     acts = 2 * T * d * (34 + 5 * a.n_head * T / d) * L + 3 * T * V * 4  # fp32: twice the 16-bit estimate
     rows = [json.loads(l) for l in open(a.results) if l.strip()]
-    stopped = [r["stopped"] for r in rows if "stopped" in r]
+    stopped = [r["stopped"] for r in rows if "stopped" in r and (a.label is None or a.label in r["stopped"])]
+    rows = [r for r in rows if "stopped" in r or a.label is None or r.get("model") == a.label]
+    methods = collections.defaultdict(set)  # impl -> how peaks were measured
+    for r in rows:
+        if "stopped" not in r:
+            methods[r["impl"]].add(r.get("rss_method", "vmhwm_clear_refs"))
     peak = collections.defaultdict(dict)  # (impl, W, phase) -> {rank: MiB}
     base = collections.defaultdict(list)
     for r in rows:
@@ -65,9 +74,14 @@ def main():
                + "; PyTorch (after `import torch`) "
                + ", ".join(f"W={W} {sum(base[('pytorch_fsdp2_dcp', W)]) / max(1, len(base[('pytorch_fsdp2_dcp', W)])):.0f} MiB"
                            for W in worlds) + ".")
+    out.append("Peak RSS measured by: " + "; ".join(f"{impl} {', '.join(sorted(m))}" for impl, m in sorted(methods.items()))
+               + " (vmhwm_clear_refs: VmHWM reset through /proc/self/clear_refs; vmrss_sampler_2ms: the largest "
+               "VmRSS seen by a thread reading it every 2 ms).")
     if stopped:
-        out.append("\nStopped by the memory watchdog: " + "; ".join(stopped))
+        out.append("\nStopped (timeout or memory guard): " + "; ".join(stopped))
     print("\n".join(out))
+    if not a.png:
+        return
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -87,8 +101,7 @@ def main():
         ax.set_title(f"W={W}: peak RSS per rank (MiB)")
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs")
-    fig.savefig(os.path.join(root, "memory_phases.png"), dpi=80)
+    fig.savefig(a.png, dpi=80)
 
 
 if __name__ == "__main__":

@@ -2,17 +2,23 @@
 (tests/python/torch_gpt.py) with FSDP2 (fully_shard on each block and the
 root, built on the meta device and materialised shard by shard with to_empty)
 and torch.distributed.checkpoint, on CPU with Gloo. Records the peak resident
-set size (VmHWM) of each rank's process for each phase, reset between phases
-through /proc/self/clear_refs, as one JSON line per rank and phase in --out.
+set size of each rank's process for each phase, as one JSON line per rank and
+phase in --out: VmHWM reset between phases through /proc/self/clear_refs, or,
+where that does not reset it (gVisor, some containers) or ST_RSS_SAMPLER=1 is
+set, the maximum of VmRSS sampled every 2 ms by a thread ("rss_method").
 
   torch_memory.py --mode train --world W --dir D --out F         construction, step, full save, sharded save
   torch_memory.py --mode load_full|load_sharded --world W ...    construction, full / sharded load
+  torch_memory.py --mode self_test --dir . --out -               does the peak method see a 256 MiB transient?
 """
 import argparse
 import json
+import mmap
 import os
 import socket
 import sys
+import threading
+import time
 from datetime import timedelta
 
 import torch
@@ -33,15 +39,82 @@ def status_kb(key):
     return -1
 
 
-def reset_peak():
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+def clear_refs():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def clear_refs_resets_peak():
+    """True when clear_refs resets VmHWM (a touched, released 64 MiB mapping raises it)."""
+    m = mmap.mmap(-1, 64 << 20)
+    m.write(b"\1" * (64 << 20))
+    m.close()
+    raised = status_kb("VmHWM")
+    return clear_refs() and status_kb("VmHWM") < raised - 32 * 1024
+
+
+class PeakMeter:
+    """Peak RSS of this process since the last reset(): VmHWM + clear_refs, or a VmRSS sampler thread."""
+
+    def __init__(self):
+        self.sampler = os.environ.get("ST_RSS_SAMPLER") == "1" or not clear_refs_resets_peak()
+        self.method = "vmrss_sampler_2ms" if self.sampler else "vmhwm_clear_refs"
+        if self.sampler:
+            self.fd = os.open("/proc/self/statm", os.O_RDONLY)
+            self.page_kb = os.sysconf("SC_PAGESIZE") // 1024
+            self.max_kb = self.rss_kb()
+            threading.Thread(target=self._loop, daemon=True).start()
+
+    def rss_kb(self):
+        return int(os.pread(self.fd, 128, 0).split()[1]) * self.page_kb
+
+    def _loop(self):
+        while True:  # os.pread and time.sleep release the GIL
+            v = self.rss_kb()
+            if v > self.max_kb:
+                self.max_kb = v
+            time.sleep(0.002)
+
+    def reset(self):
+        if not self.sampler:
+            if not clear_refs():
+                raise RuntimeError("cannot write /proc/self/clear_refs (needed to reset VmHWM between phases)")
+            return
+        clear_refs()  # where it works, VmHWM is recorded next to the sampler's peak for comparison
+        self.max_kb = self.rss_kb()
+
+    def peak_kb(self):
+        if not self.sampler:
+            return status_kb("VmHWM")
+        self.max_kb = max(self.max_kb, self.rss_kb())
+        return self.max_kb
+
+
+def self_test():
+    """A 256 MiB tensor filled, held 50 ms and freed must show in the peak; exit 1 if not."""
+    meter = PeakMeter()
+    meter.reset()
+    before = status_kb("VmRSS")
+    t = torch.ones(64 << 20)
+    time.sleep(0.05)
+    del t
+    after = status_kb("VmRSS")
+    seen = (meter.peak_kb() - before) / 1024.0
+    ok = seen >= 0.9 * 256 and after - before < 128 * 1024
+    print(json.dumps({"self_test": "pytorch", "rss_method": meter.method, "expected_mib": 256,
+                      "seen_mib": round(seen, 1), "ok": ok}))
+    sys.exit(0 if ok else 1)
 
 
 def run(rank, args, port):
+    start = time.monotonic()
     baseline = status_kb("VmRSS")
     world = args.world
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 1) // world))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(minutes=20))
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
@@ -49,17 +122,21 @@ def run(rank, args, port):
     import torch.distributed.checkpoint as dcp
     from torch.distributed.fsdp import fully_shard
 
+    meter = PeakMeter()
+
     def record(phase):
         line = json.dumps({"impl": "pytorch_fsdp2_dcp", "model": args.label, "W": world, "rank": rank,
-                           "phase": phase, "peak_mib": status_kb("VmHWM") / 1024.0,
-                           "baseline_mib": baseline / 1024.0}) + "\n"
+                           "phase": phase, "peak_mib": meter.peak_kb() / 1024.0,
+                           "baseline_mib": baseline / 1024.0, "rss_method": meter.method,
+                           "vmhwm_mib": status_kb("VmHWM") / 1024.0,
+                           "t_s": round(time.monotonic() - start, 2)}) + "\n"
         fd = os.open(args.out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         os.write(fd, line.encode())
         os.close(fd)
         dist.barrier()
-        reset_peak()
+        meter.reset()
 
-    reset_peak()
+    meter.reset()
     torch.manual_seed(1)
     with torch.device("meta"):
         model = GPT(args.vocab, args.block_size, args.n_layer, args.n_head, args.n_embd)
@@ -120,15 +197,18 @@ def run(rank, args, port):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["train", "load_full", "load_sharded"], required=True)
+    p.add_argument("--mode", choices=["train", "load_full", "load_sharded", "self_test"], required=True)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--dir", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--label", default="")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: cores / world)")
     for name, default in [("n_layer", 16), ("n_embd", 1024), ("n_head", 16), ("block_size", 32), ("vocab", 96),
                           ("steps", 1)]:
         p.add_argument(f"--{name}", type=int, default=default)
     args = p.parse_args()
+    if args.mode == "self_test":
+        self_test()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
