@@ -38,7 +38,8 @@ for arg in "$@"; do
   if [[ "$arg" == -* ]]; then FLAGS+=("$arg"); else TARGETS+=("$arg"); fi
 done
 ASAN_TARGETS=(//tests/comm/... //tests/sharding/...)
-TSAN_TARGETS=(//tests/comm:gloo_communicator_test)
+TSAN_TARGETS=(//tests/comm:gloo_communicator_test //tests/sharding:shard_layout_test //tests/sharding:sharded_init_test
+  //tests/trainer:data_loader_test)
 
 timed() {
   local t0=$SECONDS
