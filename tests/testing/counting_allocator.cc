@@ -14,12 +14,25 @@ namespace {
 struct ThreadCounter {
   std::atomic<int64_t> live{0};
   std::atomic<int64_t> peak{0};  // written by the owning thread only
+  // One reference for the owning thread while it runs, one per live
+  // allocation: storage may be freed after its allocating thread ended.
+  std::atomic<int64_t> refs{1};
 };
 
-// Leaked on purpose: storage may be freed after its allocating thread ended.
+void Unref(ThreadCounter* counter) {
+  if (counter->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete counter;
+}
+
+// Drops the thread's reference when the thread exits; the counter is freed
+// then, or by the last Free of storage the thread allocated.
+struct CounterHolder {
+  ThreadCounter* counter = new ThreadCounter();
+  ~CounterHolder() { Unref(counter); }
+};
+
 ThreadCounter* MyCounter() {
-  thread_local ThreadCounter* counter = new ThreadCounter();
-  return counter;
+  thread_local CounterHolder holder;
+  return holder.counter;
 }
 
 struct Allocation {
@@ -42,6 +55,7 @@ void Free(void* ptr) {
     g_allocations->erase(it);
   }
   a.owner->live -= a.bytes;
+  Unref(a.owner);
   a.deleter(a.context);
 }
 
@@ -57,6 +71,7 @@ class CountingAllocator final : public c10::Allocator {
     c10::DeleterFnPtr deleter = inner.get_deleter();
     void* context = inner.release_context();
     ThreadCounter* owner = MyCounter();
+    owner->refs.fetch_add(1, std::memory_order_relaxed);
     const int64_t now = owner->live += static_cast<int64_t>(n);
     if (now > owner->peak.load()) owner->peak = now;
     {

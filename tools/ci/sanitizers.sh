@@ -1,27 +1,45 @@
 #!/usr/bin/env bash
-# Sanitizer runs of the comm and sharding tests (docs/reliability.md, "Bad input,
-# fuzzing and sanitizers"):
+# Sanitizer runs of the comm, sharding and trainer tests (docs/reliability.md,
+# "Bad input, fuzzing and sanitizers"):
 #
-#   tools/ci/sanitizers.sh [asan|tsan|fuzz|all] [-- BAZEL TARGETS...]
+#   tools/ci/sanitizers.sh [asan|tsan|fuzz|all] [-- BAZEL FLAGS AND TARGETS...]
 #
 #   asan  (default) --config=asan (AddressSanitizer + UndefinedBehaviorSanitizer) on
-#         //tests/comm/... and //tests/sharding/...
-#   tsan  --config=tsan on //tests/comm:gloo_communicator_test (see the docs for why
-#         no more: LibTorch and Gloo are not instrumented)
+#         //tests/comm/... and //tests/sharding/... (.ci/run runs this step)
+#   tsan  --config=tsan on $TSAN_TARGETS below (LibTorch and Gloo are not
+#         instrumented; tsan.supp lists the reports whose other side is inside them)
 #   fuzz  tools/fuzz/run_checkpoint_fuzzer.sh for $SHARDTRAIN_FUZZ_SECONDS (60)
 #   all   asan, then fuzz
 #
+# After `--`, words starting with '-' are passed to Bazel (.ci/run passes its
+# remote cache flags); the other words are the targets, replacing the defaults.
 # LibTorch, Gloo and the other prebuilt libraries are not instrumented. The
 # suppression files in tools/ci/sanitizers/ hold only third-party entries, each
-# with its reason; Bazel gets them by absolute path (a test's environment
-# cannot name a workspace-relative file). Each step prints its wall time.
+# with its reason (see SUPP below for how the tests get them). Each step prints
+# its wall time.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 MODE="${1:-asan}"
 shift || true
 [[ "${1:-}" == "--" ]] && shift
-SUPP="$ROOT/tools/ci/sanitizers"
+# The tests get the suppression files by absolute path (a test's environment
+# cannot name a workspace-relative file), and that path is part of each test's
+# cache key. So they are copied to a path named by their contents' hash outside
+# the clone: an edit reruns the tests, and another clone of the same commit (at
+# another path) still takes the results from the cache.
+SUPP_HASH="$(cat "$ROOT"/tools/ci/sanitizers/*.supp | sha256sum | cut -c1-16)"
+SUPP="${XDG_CACHE_HOME:-$HOME/.cache}/shardtrain/sanitizers/$SUPP_HASH"
+mkdir -p "$SUPP"
+cp "$ROOT"/tools/ci/sanitizers/*.supp "$SUPP/"
+FLAGS=()
+TARGETS=()
+for arg in "$@"; do
+  if [[ "$arg" == -* ]]; then FLAGS+=("$arg"); else TARGETS+=("$arg"); fi
+done
+ASAN_TARGETS=(//tests/comm/... //tests/sharding/...)
+TSAN_TARGETS=(//tests/comm:gloo_communicator_test //tests/sharding:shard_layout_test //tests/sharding:sharded_init_test
+  //tests/trainer:data_loader_test)
 
 timed() {
   local t0=$SECONDS
@@ -31,30 +49,28 @@ timed() {
 }
 
 run_asan() {
-  local targets=("$@")
-  ((${#targets[@]})) || targets=(//tests/comm/... //tests/sharding/...)
-  timed tools/bazel test --config=ci --config=asan \
+  ((${#TARGETS[@]})) || TARGETS=("${ASAN_TARGETS[@]}")
+  timed tools/bazel test --config=ci --config=asan "${FLAGS[@]}" \
     --test_env=ASAN_OPTIONS=detect_leaks=1:suppressions="$SUPP/asan.supp" \
     --test_env=LSAN_OPTIONS=suppressions="$SUPP/lsan.supp":print_suppressions=0 \
     --test_env=UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions="$SUPP/ubsan.supp" \
-    "${targets[@]}"
+    "${TARGETS[@]}"
 }
 
 run_tsan() {
-  local targets=("$@")
-  ((${#targets[@]})) || targets=(//tests/comm:gloo_communicator_test)
-  timed tools/bazel test --config=ci --config=tsan \
+  ((${#TARGETS[@]})) || TARGETS=("${TSAN_TARGETS[@]}")
+  timed tools/bazel test --config=ci --config=tsan "${FLAGS[@]}" \
     --test_env=TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions="$SUPP/tsan.supp" \
-    "${targets[@]}"
+    "${TARGETS[@]}"
 }
 
 case "$MODE" in
-  asan) run_asan "$@" ;;
-  tsan) run_tsan "$@" ;;
+  asan) run_asan ;;
+  tsan) run_tsan ;;
   fuzz) timed tools/fuzz/run_checkpoint_fuzzer.sh "${SHARDTRAIN_FUZZ_SECONDS:-60}" ;;
   all)
     run_asan
     timed tools/fuzz/run_checkpoint_fuzzer.sh "${SHARDTRAIN_FUZZ_SECONDS:-60}"
     ;;
-  *) echo "usage: tools/ci/sanitizers.sh [asan|tsan|fuzz|all] [-- TARGETS...]" >&2; exit 2 ;;
+  *) echo "usage: tools/ci/sanitizers.sh [asan|tsan|fuzz|all] [-- BAZEL FLAGS AND TARGETS...]" >&2; exit 2 ;;
 esac
