@@ -200,7 +200,7 @@ TEST(ShardedCheckpointMemory, UseOrigParamsCopiesOneUnitAtATime) {
 // gradient, two reduce-scatters in flight, and AccumulateGrad's fresh
 // gradient of one parameter before it is copied into the flat gradient.
 // Measured: W=2 84-88 MB, W=4 55.7-56.8 MB of budgets 94.4 and 60.9 MB; with
-// every unit's full gradient kept after its reduce-scatter, W=4 ~75 MB.
+// every unit's full gradient kept after its reduce-scatter: 113.5 and 82.0 MB.
 //
 // Resident bytes: glibc must hand freed blocks back to the system, so the
 // process's resident set (VmHWM) grows by no more than the rank threads'
