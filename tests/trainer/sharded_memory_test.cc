@@ -199,8 +199,9 @@ TEST(ShardedCheckpointMemory, UseOrigParamsCopiesOneUnitAtATime) {
 // being differentiated (gathered), the prefetched one, the unit's full
 // gradient, two reduce-scatters in flight, and AccumulateGrad's fresh
 // gradient of one parameter before it is copied into the flat gradient.
-// Measured: W=2 84-88 MB, W=4 55.7-56.8 MB of budgets 94.4 and 60.9 MB; with
-// every unit's full gradient kept after its reduce-scatter: 113.5 and 82.0 MB.
+// Measured: W=2 84-88 MB, W=4 54.7-56.8 MB of budgets 94.5 and 60.9 MB;
+// with every unit's full gradient kept after its reduce-scatter 113.5 and
+// 82.0 MB.
 //
 // Resident bytes: glibc must hand freed blocks back to the system, so the
 // process's resident set (VmHWM) grows by no more than the rank threads'
