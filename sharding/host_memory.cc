@@ -33,8 +33,10 @@ bool UserChoseThreshold() {
   return t != nullptr && std::strstr(t, "glibc.malloc.mmap_threshold") != nullptr;
 }
 
+// Under AddressSanitizer or ThreadSanitizer malloc is the sanitizer's, not
+// glibc's: nothing to set.
 bool Apply(int64_t threshold_bytes) {
-#if defined(__GLIBC__)
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
   ST_CHECK_ARG(threshold_bytes > 0, "KeepFreedHostMemoryReturnable: threshold_bytes must be > 0, got ",
                threshold_bytes);
   const int64_t env = ThresholdFromEnvironment();
