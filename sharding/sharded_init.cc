@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "base/errors.h"
+#include "sharding/host_memory.h"
 
 namespace shardtrain::sharding {
 namespace {
@@ -43,6 +44,7 @@ ShardedInitScope::ShardedInitScope(ShardGroupPlace place, WrapPolicy policy)
   ST_CHECK_ARG(place_.size >= 1 && place_.rank >= 0 && place_.rank < place_.size, "ShardedInitScope: shard rank ",
                place_.rank, " is not in a shard group of ", place_.size, " (valid: 0..size-1, size >= 1)");
   ST_CHECK_ARG(policy_.should_wrap != nullptr, "ShardedInitScope: the wrap policy has no should_wrap function");
+  KeepFreedHostMemoryReturnable();  // construction frees a unit's full values per wrap point
   g_active = this;
 }
 

@@ -15,6 +15,7 @@
 #include "base/errors.h"
 #include "base/logging.h"
 #include "sharding/flat_parameter.h"
+#include "sharding/host_memory.h"
 #include "sharding/internal/sharded_unit.h"
 #include "sharding/sharded_init.h"
 
@@ -46,6 +47,7 @@ ShardedModel::ShardedModel(std::shared_ptr<torch::nn::Module> module, comm::Comm
   ST_CHECK_ARG(module_ != nullptr, "ShardedModel needs a module");
   ST_CHECK_ARG(world_ != nullptr, "ShardedModel needs a communicator");
   ValidateShardingOptions(options_);
+  KeepFreedHostMemoryReturnable();  // before any unit is built (sharding/host_memory.h)
   {
     std::lock_guard<std::mutex> lock(g_sharded_modules_mu);
     for (const auto& m : module_->modules()) {

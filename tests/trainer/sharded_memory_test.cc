@@ -1,6 +1,8 @@
 // Memory of sharded checkpoints, threads-as-ranks over Gloo with a counting
 // CPU allocator (per rank thread): a W=4 sharded save and loads at W=4, 2
-// and 3 must never materialise the full model or optimizer state.
+// and 3 must never materialise the full model or optimizer state; the
+// training step holds its shards' state and a few units (live and resident;
+// see "the training step" below).
 //
 // The model is kUnits equal units (Linear kDim x kDim each) plus a small
 // root unit, trained with Adam so that the optimizer state is twice the
@@ -21,9 +23,13 @@
 // one saved again right after the load (at the new world size) consolidate
 // to bit-identical parameters and optimizer state.
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
 
+#include <algorithm>
+#include <fstream>
 #include <mutex>
 
 #include "sharding/sharded_model.h"
@@ -178,6 +184,121 @@ TEST(ShardedCheckpointMemory, SaveAndLoadNeverHoldTheFullModel) { SaveAndLoad({}
 TEST(ShardedCheckpointMemory, UseOrigParamsCopiesOneUnitAtATime) {
   SaveAndLoad({{"use_orig_params", "true"}}, {2, 4});
 }
+
+// ---- the training step -----------------------------------------------------
+//
+// Steps 2 to 4 of a fit (the AdamW moments exist), threads-as-ranks over
+// Gloo at W=2 and W=4, kStepUnits equal units of kStepDim x kStepDim (4 MiB
+// each, so a rank's shard of one is >= the 1 MiB mmap threshold of
+// sharding/host_memory.h).
+//
+// Live bytes: what LibTorch's allocator holds for a rank thread at any
+// moment of a step stays within the training state of its shards (16 bytes
+// per element: parameter, gradient, two AdamW moments) + kStepTransientUnits
+// full units + slack. The six units backward may hold at once: the unit
+// being differentiated (gathered), the prefetched one, the unit's full
+// gradient, two reduce-scatters in flight, and AccumulateGrad's fresh
+// gradient of one parameter before it is copied into the flat gradient.
+// Measured: W=2 84-88 MB, W=4 54.7-56.8 MB of budgets 94.5 and 60.9 MB;
+// with every unit's full gradient kept after its reduce-scatter 113.5 and
+// 82.0 MB.
+//
+// Resident bytes: glibc must hand freed blocks back to the system, so the
+// process's resident set (VmHWM) grows by no more than the rank threads'
+// peak live bytes together + StepRssSlackBytes(W) = 32 MiB + W x 8 MiB
+// (code paged in on first use, the shared-memory rings, Gloo's buffers,
+// thread stacks). Measured growth beyond the live peaks: 22 MB (W=2) and
+// 26 MB (W=4); with glibc's default dynamic mmap threshold
+// (SHARDTRAIN_MMAP_THRESHOLD=0) 204 MB and 395 MB.
+constexpr int64_t kStepDim = 1024;
+constexpr int kStepUnits = 8;
+constexpr int64_t kStepUnitBytes = (kStepDim * kStepDim + kStepDim) * 4;
+constexpr int kStepTransientUnits = 6;
+constexpr int64_t kStepSlackBytes = 2 << 20;
+int64_t StepRssSlackBytes(int world) { return (int64_t{32} << 20) + world * (int64_t{8} << 20); }
+// Under a sanitizer malloc is the sanitizer's (freed blocks wait in its
+// quarantine): the resident-set check does not apply.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kGlibcMalloc = false;
+#else
+constexpr bool kGlibcMalloc = true;
+#endif
+
+int64_t StatusKb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const std::string k = std::string(key) + ":";
+  while (std::getline(in, line)) {
+    if (line.rfind(k, 0) == 0) return std::stoll(line.substr(k.size()));
+  }
+  return -1;
+}
+
+// The peak live bytes of its rank thread over steps 2.. of a fit.
+class StepModule : public TrainingModule {
+ public:
+  std::shared_ptr<torch::nn::Module> configure_model() override {
+    net_ = std::make_shared<UnitStack>(kStepUnits, kStepDim, kClasses);
+    return net_;
+  }
+  at::Tensor training_step(const Batch& b, int64_t) override {
+    return at::cross_entropy_loss(forward([&] { return net_->forward(b.inputs); }), b.targets);
+  }
+  OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
+    return {std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-3))};
+  }
+  void on_train_batch_start(const Batch&, int64_t i) override {
+    if (i >= 2) step_peak = std::max(step_peak, PeakCpuBytesOfThisThread());
+    if (i >= 1) ResetPeakCpuBytesOfThisThread();
+  }
+  void on_fit_end() override { step_peak = std::max(step_peak, PeakCpuBytesOfThisThread()); }
+  int64_t step_peak = -1;
+
+ private:
+  std::shared_ptr<UnitStack> net_;
+};
+
+void StepWithinBudget(int world) {
+  shardtrain::testing::InstallCountingCpuAllocator();
+  auto g = at::detail::createCPUGenerator(7);
+  at::Tensor x = at::randn({32, kStepDim}, g);
+  TensorDataset data(x, x.slice(1, 0, kClasses).argmax(1));
+  std::vector<int64_t> peak(world, -1), budget(world, 0);
+  const int64_t rss_before = StatusKb("VmRSS") * 1024;
+  const int64_t heap_free_before = static_cast<int64_t>(mallinfo2().fordblks);
+  {
+    std::ofstream clear("/proc/self/clear_refs");
+    clear << "5";  // VmHWM := VmRSS
+  }
+  shardtrain::testing::RunRanks(world, [&](int rank, const auto& comm) {
+    StepModule module;
+    TrainerOptions o = Options(TmpDir("mem_step" + std::to_string(rank)), world, 4);
+    o.batch_size = 8 / world;
+    o.strategy_options = {};
+    Trainer trainer(o, comm);
+    trainer.Fit(module, data);
+    peak[rank] = module.step_peak;
+    budget[rank] = 2 * OptimizerStateBytes(trainer) + kStepTransientUnits * kStepUnitBytes + kStepSlackBytes;
+  });
+  const int64_t rss_growth = StatusKb("VmHWM") * 1024 - rss_before;
+  const int64_t heap_free_growth = static_cast<int64_t>(mallinfo2().fordblks) - heap_free_before;
+  int64_t live_sum = 0;
+  for (int r = 0; r < world; ++r) {
+    std::cout << "step W=" << world << " rank " << r << ": peak live " << peak[r] << " bytes (budget " << budget[r]
+              << " = training state + " << kStepTransientUnits << " units of " << kStepUnitBytes << ")" << std::endl;
+    EXPECT_GT(peak[r], 0);
+    EXPECT_LE(peak[r], budget[r]) << "rank " << r;
+    live_sum += peak[r];
+  }
+  const int64_t rss_budget = live_sum + StepRssSlackBytes(world);
+  std::cout << "W=" << world << ": resident set grew by " << rss_growth << " bytes (budget " << rss_budget
+            << " = the ranks' peak live bytes + slack); free bytes in malloc's heap grew by " << heap_free_growth
+            << std::endl;
+  if (kGlibcMalloc) EXPECT_LE(rss_growth, rss_budget) << "freed host memory stayed resident (sharding/host_memory.h)";
+}
+
+TEST(ShardedStepMemory, StepHoldsStateAndAFewUnitsW2) { StepWithinBudget(2); }
+TEST(ShardedStepMemory, StepHoldsStateAndAFewUnitsW4) { StepWithinBudget(4); }
 
 }  // namespace
 }  // namespace shardtrain::trainer
