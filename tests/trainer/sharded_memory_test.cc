@@ -188,8 +188,8 @@ TEST(ShardedCheckpointMemory, UseOrigParamsCopiesOneUnitAtATime) {
 // ---- the training step -----------------------------------------------------
 //
 // Steps 2 to 4 of a fit (the AdamW moments exist), threads-as-ranks over
-// Gloo at W=2 and W=4, kStepUnits equal units of kStepDim x kStepDim (4 MiB
-// each, so a rank's shard of one is >= the 1 MiB mmap threshold of
+// Gloo at W=2 and W=4, kStepUnits equal units of kStepDim x kStepDim (16 MiB
+// each, so a rank's shard of one is >= the 4 MiB mmap threshold of
 // sharding/host_memory.h).
 //
 // Live bytes: what LibTorch's allocator holds for a rank thread at any
@@ -199,18 +199,20 @@ TEST(ShardedCheckpointMemory, UseOrigParamsCopiesOneUnitAtATime) {
 // being differentiated (gathered), the prefetched one, the unit's full
 // gradient, two reduce-scatters in flight, and AccumulateGrad's fresh
 // gradient of one parameter before it is copied into the flat gradient.
-// Measured: W=2 84-88 MB, W=4 54.7-56.8 MB of budgets 94.5 and 60.9 MB;
-// with every unit's full gradient kept after its reduce-scatter 113.5 and
-// 82.0 MB.
+// Measured (units of 16 MiB): W=2 336-353 MB, W=4 210-227 MB of budgets
+// 371 and 237 MB. With units of 4 MiB (and a 1 MiB threshold) and every
+// unit's full gradient kept after its reduce-scatter: 113.5 and 82.0 MB of
+// budgets 94.5 and 60.9 MB.
 //
 // Resident bytes: glibc must hand freed blocks back to the system, so the
 // process's resident set (VmHWM) grows by no more than the rank threads'
 // peak live bytes together + StepRssSlackBytes(W) = 32 MiB + W x 8 MiB
 // (code paged in on first use, the shared-memory rings, Gloo's buffers,
-// thread stacks). Measured growth beyond the live peaks: 22 MB (W=2) and
-// 26 MB (W=4); with glibc's default dynamic mmap threshold
-// (SHARDTRAIN_MMAP_THRESHOLD=0) 204 MB and 395 MB.
-constexpr int64_t kStepDim = 1024;
+// thread stacks). Measured growth: 679 MB of a 739 MB budget (W=2), 872 of
+// 924 MB (W=4). With units of 4 MiB and glibc's default dynamic mmap
+// threshold (SHARDTRAIN_MMAP_THRESHOLD=0) the growth beyond the live peaks
+// was 204 MB and 395 MB (22 and 26 MB with the fix).
+constexpr int64_t kStepDim = 2048;
 constexpr int kStepUnits = 8;
 constexpr int64_t kStepUnitBytes = (kStepDim * kStepDim + kStepDim) * 4;
 constexpr int kStepTransientUnits = 6;
