@@ -74,7 +74,10 @@ std::unique_ptr<Strategy::ConstructionScope> ShardedStrategyBase::MakeConstructi
   if (!sharded_construction_ || sm_ || world_ == nullptr || !device_.is_cpu()) return nullptr;
   const auto place = sharding::ShardGroupOf(world_->rank(), world_->size(), ResolvedShardingOptions(),
                                             cluster_.local_world_size);
-  if (place.size == 1) return nullptr;
+  // A shard group of one at W > 1 (NO_SHARD) keeps whole parameters anyway;
+  // at W = 1 the scope still flattens unit by unit, so construction never
+  // holds the model twice (the plain path copies it into the flat parameters).
+  if (place.size == 1 && world_->size() > 1) return nullptr;
   return std::make_unique<InitScopeHolder>(place, policy_);
 }
 

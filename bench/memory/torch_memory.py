@@ -21,6 +21,11 @@ import threading
 import time
 from datetime import timedelta
 
+# A CPU benchmark: on a machine with a GPU, FSDP2's fully_shard picks the
+# CUDA device and moves the model there (seen on the lent H200 machine: the
+# loss then failed with tensors on cpu and cuda:0). Hide the GPUs before torch loads.
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp

@@ -296,7 +296,9 @@ void StepWithinBudget(int world) {
   std::cout << "W=" << world << ": resident set grew by " << rss_growth << " bytes (budget " << rss_budget
             << " = the ranks' peak live bytes + slack); free bytes in malloc's heap grew by " << heap_free_growth
             << std::endl;
-  if (kGlibcMalloc) EXPECT_LE(rss_growth, rss_budget) << "freed host memory stayed resident (sharding/host_memory.h)";
+  if (kGlibcMalloc) {
+    EXPECT_LE(rss_growth, rss_budget) << "freed host memory stayed resident (sharding/host_memory.h)";
+  }
 }
 
 TEST(ShardedStepMemory, StepHoldsStateAndAFewUnitsW2) { StepWithinBudget(2); }
