@@ -5,6 +5,7 @@
 #include <caffe2/serialize/inline_container.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -207,8 +208,9 @@ std::vector<Seed> ValidSeeds() {
   trainer::SaveCheckpoint(full.string(), SmallCheckpoint());
   const std::vector<uint8_t> full_bytes = ReadFile(full);
   auto with = [](uint8_t selector, const std::vector<uint8_t>& b) {
-    std::vector<uint8_t> out{selector};
-    out.insert(out.end(), b.begin(), b.end());
+    std::vector<uint8_t> out(b.size() + 1);
+    out[0] = selector;
+    std::copy(b.begin(), b.end(), out.begin() + 1);
     return out;
   };
   return {{"archive", with(0, full_bytes)},

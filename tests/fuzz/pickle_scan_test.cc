@@ -78,7 +78,7 @@ TEST(PickleScan, HugeDeclaredLengthIsRefusedWithoutAllocatingIt) {
 
   const std::string pickle(input.begin() + 1, input.end());
   const std::string what = ScanError(pickle);
-  for (const std::string part :
+  for (const std::string& part :
        {std::string("test.pkl is corrupt: at byte ") + std::to_string(op - 1) + " of 939, opcode BINUNICODE (0x58)",
         std::string("declares 2147483648 bytes but only ") + std::to_string(939 - (op - 1) - 5) +
             " of the pickle's 939 bytes follow it"}) {
