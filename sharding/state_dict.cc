@@ -19,6 +19,20 @@ namespace shardtrain::sharding {
 
 using internal::IsFloating;
 
+namespace {
+// This rank's shard of one unit, read from full tensors by parameter name
+// (only this rank's slice of each tensor is copied).
+at::Tensor UnitShardOfFull(const FlatParameter& flat, const std::map<std::string, at::Tensor>& full) {
+  std::vector<at::Tensor> ts;
+  for (auto& e : flat.entries()) {
+    auto it = full.find(e.name);
+    ST_CHECK_ARG(it != full.end(), "missing tensor for parameter '", e.name, "'");
+    ts.push_back(it->second.to(flat.device()));
+  }
+  return flat.ShardOfFull(ts, at::kFloat);
+}
+}  // namespace
+
 // --- state dicts ---------------------------------------------------------------
 
 std::map<std::string, at::Tensor> ShardedModel::GatherFullFromShards(const std::vector<at::Tensor>& per_unit) {
@@ -65,16 +79,7 @@ void ShardedModel::ForEachFullUnit(const std::function<at::Tensor(int unit)>& sh
 
 std::vector<at::Tensor> ShardedModel::ShardsFromFull(const std::map<std::string, at::Tensor>& full) const {
   std::vector<at::Tensor> out;
-  for (auto& u : units_) {
-    const auto& flat = *u->flat;
-    std::vector<at::Tensor> ts;
-    for (auto& e : flat.entries()) {
-      auto it = full.find(e.name);
-      ST_CHECK_ARG(it != full.end(), "missing tensor for parameter '", e.name, "'");
-      ts.push_back(it->second.to(flat.device()));
-    }
-    out.push_back(flat.ShardOfFull(ts, at::kFloat));  // reads only this rank's slice of each tensor
-  }
+  for (auto& u : units_) out.push_back(UnitShardOfFull(*u->flat, full));
   return out;
 }
 
@@ -150,12 +155,7 @@ void ShardedModel::LoadFullStateDict(const std::map<std::string, at::Tensor>& st
   }
   at::NoGradGuard no_grad;
   // One unit at a time into the live shard: never a second copy of all shards.
-  for (auto& u : units_) {
-    const auto& flat = *u->flat;
-    std::vector<at::Tensor> ts;
-    for (auto& e : flat.entries()) ts.push_back(state.at(e.name).to(flat.device()));
-    flat.shard().detach().copy_(flat.ShardOfFull(ts, at::kFloat));
-  }
+  for (auto& u : units_) u->flat->shard().detach().copy_(UnitShardOfFull(*u->flat, state));
   for (auto& [k, b] : buffers) b.copy_(state.at(k));
   // Gathered copies are stale now; aliased units (`full` is the shard) are current.
   for (auto& u : units_) Reshard(u.get());
