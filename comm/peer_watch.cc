@@ -50,6 +50,8 @@ struct PeerWatch::State {
   std::map<int64_t, Wait> waits;  // by id
   int64_t next_id = 0;
   std::string failure;
+  std::string last_warning;
+  int64_t warnings = 0;
   std::function<void()> abort;
   std::vector<Peer> peers;
 
@@ -131,12 +133,16 @@ void PeerWatch::State::Judge(const std::vector<std::optional<PeerBeat>>& beats, 
         w.seq, " (", w.op, ") since ", FormatSeconds(now - w.start_wall), " ago");
     if (opts.stall_warning.count() > 0 && stalled >= opts.stall_warning.count() && !p.warned) {
       p.warned = true;
-      ST_LOG(WARNING) << "stalled peer: " << text << " (warning after GlooOptions::stall_warning = "
-                      << FormatSeconds(opts.stall_warning.count()) << ")";
+      last_warning = internal::StrCat("stalled peer: ", text, " (warning after ", opts.options_name,
+                                      "::stall_warning = ", FormatSeconds(opts.stall_warning.count()),
+                                      "; the Trainer's: --stall_warning_s)");
+      ++warnings;
+      ST_LOG(WARNING) << last_warning;
     }
     if (opts.stall_timeout.count() > 0 && stalled >= opts.stall_timeout.count() && failure.empty()) {
-      failure = internal::StrCat("stalled peer: ", text, "; giving up after GlooOptions::stall_timeout = ",
-                                 FormatSeconds(opts.stall_timeout.count()), " (the group is unusable from now on)");
+      failure = internal::StrCat("stalled peer: ", text, "; giving up after ", opts.options_name,
+                                 "::stall_timeout = ", FormatSeconds(opts.stall_timeout.count()),
+                                 " (the Trainer's: --stall_timeout_s; the group is unusable from now on)");
       ST_LOG(ERROR) << failure;
       cv.notify_all();
       if (abort) abort();
@@ -171,6 +177,16 @@ void PeerWatch::OnStallFailure(std::function<void()> abort) {
 std::string PeerWatch::Failure() const {
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->failure;
+}
+
+std::string PeerWatch::LastWarning() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->last_warning;
+}
+
+int64_t PeerWatch::Warnings() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->warnings;
 }
 
 PeerWatch::Waiting::Waiting(PeerWatch* watch, int64_t seq, const char* op) : watch_(watch) {
@@ -218,11 +234,12 @@ void PeerWatch::Wait(PeerWatch* watch, int64_t seq, const char* op, std::chrono:
   }
 }
 
-void CheckStallOptions(std::chrono::milliseconds stall_warning, std::chrono::milliseconds stall_timeout) {
-  ST_CHECK_ARG(stall_warning.count() >= 0, "GlooOptions.stall_warning must be >= 0 ms (0: no warning), got ",
+void CheckStallOptions(std::chrono::milliseconds stall_warning, std::chrono::milliseconds stall_timeout,
+                       const char* options_name) {
+  ST_CHECK_ARG(stall_warning.count() >= 0, options_name, ".stall_warning must be >= 0 ms (0: no warning), got ",
                stall_warning.count(), " ms");
-  ST_CHECK_ARG(stall_timeout.count() >= 0, "GlooOptions.stall_timeout must be >= 0 ms (0: never fail on a stall), got ",
-               stall_timeout.count(), " ms");
+  ST_CHECK_ARG(stall_timeout.count() >= 0, options_name,
+               ".stall_timeout must be >= 0 ms (0: never fail on a stall), got ", stall_timeout.count(), " ms");
 }
 
 }  // namespace shardtrain::comm

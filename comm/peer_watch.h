@@ -44,6 +44,9 @@ struct PeerWatchOptions {
   std::chrono::milliseconds period{1000};      // how often heartbeats are read while blocked
   std::chrono::milliseconds stall_warning{0};  // 0: no warning
   std::chrono::milliseconds stall_timeout{0};  // 0: never fail on a stall
+  // The options struct the settings came from, named in the reports
+  // ("GlooOptions", "NcclOptions").
+  std::string options_name = "GlooOptions";
 };
 
 class PeerWatch {
@@ -69,6 +72,11 @@ class PeerWatch {
 
   // The stall failure's text once stall_timeout has passed; empty before.
   std::string Failure() const;
+
+  // The text of the latest stall warning logged (empty: none yet), and how
+  // many were logged: for tests and for callers that report elsewhere.
+  std::string LastWarning() const;
+  int64_t Warnings() const;
 
   // Marks this rank as blocked in collective #seq (`op`) while alive.
   class Waiting {
@@ -99,8 +107,10 @@ class PeerWatch {
   std::shared_ptr<State> state_;
 };
 
-// Validates GlooOptions-style stall settings; throws InvalidArgumentError naming the field.
-void CheckStallOptions(std::chrono::milliseconds stall_warning, std::chrono::milliseconds stall_timeout);
+// Validates stall settings (>= 0 each); throws InvalidArgumentError naming
+// the field of `options_name` ("GlooOptions", "NcclOptions").
+void CheckStallOptions(std::chrono::milliseconds stall_warning, std::chrono::milliseconds stall_timeout,
+                       const char* options_name = "GlooOptions");
 
 }  // namespace shardtrain::comm
 

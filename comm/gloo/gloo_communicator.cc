@@ -27,6 +27,7 @@
 #include "comm/gloo/internal/pair_exchange.h"
 #include "comm/gloo/internal/peer_monitor.h"
 #include "comm/gloo/shared_memory_mesh.h"
+#include "comm/heartbeat_store.h"
 #include "comm/net_address.h"
 #include "comm/peer_watch.h"
 #include "comm/wait_time.h"
@@ -119,60 +120,6 @@ std::string ListenAddressFor(c10d::Store& store) {
   return "";
 }
 
-// The stall watch's view of the peers' heartbeats, as the peer monitor reads them.
-PeerWatch::Reader MakeBeatReader(std::shared_ptr<GlooPeerMonitor> monitor) {
-  return [monitor = std::move(monitor)] {
-    std::vector<std::optional<PeerBeat>> beats;
-    for (const auto& h : monitor->ReadPeers()) {
-      if (h) {
-        beats.push_back(PeerBeat{h->wall_ms, h->issued, h->op, h->pid, h->host, h->closed, h->exact});
-      } else {
-        beats.push_back(std::nullopt);
-      }
-    }
-    return beats;
-  };
-}
-
-// The store operations of the peer monitor (which includes no torch header),
-// with c10's backtraces stripped from their errors.
-HeartbeatStore MakeHeartbeatStore(const c10::intrusive_ptr<c10d::Store>& store) {
-  auto guarded = [](auto f) {
-    try {
-      return f();
-    } catch (const std::exception& e) {
-      throw std::runtime_error(ErrorText(e));
-    }
-  };
-  HeartbeatStore h;
-  h.set = [store, guarded](const std::string& key, const std::string& value) {
-    guarded([&] { store->set(key, std::vector<uint8_t>(value.begin(), value.end())); });
-  };
-  h.check = [store, guarded](const std::vector<std::string>& keys) { return guarded([&] { return store->check(keys); }); };
-  h.multi_get = [store, guarded](const std::vector<std::string>& keys) {
-    return guarded([&] {
-      std::vector<std::string> out;
-      for (const auto& v : store->multiGet(keys)) out.emplace_back(v.begin(), v.end());
-      return out;
-    });
-  };
-  h.get = [store, guarded](const std::string& key) {
-    return guarded([&] {
-      const std::vector<uint8_t> v = store->get(key);
-      return std::string(v.begin(), v.end());
-    });
-  };
-  // Which process serves the store, for when it cannot be read.
-  c10::intrusive_ptr<c10d::Store> base = store;
-  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(base.get())) base = prefixed->getUnderlyingNonPrefixStore();
-  if (auto* tcp = dynamic_cast<c10d::TCPStore*>(base.get())) {
-    h.unreachable_note = internal::StrCat(": the TCPStore at ", tcp->getHost(), ":", tcp->getPort(),
-                                          " is served by a single process (rank 0, or torchrun's agent), which has "
-                                          "probably died");
-  }
-  return h;
-}
-
 }  // namespace
 }  // namespace gloo_internal
 
@@ -225,7 +172,7 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
              options_.timeout.count(), " ms: ", e.what());
   }
   if (size_ > 1 && options_.heartbeat_period.count() > 0) {
-    monitor_ = std::make_shared<GlooPeerMonitor>(gloo_internal::MakeHeartbeatStore(store_), name_, rank_, size_, options_.heartbeat_period);
+    monitor_ = std::make_shared<GlooPeerMonitor>(MakeHeartbeatStore(store_), name_, rank_, size_, options_.heartbeat_period);
     if (mesh_) {  // exact counts of the peers, even of a stopped one
       monitor_->SetLocalProgress([mesh = mesh_.get()](int r) -> std::optional<std::pair<int64_t, const char*>> {
         const auto p = mesh->PeerProgress(r);
@@ -239,7 +186,7 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
   if (monitor_ && (options_.stall_warning.count() > 0 || options_.stall_timeout.count() > 0)) {
     watch = std::make_shared<PeerWatch>(PeerWatchOptions{name_, rank_, size_, options_.heartbeat_period,
                                                          options_.stall_warning, options_.stall_timeout},
-                                        gloo_internal::MakeBeatReader(monitor_));
+                                        BeatReader(monitor_));
     if (mesh_) watch->OnStallFailure([mesh = mesh_.get()] { mesh->Abort(); });
   }
   group_ = std::make_shared<const GlooGroupRef>(GlooGroupRef{name_, rank_, size_, monitor_, watch});

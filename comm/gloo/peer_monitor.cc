@@ -293,4 +293,18 @@ void GlooPeerMonitor::Judge(const Snapshot& snap, bool fresh, int64_t seq, int64
   }
 }
 
+PeerWatch::Reader BeatReader(std::shared_ptr<GlooPeerMonitor> monitor) {
+  return [monitor = std::move(monitor)] {
+    std::vector<std::optional<PeerBeat>> beats;
+    for (const auto& h : monitor->ReadPeers()) {
+      if (h) {
+        beats.push_back(PeerBeat{h->wall_ms, h->issued, h->op, h->pid, h->host, h->closed, h->exact});
+      } else {
+        beats.push_back(std::nullopt);
+      }
+    }
+    return beats;
+  };
+}
+
 }  // namespace shardtrain::comm

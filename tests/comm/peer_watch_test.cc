@@ -8,14 +8,19 @@
 #include "comm/peer_watch.h"
 
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <mutex>
 #include <thread>
 
 #include "base/errors.h"
 #include "comm/deadline_wait.h"
+#include "comm/heartbeat_store.h"
+#include "comm/stall_watch.h"
 
 namespace shardtrain::comm {
 namespace {
@@ -210,6 +215,109 @@ TEST(WaitWithDeadlineTest, DoneAtTheLastPollWinsAndPollErrorsPropagate) {
   EXPECT_THROW(WaitWithDeadline([]() -> bool { throw CommError("NCCL error 6"); }, Clock::now() + milliseconds(50),
                                 [] {}),
                CommError);
+}
+
+// ---- StallWatch (comm/stall_watch.h): the NCCL backend's stall watch, with
+// real heartbeats between threads through a c10d HashStore. The NCCL
+// backend's poll (its watchdog, a host-blocking Wait) is stood in for by
+// WaitWithDeadline polling a collective that never completes and checking
+// Failure(), as NcclState::PollLocked does.
+
+PeerWatchOptions NcclStyle(int rank, int warning_ms, int timeout_ms) {
+  return PeerWatchOptions{"g", rank, 2, milliseconds(100), milliseconds(warning_ms), milliseconds(timeout_ms),
+                          "NcclOptions"};
+}
+
+// Polls a pending collective that never completes until `until()` or the
+// watch's failure (thrown as CommTimeoutError, as the NCCL backend does
+// after aborting); fails the test after 10 s. Returns the time it took.
+int64_t PollPending(const StallWatch& watch, const std::function<bool()>& until) {
+  const auto start = Clock::now();
+  WaitWithDeadline(
+      [&] {
+        if (std::string f = watch.Failure(); !f.empty()) throw CommTimeoutError(f);
+        return until();
+      },
+      start + milliseconds(10000), [] { FAIL() << "no stall report within 10 s"; },
+      std::chrono::microseconds(20000));
+  return std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
+}
+
+// Rank 1 (alive: its heartbeat thread runs) issued collectives #1-#3 and no
+// more; rank 0 waits in #4: the warning names rank 1, its last collective
+// and rank 0's, after stall_warning (0.5 s) and once.
+TEST(StallWatchTest, PendingCollectiveWarnsNamingAnAlivePeerThatNeverIssuesIt) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  StallWatch rank1(MakeHeartbeatStore(store), NcclStyle(1, 500, 0));
+  for (int64_t seq = 1; seq <= 3; ++seq) rank1.Issue(seq, "AllReduce");  // completed at once
+  StallWatch rank0(MakeHeartbeatStore(store), NcclStyle(0, 500, 0));
+  for (int64_t seq = 1; seq <= 3; ++seq) rank0.Issue(seq, "AllReduce");
+  std::this_thread::sleep_for(milliseconds(250));  // both heartbeats published with #3
+  const auto pending = rank0.Issue(4, "AllGather");
+  const int64_t ms = PollPending(rank0, [&] { return rank0.Warnings() > 0; });
+  const std::string w = rank0.LastWarning();
+  EXPECT_NE(w.find("stalled peer: rank 1 of group 'g' (pid " + std::to_string(getpid()) + ", host "),
+            std::string::npos)
+      << w;
+  EXPECT_NE(w.find("it is alive (heartbeat"), std::string::npos) << w;
+  EXPECT_NE(w.find("its last heartbeat says collective #3 (AllReduce); this rank (0) waits in collective #4 "
+                   "(AllGather)"),
+            std::string::npos)
+      << w;
+  EXPECT_NE(w.find("(warning after NcclOptions::stall_warning = 0.5 s"), std::string::npos) << w;
+  EXPECT_GE(ms, 500);
+  EXPECT_LT(ms, 2500);
+  std::printf("stall -> warning: %lld ms (stall_warning 500 ms, heartbeat period 100 ms)\n",
+              static_cast<long long>(ms));
+  std::this_thread::sleep_for(milliseconds(400));
+  EXPECT_EQ(rank0.Warnings(), 1);  // once per stall
+  EXPECT_TRUE(rank0.Failure().empty());  // no stall_timeout
+  EXPECT_TRUE(rank1.LastWarning().empty());  // rank 1 waits in nothing
+}
+
+// Rank 1's heartbeats (written by a thread, as a real rank's) stop after it
+// issued #5, the collective rank 0 waits in (a rank stopped inside it):
+// after stall_timeout (0.8 s) the polling wait fails naming rank 1 and its
+// stopped heartbeat. A peer that reached the collective is not at fault
+// while its heartbeat is fresh.
+TEST(StallWatchTest, StoppedHeartbeatFailsThePollingWaitAtStallTimeout) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const auto beats = MakeHeartbeatStore(store);
+  std::atomic<bool> stopped{false};
+  std::thread rank1([&] {
+    gloo_internal::Heartbeat h;
+    h.issued = 5;
+    h.op = "AllReduce";
+    h.pid = 4242;
+    h.host = "hostB/boot:y";
+    while (!stopped) {
+      h.wall_ms = WallMs();
+      beats.set("shardtrain/heartbeat/g/1", h.Format());
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+  });
+  StallWatch rank0(beats, NcclStyle(0, 0, 800));
+  for (int64_t seq = 1; seq <= 4; ++seq) rank0.Issue(seq, "AllReduce");
+  const auto pending = rank0.Issue(5, "AllReduce");
+  std::this_thread::sleep_for(milliseconds(1000));
+  EXPECT_TRUE(rank0.Failure().empty()) << rank0.Failure();  // rank 1 is alive in #5: no stall
+  stopped = true;
+  rank1.join();
+  const auto start = Clock::now();
+  try {
+    PollPending(rank0, [] { return false; });
+    FAIL() << "expected CommTimeoutError";
+  } catch (const CommTimeoutError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("stalled peer: rank 1 of group 'g' (pid 4242, host hostB) has made no progress for"),
+              std::string::npos)
+        << what;
+    EXPECT_NE(what.find("its heartbeat stopped"), std::string::npos) << what;
+    EXPECT_NE(what.find("giving up after NcclOptions::stall_timeout = 0.8 s"), std::string::npos) << what;
+  }
+  const auto ms = std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
+  EXPECT_GE(ms, 700);  // counted from the last heartbeat (up to 50 ms before the stop)
+  EXPECT_LT(ms, 3000);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Internal to the Gloo backend (comm/gloo/); not part of the public API.
+// Internal to the comm backends (the Gloo backend, and the NCCL backend's
+// StallWatch: comm/stall_watch.h); not part of the public API.
 //
 // GlooPeerMonitor: this rank's heartbeat in the rendezvous store, and the
 // diagnosis of a failed collective from the peers' heartbeats (which rank is
@@ -19,6 +20,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "comm/peer_watch.h"
 
 namespace shardtrain::comm {
 namespace gloo_internal {
@@ -163,6 +166,10 @@ class GlooPeerMonitor : public std::enable_shared_from_this<GlooPeerMonitor> {
   std::vector<std::optional<gloo_internal::Heartbeat>> known_;  // each rank's latest record seen (pids when the store is gone)
   std::thread thread_;
 };
+
+// PeerWatch's view of the peers' heartbeats: `monitor`'s ReadPeers() on the
+// watch's thread (with the exact counts of SetLocalProgress, when set).
+PeerWatch::Reader BeatReader(std::shared_ptr<GlooPeerMonitor> monitor);
 
 }  // namespace shardtrain::comm
 
