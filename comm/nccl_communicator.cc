@@ -17,13 +17,13 @@
 
 #include "base/errors.h"
 #include "comm/nccl_check.h"
+#include "comm/heartbeat_store.h"
 #include "comm/nccl_state.h"
 #include "comm/wait_time.h"
 
 namespace shardtrain::comm {
 
 using ::shardtrain::internal::StrCat;
-
 
 namespace {
 using internal::Clock;
@@ -151,6 +151,9 @@ NcclCommunicator::NcclCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
     : Communicator(rank, size, options.name, options.timeout), store_(std::move(store)), options_(std::move(options)) {
   ST_CHECK_ARG(options_.watchdog_interval.count() >= 0, "NcclOptions.watchdog_interval must be >= 0, got ",
                options_.watchdog_interval.count(), " ms");
+  ST_CHECK_ARG(options_.heartbeat_period.count() >= 0, "NcclOptions.heartbeat_period must be >= 0 ms (0: off), got ",
+               options_.heartbeat_period.count(), " ms");
+  CheckStallOptions(options_.stall_warning, options_.stall_timeout, "NcclOptions");
   const int count = c10::cuda::device_count();
   ST_CHECK_ARG(count > 0, "nccl group '", name_, "': no CUDA device is visible (use the gloo backend on CPU)");
   device_ = options_.device >= 0 ? options_.device : static_cast<int>(c10::cuda::current_device());
@@ -208,6 +211,12 @@ NcclCommunicator::NcclCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
     }
     s.WaitReadyLocked(what, timeout_, Clock::now() + timeout_);
   }
+  const bool stall_watched = options_.stall_warning.count() > 0 || options_.stall_timeout.count() > 0;
+  if (size > 1 && options_.heartbeat_period.count() > 0 && stall_watched) {
+    s.watch = std::make_shared<StallWatch>(
+        MakeHeartbeatStore(store_), PeerWatchOptions{name_, rank, size, options_.heartbeat_period,
+                                                     options_.stall_warning, options_.stall_timeout, "NcclOptions"});
+  }
 
   if (options_.watchdog_interval.count() > 0) watchdog_ = std::thread([this] { WatchdogLoop(); });
 }
@@ -221,6 +230,8 @@ NcclCommunicator::~NcclCommunicator() {
     watchdog_cv_.notify_all();
     watchdog_.join();
   }
+  // Peers see a "closed" heartbeat (not a stall), even while Work handles keep the state alive.
+  if (state_ && state_->watch) state_->watch->Stop();
 }
 
 std::shared_ptr<NcclCommunicator> NcclCommunicator::Create(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
@@ -283,7 +294,9 @@ WorkPtr NcclCommunicator::Launch(const char* opname, const std::vector<at::Tenso
     ST_THROW(CommError, what, " called on a failed communicator: ", s.error);
   }
   auto op = std::make_shared<NcclOp>();
-  op->what = StrCat(what.substr(0, what.size() - 1), "; collective #", ++s.issued, " of this rank)");
+  op->seq = ++s.issued;
+  op->title = opname;
+  op->what = StrCat(what.substr(0, what.size() - 1), "; collective #", op->seq, " of this rank)");
   op->timeout = timeout_;
   ST_CUDA_CHECK(cudaEventCreateWithFlags(&op->done, cudaEventDisableTiming), what);
   // The collective starts after what the caller queued on its current stream.
@@ -305,6 +318,10 @@ WorkPtr NcclCommunicator::Launch(const char* opname, const std::vector<at::Tenso
     c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), comm_stream);
   }
   ST_CUDA_CHECK(cudaEventRecord(op->done, s.stream), what);
+  if (s.watch) {
+    auto waiting = s.watch->Issue(op->seq, opname);  // the peers see it in this rank's next heartbeat
+    if (watchdog_.joinable()) op->waiting = std::move(waiting);  // else a host-blocking Wait registers its wait
+  }
   if (watchdog_.joinable()) s.pending.push_back(op);
   return std::make_shared<NcclWork>(state_, std::move(op), host_blocking || options_.blocking_wait);
 }

@@ -30,6 +30,8 @@
 // thread also blocks in Wait() until the collective completed (a nonzero Wait
 // timeout bounds that wait, expiry aborting the group as above; the watchdog
 // still applies the group's timeout). Barrier()'s Work always blocks the host.
+// Stalled peers are named from heartbeats as in the Gloo backend
+// (NcclOptions::stall_warning, stall_timeout).
 //
 // Accounting (CommStats), as the Gloo backend: all-gather and reduce-scatter
 // (W-1)/W of the full buffer, all-reduce 2(W-1)/W (ring), broadcast (W-1)
@@ -69,6 +71,18 @@ struct NcclOptions {
   // How often the watchdog checks collectives in flight; 0 disables it (only
   // Wait() then enforces timeouts).
   std::chrono::milliseconds watchdog_interval = std::chrono::milliseconds(100);
+  // Stalled peers, as GlooOptions' fields of the same names (comm/stall_watch.h):
+  // with W > 1, heartbeat_period > 0 and stall_warning or stall_timeout > 0,
+  // every rank publishes a heartbeat (collectives issued) to the store every
+  // heartbeat_period; while a collective of this rank is in flight (issued,
+  // not yet seen complete), a peer that makes no progress for stall_warning
+  // is named in a warning (once per stall), and after stall_timeout the
+  // watchdog (or a host-blocking Wait) aborts the communicator and throws
+  // CommTimeoutError naming that peer. The time counts from the enqueue,
+  // including GPU work queued before the collective on this rank.
+  std::chrono::milliseconds heartbeat_period = std::chrono::seconds(1);
+  std::chrono::milliseconds stall_warning = std::chrono::seconds(60);  // 0: no warning
+  std::chrono::milliseconds stall_timeout{0};                          // 0: only `timeout`
 };
 
 namespace internal {

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "base/errors.h"
+#include "comm/peer_watch.h"
+#include "comm/stall_watch.h"
 
 namespace shardtrain::comm::internal {
 using Clock = std::chrono::steady_clock;
@@ -33,6 +35,11 @@ struct NcclOp {
   Clock::time_point deadline;
   cudaEvent_t done = nullptr;  // recorded on the communicator's stream after the collective
   bool ok = false;             // seen complete while the communicator was healthy
+  int64_t seq = 0;             // collective #seq of this rank
+  const char* title = "";      // "AllReduce", ... (a string literal)
+  // Marks this rank as waiting in the collective for the stall watch, while
+  // the watchdog watches it (dropped once seen complete). mu held.
+  std::unique_ptr<PeerWatch::Waiting> waiting;
 
   NcclOp() = default;
   NcclOp(const NcclOp&) = delete;
@@ -61,6 +68,9 @@ struct NcclState {
   bool timed_out = false;
   std::string error;
   std::vector<std::shared_ptr<NcclOp>> pending;  // watched by the watchdog
+  // Heartbeats and stalled-peer reports (NcclOptions::stall_*); null when off.
+  // Its failure is checked by PollLocked. Set before the first collective.
+  std::shared_ptr<StallWatch> watch;
   // Runs ncclCommAbort, which may wait for the GPU: the failing wait throws
   // without waiting for it. Joined by the destructor.
   std::thread aborter;
@@ -84,8 +94,9 @@ struct NcclState {
   // aborting on an error or at `deadline`. mu held.
   void WaitReadyLocked(const std::string& what, std::chrono::milliseconds timeout, Clock::time_point deadline);
   // Checks `op` once without blocking: sets op.ok when complete; aborts the
-  // communicator on an asynchronous NCCL error, a CUDA error or at `deadline`.
-  // mu held; the calling thread's current device is `device`.
+  // communicator on an asynchronous NCCL error, a CUDA error, a stalled peer
+  // (watch's failure) or at `deadline`. mu held; the calling thread's
+  // current device is `device`.
   void PollLocked(NcclOp& op, Clock::time_point deadline);
   // Blocks the host until `op` completed (polling its event against
   // `deadline`; a non-zero `timeout` replaces the collective's own in the

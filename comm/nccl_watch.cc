@@ -106,6 +106,7 @@ void NcclState::PollLocked(NcclOp& op, Clock::time_point deadline) {
   const cudaError_t q = cudaEventQuery(op.done);
   if (q == cudaSuccess) {
     op.ok = true;
+    op.waiting.reset();
     return;
   }
   if (q != cudaErrorNotReady) {
@@ -122,12 +123,23 @@ void NcclState::PollLocked(NcclOp& op, Clock::time_point deadline) {
     AbortLocked(NcclFailure(op.what, state, comm, true), false);
     return;
   }
+  if (watch) {
+    if (std::string stalled = watch->Failure(); !stalled.empty()) {
+      AbortLocked(StrCat(op.what, " failed: ", stalled), true);
+      return;
+    }
+  }
   if (Clock::now() > deadline) {
     AbortLocked(NcclTimeout(op.what, op.timeout), true);
   }
 }
 
 void NcclState::WaitComplete(NcclOp& op, std::chrono::milliseconds timeout, Clock::time_point deadline) {
+  std::unique_ptr<PeerWatch::Waiting> blocked;  // for the stall watch, when the watchdog does not watch op
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (watch && !op.waiting && !op.ok) blocked = watch->BlockedIn(op.seq, op.title);
+  }
   WaitWithDeadline(
       [&] {
         std::lock_guard<std::mutex> lock(mu);

@@ -364,6 +364,9 @@ TEST(NcclCommunicatorTest, BadInputsAreClearErrors) {
   zero.pre_divide = 0;
   EXPECT_THROW(comm->AllReduce(full, zero), InvalidArgumentError);
   EXPECT_THROW(NcclCommunicator::Create(nullptr, 0, 1), InvalidArgumentError);
+  NcclOptions bad_stall;  // the stall watch's own logic is tested on the CPU (peer_watch_test)
+  bad_stall.stall_warning = std::chrono::milliseconds(-1);
+  EXPECT_THROW(MakeWorld(bad_stall), InvalidArgumentError);
   // Still healthy after rejected calls.
   comm->AllReduce(full, {})->Wait();
 }
