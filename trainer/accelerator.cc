@@ -80,11 +80,13 @@ void SetCurrentDevice(const c10::Device& device) {
 }
 
 comm::CommunicatorPtr CreateNcclCommunicator(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
-                                             int device_index, std::chrono::milliseconds timeout) {
+                                             int device_index, const CommLimits& limits) {
 #ifdef SHARDTRAIN_CUDA
   comm::NcclOptions o;
   o.device = device_index;
-  o.timeout = timeout;
+  o.timeout = limits.timeout;
+  o.stall_warning = limits.stall_warning;
+  o.stall_timeout = limits.stall_timeout;
   return comm::NcclCommunicator::Create(std::move(store), rank, size, o);
 #else
   ST_THROW(InvalidArgumentError, "the NCCL communicator needs a build with CUDA support (--config=cuda)");

@@ -54,11 +54,18 @@ c10::Device RankDevice(const std::string& resolved_accelerator, int local_rank);
 // Makes `device` the calling thread's current CUDA device (no-op for CPU).
 void SetCurrentDevice(const c10::Device& device);
 
-// The NCCL communicator of the job for a rank on CUDA device `device_index`;
-// `timeout` bounds its creation and every collective (TrainerOptions::timeout).
+// The time limits of a Trainer's communicator (TrainerOptions' fields of the same names).
+struct CommLimits {
+  std::chrono::milliseconds timeout;                // its creation and every collective
+  std::chrono::milliseconds stall_warning{0};       // stalled-peer warning (0: none)
+  std::chrono::milliseconds stall_timeout{0};       // stalled-peer failure (0: none)
+};
+
+// The NCCL communicator of the job for a rank on CUDA device `device_index`,
+// with `limits` (NcclOptions' timeout, stall_warning, stall_timeout).
 // Throws InvalidArgumentError in a build without CUDA support.
 comm::CommunicatorPtr CreateNcclCommunicator(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
-                                             int device_index, std::chrono::milliseconds timeout);
+                                             int device_index, const CommLimits& limits);
 
 // Collectives on CPU tensors over any backend (comm/host_collectives.h).
 using comm::HostAllGather;

@@ -75,6 +75,10 @@ Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
   ST_CHECK_ARG(o.resume == "never" || o.resume == "auto", "resume must be \"never\" or \"auto\", got \"", o.resume,
                "\"");
   ST_CHECK_ARG(o.timeout.count() > 0, "timeout must be > 0 ms, got ", o.timeout.count(), " ms");
+  ST_CHECK_ARG(o.stall_warning.count() >= 0, "stall_warning must be >= 0 ms (0: no warning), got ",
+               o.stall_warning.count(), " ms");
+  ST_CHECK_ARG(o.stall_timeout.count() >= 0, "stall_timeout must be >= 0 ms (0: never fail on a stall), got ",
+               o.stall_timeout.count(), " ms");
   CheckProfilerOptions(o.profiler, o.profiler_steps);
   nonfinite_ = NonfiniteCheck(o.nonfinite, o.precision != "16-mixed");  // checks the option
   if (o.strategy_object) {
@@ -125,7 +129,7 @@ void Trainer::SetupProcesses() {
   if (W == 1) {
     if (cuda) {
       SetCurrentDevice(RankDevice(accelerator_, 0));
-      world_ = CreateNcclCommunicator(comm::CreateHashStore(), 0, 1, 0, options_.timeout);
+      world_ = CreateNcclCommunicator(comm::CreateHashStore(), 0, 1, 0, CommLimits{options_.timeout});
       return;
     }
     comm::GlooOptions go;
@@ -155,10 +159,11 @@ void Trainer::SetupProcesses() {
   if (cuda) {
     SetCurrentDevice(RankDevice(accelerator_, info.local_rank));
     world_ = CreateNcclCommunicator(comm::CreateStore(ro), info.rank, info.world_size, info.local_rank,
-                                    options_.timeout);
+                                    CommLimits{options_.timeout, options_.stall_warning, options_.stall_timeout});
   } else {
     comm::GlooOptions go;
     go.timeout = options_.timeout;
+    go.stall_warning = options_.stall_warning;
     go.stall_timeout = options_.stall_timeout;
     world_ = comm::GlooCommunicator::Create(comm::CreateStore(ro), info.rank, info.world_size, go);
   }

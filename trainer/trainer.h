@@ -223,11 +223,19 @@ struct TrainerOptions {
   // the rank that found it, the loss or the first parameter), "skip" (every
   // rank skips that optimizer step; counted). See trainer/nonfinite.h.
   std::string nonfinite = "off";
+  // While a rank waits in a collective, it reads its peers' heartbeats (every
+  // second) and, after `stall_warning` of no progress by a peer (its
+  // heartbeat stopped: hung or SIGSTOPped; or alive but not issuing the
+  // collective), logs a warning naming that peer (rank, pid, host, its last
+  // collective), once per stall. 0: no warning. >= 0. (Gloo and NCCL
+  // communicators of a Trainer that makes its own; GlooOptions/NcclOptions::
+  // stall_warning; docs/reliability.md "Hangs".)
+  std::chrono::milliseconds stall_warning = std::chrono::seconds(60);
   // If > 0: a collective blocked this long on a peer that makes no progress
-  // (its heartbeat stopped: hung or SIGSTOPped) fails on every waiting rank
-  // naming that peer, long before `timeout` (GlooOptions::stall_timeout;
-  // heartbeats every second). 0: only `timeout` ends a wait. Gloo ranks of
-  // a Trainer that makes its own processes.
+  // fails on every waiting rank naming that peer, long before `timeout`
+  // (GlooOptions/NcclOptions::stall_timeout). 0: only `timeout` ends a wait.
+  // >= 0; may be below stall_warning (the failure then carries the report
+  // the warning would have given).
   std::chrono::milliseconds stall_timeout{0};
   // ---- end Faults ----
 };

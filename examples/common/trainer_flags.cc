@@ -22,9 +22,14 @@ DEFINE_string(accelerator, "cpu",
 DEFINE_int64(timeout_s, 1800,
              "seconds a collective or the rendezvous may take before the run fails (TrainerOptions::timeout; "
              "PyTorch's default 30 min); > 0");
+DEFINE_int64(stall_warning_s, 60,
+             "seconds a collective may wait on a peer that makes no progress (its heartbeat stopped, or it does not "
+             "issue the collective) before the waiting rank logs a warning naming it, once per stall "
+             "(TrainerOptions::stall_warning; 0: off); 0 or in [1, --timeout_s - 1]");
 DEFINE_int64(stall_timeout_s, 0,
-             "seconds a collective may wait on a peer whose heartbeat stopped (hung or stopped) before every "
-             "waiting rank fails naming it (TrainerOptions::stall_timeout; 0: off, only --timeout_s); < --timeout_s");
+             "seconds a collective may wait on a peer that makes no progress before every waiting rank fails "
+             "naming it (TrainerOptions::stall_timeout; 0: off, only --timeout_s); 0 or in [1, --timeout_s - 1]; "
+             "may be below --stall_warning_s (the failure carries the same report)");
 DEFINE_string(nonfinite, "off",
               "off, error (every rank stops naming the step and the first parameter with a NaN/Inf gradient) or "
               "skip (every rank skips that optimizer step) (TrainerOptions::nonfinite)");
@@ -57,6 +62,7 @@ ProcessPlan ApplyTrainerFlags(trainer::TrainerOptions& options) {
   ST_CHECK_ARG(FLAGS_timeout_s > 0 && FLAGS_timeout_s <= 7 * 24 * 3600, "--timeout_s must be in [1, 604800], got ",
                FLAGS_timeout_s);
   options.timeout = std::chrono::seconds(FLAGS_timeout_s);
+  options.stall_warning = std::chrono::seconds(FLAGS_stall_warning_s);
   options.stall_timeout = std::chrono::seconds(FLAGS_stall_timeout_s);
   options.nonfinite = FLAGS_nonfinite;
   options.resume = FLAGS_resume;  // checked by the Trainer: never or auto
@@ -88,7 +94,9 @@ void CheckTrainerFlags() {
   }
   CheckChoiceFlag("accelerator", FLAGS_accelerator, {"cpu", "cuda", "gpu", "auto"});
   CheckIntFlag("timeout_s", FLAGS_timeout_s, 1, 7 * 24 * 3600);
-  CheckIntFlag("stall_timeout_s", FLAGS_stall_timeout_s, 0, FLAGS_timeout_s - 1);
+  // Below --timeout_s, or the collective's own timeout ends the wait first.
+  CheckIntFlagOr("stall_warning_s", FLAGS_stall_warning_s, 0, "off", 1, FLAGS_timeout_s - 1);
+  CheckIntFlagOr("stall_timeout_s", FLAGS_stall_timeout_s, 0, "off", 1, FLAGS_timeout_s - 1);
   CheckChoiceFlag("nonfinite", FLAGS_nonfinite, {"off", "error", "skip"});
   CheckChoiceFlag("resume", FLAGS_resume, {"never", "auto"});
   CheckChoiceFlag("precision", FLAGS_precision, {"32-true", "bf16-mixed", "16-mixed", "bf16-true"});

@@ -16,6 +16,8 @@ DECLARE_string(devices);
 DECLARE_string(accelerator);
 DECLARE_string(precision);
 DECLARE_int64(timeout_s);
+DECLARE_int64(stall_warning_s);
+DECLARE_int64(stall_timeout_s);
 DECLARE_string(resume);
 DECLARE_string(profiler);
 DECLARE_string(profiler_steps);
@@ -30,7 +32,8 @@ ProcessPlan ApplyTrainerFlags(trainer::TrainerOptions& options);
 
 // Checks the flags above (flag_checks.h): --strategy is a registered name and
 // --strategy_options names only its keys, --devices, --accelerator and
-// --precision are valid. Throws FlagError.
+// --precision are valid, --timeout_s in [1, 604800], --stall_warning_s and
+// --stall_timeout_s in [0, --timeout_s - 1]. Throws FlagError.
 void CheckTrainerFlags();
 
 // An example's main(): parses the flags (with `usage`), checks them

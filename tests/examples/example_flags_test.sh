@@ -43,6 +43,10 @@ bad() {
 bad "$GPT" block_size 0
 bad "$GPT" nonfinite warn
 bad "$GPT" stall_timeout_s 1800   # not below --timeout_s=1800
+bad "$GPT" stall_timeout_s -1
+bad "$GPT" stall_warning_s 1800   # not below --timeout_s=1800
+bad "$GPT" stall_warning_s 10 --timeout_s=10
+bad "$GPT" stall_warning_s -1
 bad "$GPT" lr -1
 bad "$GPT" dropout 2
 bad "$GPT" checkpoint_every_n_steps -1
