@@ -25,3 +25,20 @@ def st_cc_binary(name, copts = [], **kwargs):
 
 def st_cc_test(name, copts = [], linkstatic = True, **kwargs):
     cc_test(name = name, copts = ST_COPTS + copts, linkstatic = linkstatic, **kwargs)
+
+def _st_cc_link_only_impl(ctx):
+    return [cc_common.merge_cc_infos(cc_infos = [
+        CcInfo(linking_context = dep[CcInfo].linking_context)
+        for dep in ctx.attr.deps
+    ])]
+
+# Forwards only what its deps add to a link (libraries, link options), none of
+# their headers, include paths or defines. A library that implements part of its
+# API in a configuration-specific dependency (//trainer:accelerator's CUDA
+# backend) links it through this rule, so that its dependents' compile commands
+# stay the same in every configuration and --config=cuda reuses the CPU build's
+# compiles (docs/build.md, "CI time budget").
+st_cc_link_only = rule(
+    implementation = _st_cc_link_only_impl,
+    attrs = {"deps": attr.label_list(providers = [CcInfo])},
+)

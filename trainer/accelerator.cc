@@ -7,29 +7,11 @@
 
 #include "base/errors.h"
 
-#ifdef SHARDTRAIN_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-
-#include "comm/nccl_communicator.h"
-#endif
+// BuildHasCuda, CudaDeviceCount, SetCurrentDevice and CreateNcclCommunicator are
+// in accelerator_cpu.cc or accelerator_cuda.cc (the build's choice), so that this
+// file compiles the same with and without --config=cuda.
 
 namespace shardtrain::trainer {
-
-bool BuildHasCuda() {
-#ifdef SHARDTRAIN_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
-int CudaDeviceCount() {
-#ifdef SHARDTRAIN_CUDA
-  return static_cast<int>(c10::cuda::device_count());
-#else
-  return 0;
-#endif
-}
 
 std::string ResolveAccelerator(const std::string& requested) {
   if (requested == "cpu") return "cpu";
@@ -68,29 +50,6 @@ int ParseDevices(const std::string& text, const std::string& flag) {
 c10::Device RankDevice(const std::string& accelerator, int local_rank) {
   if (accelerator != "cuda") return c10::Device(c10::kCPU);
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
-}
-
-void SetCurrentDevice(const c10::Device& device) {
-  if (!device.is_cuda()) return;
-#ifdef SHARDTRAIN_CUDA
-  c10::cuda::set_device(device.index());
-#else
-  ST_THROW(InvalidArgumentError, "device ", device.str(), " needs a build with CUDA support (--config=cuda)");
-#endif
-}
-
-comm::CommunicatorPtr CreateNcclCommunicator(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
-                                             int device_index, const CommLimits& limits) {
-#ifdef SHARDTRAIN_CUDA
-  comm::NcclOptions o;
-  o.device = device_index;
-  o.timeout = limits.timeout;
-  o.stall_warning = limits.stall_warning;
-  o.stall_timeout = limits.stall_timeout;
-  return comm::NcclCommunicator::Create(std::move(store), rank, size, o);
-#else
-  ST_THROW(InvalidArgumentError, "the NCCL communicator needs a build with CUDA support (--config=cuda)");
-#endif
 }
 
 }  // namespace shardtrain::trainer

@@ -51,6 +51,36 @@ struct LossSums {
   }
 };
 
+// What training_step log()ged for the next training row (a module's
+// logged_ and log_options_), set aside while an evaluation pass logs into
+// the module, which then starts empty; Restore() (or the destructor, on an
+// error) puts it back.
+class LogStash {
+ public:
+  LogStash(std::map<std::string, double>& logged, std::map<std::string, LogOptions>& options)
+      : logged_(logged), options_(options), kept_logged_(std::move(logged)), kept_options_(std::move(options)) {
+    logged.clear();
+    options.clear();
+  }
+  LogStash(const LogStash&) = delete;
+  LogStash& operator=(const LogStash&) = delete;
+  ~LogStash() { Restore(); }
+
+  void Restore() {
+    if (restored_) return;
+    restored_ = true;
+    logged_ = std::move(kept_logged_);
+    options_ = std::move(kept_options_);
+  }
+
+ private:
+  std::map<std::string, double>& logged_;
+  std::map<std::string, LogOptions>& options_;
+  std::map<std::string, double> kept_logged_;
+  std::map<std::string, LogOptions> kept_options_;
+  bool restored_ = false;
+};
+
 }  // namespace
 
 void Trainer::ForEachEvalBatch(const Dataset& data, Stage stage, bool trim_padding,
@@ -106,10 +136,7 @@ std::map<std::string, double> Trainer::RunEvalStage(TrainingModule& module, cons
     for (auto& cb : options_.callbacks) cb->on_validation_start(*this, module);
   }
   // What training_step log()ged for the next training row waits until this pass is done.
-  std::map<std::string, double> pending = std::move(module.logged_);
-  std::map<std::string, LogOptions> pending_options = std::move(module.log_options_);
-  module.logged_.clear();
-  module.log_options_.clear();
+  LogStash pending(module.logged_, module.log_options_);
   module.log_eval_defaults_ = true;
   internal::MetricCollector logged(
       {world_.get(), rank(), world_size(), [this](std::vector<double> v) { return AllReduceSum(std::move(v)); }});
@@ -139,8 +166,7 @@ std::map<std::string, double> Trainer::RunEvalStage(TrainingModule& module, cons
   }
   for (const auto& [k, x] : row) callback_metrics_[k] = x;
   RunEvalEpochEnd(module, test, row);
-  module.logged_ = std::move(pending);
-  module.log_options_ = std::move(pending_options);
+  pending.Restore();
   module.log_eval_defaults_ = false;
   if (!row.empty()) {
     std::map<std::string, double> logged_row = row;
@@ -221,8 +247,7 @@ std::string Describe(const at::Tensor& p) {
 
 at::Tensor Trainer::Predict(TrainingModule& module, const Dataset& data, const PredictOptions& options) {
   SetupForEval(module, "Predict", data);
-  std::map<std::string, double> pending = std::move(module.logged_);
-  std::map<std::string, LogOptions> pending_options = std::move(module.log_options_);
+  LogStash pending(module.logged_, module.log_options_);  // what predict_step log()s is dropped
   std::vector<at::Tensor> outs;
   ForEachEvalBatch(data, Stage::kPredict, /*trim_padding=*/false, [&](const Batch& b, int64_t i, int64_t) {
     at::Tensor p = module.predict_step(b, i);
@@ -238,8 +263,7 @@ at::Tensor Trainer::Predict(TrainingModule& module, const Dataset& data, const P
     outs.push_back(p.detach());
     return true;
   });
-  module.logged_ = std::move(pending);
-  module.log_options_ = std::move(pending_options);
+  pending.Restore();
   const int W = world_size(), r = rank();
   at::Tensor mine = at::cat(outs, 0);  // this rank's share, padding duplicates at the end
   // Samples covered: all, or (limit_predict_batches) the first W * rows of

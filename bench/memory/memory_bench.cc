@@ -25,7 +25,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -35,6 +34,7 @@
 #include "examples/common/trainer_flags.h"
 #include "examples/gpt/gpt_model.h"
 #include "strategies/sharded_strategy_base.h"
+#include "tests/testing/proc_status.h"
 #include "trainer/trainer.h"
 
 DEFINE_string(mode, "train", "train | load_full | load_sharded | self_test (does the peak method see a 256 MiB transient?)");
@@ -52,16 +52,6 @@ DEFINE_int32(steps, 1, "training steps");
 namespace {
 using namespace shardtrain;
 
-int64_t StatusKb(const char* key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  const std::string k = std::string(key) + ":";
-  while (std::getline(in, line)) {
-    if (line.rfind(k, 0) == 0) return std::stoll(line.substr(k.size()));
-  }
-  return -1;
-}
-
 int64_t StatmRssKb(int fd) {  // resident pages from /proc/self/statm (cheaper than status)
   char buf[128];
   const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
@@ -72,14 +62,6 @@ int64_t StatmRssKb(int fd) {  // resident pages from /proc/self/statm (cheaper t
   return resident * (::sysconf(_SC_PAGESIZE) / 1024);
 }
 
-bool ClearRefs() {
-  const int fd = ::open("/proc/self/clear_refs", O_WRONLY);
-  if (fd < 0) return false;
-  const bool ok = ::write(fd, "5", 1) == 1;
-  ::close(fd);
-  return ok;
-}
-
 // True when clear_refs resets VmHWM: a 64 MiB touched and released mapping
 // raises the peak, and the reset must bring it back down.
 bool ClearRefsResetsPeak() {
@@ -88,9 +70,9 @@ bool ClearRefsResetsPeak() {
   if (p == MAP_FAILED) return false;
   std::memset(p, 1, bytes);
   ::munmap(p, bytes);
-  const int64_t raised = StatusKb("VmHWM");
-  if (!ClearRefs()) return false;
-  return StatusKb("VmHWM") < raised - 32 * 1024;
+  const int64_t raised = testing::ProcStatusKb("VmHWM");
+  if (!testing::ResetPeakRss()) return false;
+  return testing::ProcStatusKb("VmHWM") < raised - 32 * 1024;
 }
 
 // Peak RSS of this process since the last Reset(), by either method.
@@ -118,14 +100,15 @@ class PeakMeter {
   const char* method() const { return sampler_ ? "vmrss_sampler_2ms" : "vmhwm_clear_refs"; }
   void Reset() {
     if (!sampler_) {
-      ST_CHECK_ARG(ClearRefs(), "cannot write /proc/self/clear_refs (needed to reset VmHWM between phases)");
+      ST_CHECK_ARG(testing::ResetPeakRss(),
+                   "cannot write /proc/self/clear_refs (needed to reset VmHWM between phases)");
       return;
     }
-    ClearRefs();  // where it works, VmHWM is recorded next to the sampler's peak for comparison
+    testing::ResetPeakRss();  // where it works, VmHWM is recorded next to the sampler's peak for comparison
     max_kb_ = StatmRssKb(fd_);
   }
   int64_t PeakKb() {
-    if (!sampler_) return StatusKb("VmHWM");
+    if (!sampler_) return testing::ProcStatusKb("VmHWM");
     Observe();
     return max_kb_.load();
   }
@@ -162,7 +145,7 @@ void Record(const std::string& phase) {
   std::ostringstream s;
   s << "{\"impl\":\"shardtrain\",\"model\":\"" << FLAGS_label << "\",\"W\":" << g_world << ",\"rank\":" << g_rank
     << ",\"phase\":\"" << phase << "\",\"peak_mib\":" << peak / 1024.0 << ",\"baseline_mib\":" << g_baseline_kb / 1024.0
-    << ",\"rss_method\":\"" << Meter().method() << "\",\"vmhwm_mib\":" << StatusKb("VmHWM") / 1024.0
+    << ",\"rss_method\":\"" << Meter().method() << "\",\"vmhwm_mib\":" << testing::ProcStatusKb("VmHWM") / 1024.0
     << ",\"t_s\":" << SecondsSinceStart() << "}\n";
   const std::string line = s.str();
   const int fd = ::open(FLAGS_out.c_str(), O_WRONLY | O_APPEND | O_CREAT, 0644);
@@ -202,12 +185,12 @@ class GptModule : public trainer::TrainingModule {
 // in the phase's peak (it fails where the peak method misses it); exit 1 if not.
 int SelfTest() {
   Meter().Reset();
-  const int64_t before = StatusKb("VmRSS");
+  const int64_t before = testing::ProcStatusKb("VmRSS");
   {
     at::Tensor t = at::ones({int64_t{64} << 20}, at::kFloat);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  const int64_t after = StatusKb("VmRSS");
+  const int64_t after = testing::ProcStatusKb("VmRSS");
   const double seen = (Meter().PeakKb() - before) / 1024.0;
   const bool ok = seen >= 0.9 * 256 && after - before < 128 * 1024;
   std::printf("{\"self_test\":\"shardtrain\",\"rss_method\":\"%s\",\"expected_mib\":256,\"seen_mib\":%.1f,\"ok\":%s}\n",
@@ -220,7 +203,7 @@ int Run() {
   ST_CHECK_ARG(FLAGS_mode == "train" || FLAGS_mode == "load_full" || FLAGS_mode == "load_sharded",
                "--mode must be train, load_full, load_sharded or self_test, got '", FLAGS_mode, "'");
   ST_CHECK_ARG(!FLAGS_dir.empty() && !FLAGS_out.empty(), "--dir and --out are required");
-  g_baseline_kb = StatusKb("VmRSS");
+  g_baseline_kb = testing::ProcStatusKb("VmRSS");
   trainer::TrainerOptions o;
   const examples::ProcessPlan plan = examples::ApplyTrainerFlags(o);
   g_rank = plan.rank;

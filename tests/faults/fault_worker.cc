@@ -16,8 +16,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "launch/launcher.h"
 #include "tests/faults/tiny_model.h"
+#include "tests/testing/worker_main.h"
 #include "trainer/stop_signals.h"
 
 namespace {
@@ -101,14 +101,4 @@ int Run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  int code = 1;
-  try {
-    code = Run(argc, argv);
-  } catch (const Preempted& e) {
-    code = e.exit_code();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-  }
-  return shardtrain::JoinLocalRanks(code);
-}
+int main(int argc, char** argv) { return shardtrain::testing::WorkerMain(Run, argc, argv); }

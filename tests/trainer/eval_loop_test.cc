@@ -167,6 +167,31 @@ Reference Compute(ScaleNetImpl& net, const TensorDataset& data) {
 // 25 samples: at W=2 and W=3 the sampler pads; with batch 4 a padded rank's
 // last batch is nothing but padding (runs whole, counts nothing), with batch 3
 // it holds real samples and one duplicate (cut).
+// A value log()ged after a step's metrics were collected (here in a
+// callback's on_train_batch_end) joins the next step's row, also when a
+// validation pass runs in between: the pass sets the module's pending values
+// aside and puts them back (eval_loop.cc, LogStash).
+TEST(TrainerTest, ValueLoggedBeforeValidationJoinsTheNextStepsRow) {
+  struct LogAfterStep : Callback {
+    std::vector<double> seen;  // callback_metrics()["after_step"] at each step's end, -1 when absent
+    void on_train_batch_end(Trainer& t, TrainingModule& m, const at::Tensor&, int64_t i) override {
+      const auto it = t.callback_metrics().find("after_step");
+      seen.push_back(it == t.callback_metrics().end() ? -1 : it->second);
+      m.log("after_step", static_cast<double>(i + 1));
+    }
+  };
+  auto cb = std::make_shared<LogAfterStep>();
+  TrainerOptions o = fixtures::BaseOptions(fixtures::TmpDir("log_stash"), 1);
+  o.max_epochs = 1;
+  o.val_check_interval = 2;  // validation after batches 2 and 4 (of 4)
+  o.callbacks = {cb};
+  fixtures::Classifier module;
+  Trainer trainer(o);
+  const auto train = fixtures::MakeData(64, 1), val = fixtures::MakeData(16, 2);
+  trainer.Fit(module, *train, val.get());
+  EXPECT_EQ(cb->seen, (std::vector<double>{-1, 1, 2, 3}));
+}
+
 TEST(TrainerTest, TestMetricsEqualTheSingleProcessComputation) {
   const TensorDataset data = MakeSet(25);
   auto ref_net = MakeNet();

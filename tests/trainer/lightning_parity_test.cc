@@ -6,7 +6,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <sstream>
@@ -70,6 +72,29 @@ TEST(Accelerator, AutoIsCpuWithoutCudaAndTrains) {
     EXPECT_EQ(t.accelerator(), "cpu");
   });
   EXPECT_EQ(r.losses.size(), 4u);
+}
+
+// The CUDA pieces of a build without --config=cuda (trainer/accelerator_cpu.cc,
+// linked instead of accelerator_cuda.cc): no device, and asking for one or for
+// NCCL is an error that says which build is needed.
+TEST(Accelerator, CudaPiecesOfABuildWithoutCudaThrow) {
+  if (BuildHasCuda()) GTEST_SKIP() << "built with --config=cuda";
+  EXPECT_EQ(CudaDeviceCount(), 0);
+  SetCurrentDevice(c10::Device(c10::kCPU));  // a no-op
+  const auto error_of = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const InvalidArgumentError& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  EXPECT_NE(error_of([] { SetCurrentDevice(c10::Device(c10::kCUDA, 0)); })
+                .find("device cuda:0 needs a build with CUDA support (--config=cuda)"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { CreateNcclCommunicator({}, 0, 1, 0, CommLimits{std::chrono::seconds(1)}); })
+                .find("the NCCL communicator needs a build with CUDA support (--config=cuda)"),
+            std::string::npos);
 }
 
 TEST(Accelerator, DevicesParsingAndChecks) {

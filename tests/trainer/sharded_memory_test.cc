@@ -29,12 +29,12 @@
 #include <torch/optim/adamw.h>
 
 #include <algorithm>
-#include <fstream>
 #include <mutex>
 
 #include "sharding/sharded_model.h"
 #include "strategies/sharded_strategy_base.h"
 #include "tests/testing/counting_allocator.h"
+#include "tests/testing/proc_status.h"
 #include "tests/trainer/fixtures.h"
 #include "tests/trainer/unit_stack.h"
 #include "trainer/sharded_checkpoint.h"
@@ -226,16 +226,6 @@ constexpr bool kGlibcMalloc = false;
 constexpr bool kGlibcMalloc = true;
 #endif
 
-int64_t StatusKb(const char* key) {
-  std::ifstream in("/proc/self/status");
-  std::string line;
-  const std::string k = std::string(key) + ":";
-  while (std::getline(in, line)) {
-    if (line.rfind(k, 0) == 0) return std::stoll(line.substr(k.size()));
-  }
-  return -1;
-}
-
 // The peak live bytes of its rank thread over steps 2.. of a fit.
 class StepModule : public TrainingModule {
  public:
@@ -266,12 +256,9 @@ void StepWithinBudget(int world) {
   at::Tensor x = at::randn({32, kStepDim}, g);
   TensorDataset data(x, x.slice(1, 0, kClasses).argmax(1));
   std::vector<int64_t> peak(world, -1), budget(world, 0);
-  const int64_t rss_before = StatusKb("VmRSS") * 1024;
+  const int64_t rss_before = shardtrain::testing::ProcStatusKb("VmRSS") * 1024;
   const int64_t heap_free_before = static_cast<int64_t>(mallinfo2().fordblks);
-  {
-    std::ofstream clear("/proc/self/clear_refs");
-    clear << "5";  // VmHWM := VmRSS
-  }
+  shardtrain::testing::ResetPeakRss();  // VmHWM := VmRSS
   shardtrain::testing::RunRanks(world, [&](int rank, const auto& comm) {
     StepModule module;
     TrainerOptions o = Options(TmpDir("mem_step" + std::to_string(rank)), world, 4);
@@ -282,7 +269,7 @@ void StepWithinBudget(int world) {
     peak[rank] = module.step_peak;
     budget[rank] = 2 * OptimizerStateBytes(trainer) + kStepTransientUnits * kStepUnitBytes + kStepSlackBytes;
   });
-  const int64_t rss_growth = StatusKb("VmHWM") * 1024 - rss_before;
+  const int64_t rss_growth = shardtrain::testing::ProcStatusKb("VmHWM") * 1024 - rss_before;
   const int64_t heap_free_growth = static_cast<int64_t>(mallinfo2().fordblks) - heap_free_before;
   int64_t live_sum = 0;
   for (int r = 0; r < world; ++r) {

@@ -55,7 +55,7 @@ set +e
 exec_log=(); [[ "${SHARDTRAIN_PROOF_EXEC_LOG:-0}" == 1 ]] && exec_log=(--execution_log_json_file="$EXEC_LOG")
 "$B/tools/bazel" --output_base="$OB" test --config=ci --config=remote --remote_cache="$URL" --disk_cache= \
   --test_tag_filters=-exclusive,-local --test_summary=short "${exec_log[@]+"${exec_log[@]}"}" \
-  ${SHARDTRAIN_CI_TARGETS:-//...} 2>&1 | tee "$LOG"
+  -- ${SHARDTRAIN_CI_TARGETS:-//...} 2>&1 | tee "$LOG"  # `--`: negative patterns (-//x) are targets
 rc=${PIPESTATUS[0]}
 set -e
 say "clone B's build and test took $((SECONDS - t0)) s (exit $rc)"
