@@ -15,7 +15,8 @@
 // heartbeats use it unchanged. It keeps a pool of connections: a thread
 // blocked in get()/wait() never delays another thread's set() on the same
 // store (c10d's TCPStore client serializes them). clone() gives a store with
-// its own connections.
+// its own connections; a server started here lives as long as the store or
+// any of its clones.
 #ifndef SHARDTRAIN_COMM_AUTH_STORE_H_
 #define SHARDTRAIN_COMM_AUTH_STORE_H_
 
