@@ -172,8 +172,10 @@ class Server::Impl {
         continue;
       }
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) break;
-      // Closed (n == 0) or reset: normal for an authenticated client that is done.
-      if (!c.ready) {
+      // Closed (n == 0) or reset: normal for an authenticated client that is
+      // done. What a stranger sent before it hung up is judged first.
+      if (!c.ready) Process(c);
+      if (!c.dead && !c.ready) {
         Refuse(c, c.in.empty() ? "closed the connection without a handshake"
                                 : "closed the connection in the middle of its handshake");
       }

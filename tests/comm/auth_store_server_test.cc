@@ -124,6 +124,9 @@ TEST(AuthStoreServerTest, StrangersAreDroppedWhileAuthenticatedClientsWork) {
     AppendPlainFrame(hello, &wire);
     Send(strangers.back(), wire);
   }
+  strangers.push_back(RawConnect(port));  // c10d's bytes, then it hangs up: judged once, by what it sent
+  Send(strangers.back(), c10d_validate);
+  shutdown(strangers.back(), SHUT_WR);
   strangers.push_back(RawConnect(port));  // silent
   EXPECT_EQ(Ok(setter->Call(Writer(uint8_t(Op::kSet)).Str("go").Vec({1}).Take(), std::chrono::seconds(5))), Bytes{0});
   waiting.join();
