@@ -1,14 +1,13 @@
 #include "comm/heartbeat_store.h"
 
 #include <c10/util/Exception.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "base/errors.h"
+#include "comm/rendezvous.h"
 
 namespace shardtrain::comm {
 namespace {
@@ -47,10 +46,8 @@ gloo_internal::HeartbeatStore MakeHeartbeatStore(const c10::intrusive_ptr<c10d::
     });
   };
   // Which process serves the store, for when it cannot be read.
-  c10::intrusive_ptr<c10d::Store> base = store;
-  if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(base.get())) base = prefixed->getUnderlyingNonPrefixStore();
-  if (auto* tcp = dynamic_cast<c10d::TCPStore*>(base.get())) {
-    h.unreachable_note = internal::StrCat(": the TCPStore at ", tcp->getHost(), ":", tcp->getPort(),
+  if (auto server = TcpStoreAddress(store)) {
+    h.unreachable_note = internal::StrCat(": the store at ", server->host, ":", server->port,
                                           " is served by a single process (rank 0, or torchrun's agent), which has "
                                           "probably died");
   }

@@ -6,6 +6,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include "base/errors.h"
+#include "comm/auth_store.h"
 #include "comm/net_address.h"
 #include "comm/signed_store.h"
 
@@ -17,8 +18,23 @@ c10::intrusive_ptr<c10d::Store> CreateStore(const RendezvousOptions& o) {
   ST_CHECK_ARG(o.world_size >= 1, "rendezvous: world_size must be >= 1, got ", o.world_size);
   ST_CHECK_ARG(o.rank >= 0 && o.rank < o.world_size, "rendezvous: rank must be in [0, ", o.world_size, "), got ", o.rank);
   c10::intrusive_ptr<c10d::Store> store;
+  // With a secret, rank 0 serves the authenticated store (comm/auth_store.h)
+  // and every client proves the secret; its values need no signature.
+  // torchrun's agent store is c10d's: there the values are signed instead.
+  const bool authenticated = o.kind == "tcp" && !o.secret.empty() && !o.agent_store;
   try {
-    if (o.kind == "hash") {
+    if (authenticated) {
+      ST_CHECK_ARG(o.master_port > 0 && o.master_port < 65536, "rendezvous: master_port must be in 1..65535, got ",
+                   o.master_port);
+      AuthStoreOptions a;
+      a.host = o.master_addr;
+      a.port = o.master_port;
+      a.secret = o.secret;
+      a.serve = o.rank == 0;
+      a.bind_address = o.bind_address;
+      a.timeout = o.timeout;
+      store = CreateAuthStore(a);
+    } else if (o.kind == "hash") {
       store = CreateHashStore();
     } else if (o.kind == "file") {
       ST_CHECK_ARG(!o.file_path.empty(), "rendezvous kind 'file' needs a file path");
@@ -49,8 +65,23 @@ c10::intrusive_ptr<c10d::Store> CreateStore(const RendezvousOptions& o) {
              ", rank ", o.rank, "/", o.world_size, ") failed: ", e.what());
   }
   store->setTimeout(o.timeout);
-  if (!o.secret.empty()) store = SignStore(store, o.secret);
+  if (!o.secret.empty() && !authenticated) store = SignStore(store, o.secret);
   return store;
+}
+
+std::optional<StoreServerAddress> TcpStoreAddress(const c10::intrusive_ptr<c10d::Store>& store) {
+  c10::intrusive_ptr<c10d::Store> base = store;
+  for (;;) {  // see through prefixes and signatures
+    if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(base.get())) {
+      base = prefixed->getUnderlyingNonPrefixStore();
+    } else if (auto inner = SignedStoreInner(*base)) {
+      base = inner;
+    } else {
+      break;
+    }
+  }
+  if (auto* tcp = dynamic_cast<c10d::TCPStore*>(base.get())) return StoreServerAddress{tcp->getHost(), tcp->getPort()};
+  return AuthStoreServerAddress(*base);
 }
 
 }  // namespace shardtrain::comm

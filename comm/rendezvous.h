@@ -1,8 +1,11 @@
 // Rendezvous: the key-value stores through which ranks find each other.
 //
-// tcp  — c10d TCPStore at master_addr:master_port (rank 0 serves unless
-//        `agent_store`, as under torchrun, where every rank is a client and
-//        keys live under /worker/attempt_<restart count>).
+// tcp  — at master_addr:master_port, rank 0 serving. With a secret: the
+//        authenticated store (comm/auth_store.h: every client proves the
+//        secret). Without one, or with `agent_store` (torchrun's store, where
+//        every rank is a client and keys live under
+//        /worker/attempt_<restart count>): c10d's TCPStore, whose values are
+//        signed when there is a secret (comm/signed_store.h).
 // file — c10d FileStore at a shared path (one node or a shared filesystem).
 // hash — c10d HashStore in this process: threads-as-ranks tests.
 #ifndef SHARDTRAIN_COMM_RENDEZVOUS_H_
@@ -11,8 +14,10 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <optional>
 #include <string>
 
+#include "comm/auth_store.h"
 #include "comm/communicator.h"
 
 namespace shardtrain::comm {
@@ -32,15 +37,22 @@ struct RendezvousOptions {
   int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT
   std::string file_path;     // kind == "file"
   std::chrono::milliseconds timeout = kDefaultTimeout;
-  // The job's shared secret: when set, every value is signed and checked
-  // (comm/signed_store.h: a value a client without it wrote is refused,
-  // naming the key). launch/ fills it from SHARDTRAIN_SECRET(_FILE).
+  // The job's shared secret. kind "tcp" (not agent_store): every client of
+  // the store must prove it (comm/auth_store.h). Otherwise every value is
+  // signed and checked (comm/signed_store.h: a value a client without it
+  // wrote is refused, naming the key). launch/ fills it from
+  // SHARDTRAIN_SECRET(_FILE).
   std::string secret;
 };
 
 // Creates (or joins) the store. Throws InvalidArgumentError for an unknown kind
 // or missing fields, CommError when the store cannot be reached in time.
 c10::intrusive_ptr<c10d::Store> CreateStore(const RendezvousOptions& options);
+
+// The host and port of the TCP store server `store` talks to (c10d's
+// TCPStore or the authenticated store, seen through PrefixStore and
+// SignStore); nullopt for a FileStore or HashStore.
+std::optional<StoreServerAddress> TcpStoreAddress(const c10::intrusive_ptr<c10d::Store>& store);
 
 // A HashStore to share between threads-as-ranks.
 c10::intrusive_ptr<c10d::Store> CreateHashStore();

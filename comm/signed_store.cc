@@ -64,6 +64,7 @@ class SignedStore : public c10d::Store {
   }
   // append() would concatenate signed values: not offered (Gloo then uses set/get).
   bool hasExtendedApi() const override { return false; }
+  const c10::intrusive_ptr<c10d::Store>& inner() const { return inner_; }
 
  private:
   std::vector<uint8_t> Tag(const std::string& key, const uint8_t* value, size_t n) const {
@@ -115,6 +116,11 @@ c10::intrusive_ptr<c10d::Store> SignStore(c10::intrusive_ptr<c10d::Store> inner,
   ST_CHECK_ARG(secret.size() >= kMinSecretBytes, "the store secret must be at least ", kMinSecretBytes,
                " bytes, got ", secret.size());
   return c10::make_intrusive<SignedStore>(std::move(inner), secret);
+}
+
+c10::intrusive_ptr<c10d::Store> SignedStoreInner(const c10d::Store& store) {
+  const auto* s = dynamic_cast<const SignedStore*>(&store);
+  return s != nullptr ? s->inner() : c10::intrusive_ptr<c10d::Store>();
 }
 
 std::string StoreSecretFromEnvironment() {

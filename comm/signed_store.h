@@ -36,6 +36,9 @@ inline constexpr const char* kSecretFileEnvVar = "SHARDTRAIN_SECRET_FILE";
 // (InvalidArgumentError if it is shorter than 16 bytes).
 c10::intrusive_ptr<c10d::Store> SignStore(c10::intrusive_ptr<c10d::Store> inner, const std::string& secret);
 
+// The store a SignStore wraps, or null when `store` is not one.
+c10::intrusive_ptr<c10d::Store> SignedStoreInner(const c10d::Store& store);
+
 // The secret from SHARDTRAIN_SECRET, else from the file SHARDTRAIN_SECRET_FILE
 // names (InvalidArgumentError if it cannot be read, is readable by group or
 // others, or holds fewer than 16 bytes), else "" (no authentication).

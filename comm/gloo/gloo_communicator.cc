@@ -9,7 +9,6 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <cstdlib>
 #include <cstring>
@@ -30,6 +29,7 @@
 #include "comm/heartbeat_store.h"
 #include "comm/net_address.h"
 #include "comm/peer_watch.h"
+#include "comm/rendezvous.h"
 #include "comm/wait_time.h"
 
 namespace shardtrain::comm {
@@ -108,14 +108,14 @@ bool IsSupportedDtype(at::ScalarType t) {
   }
 }
 
-// Where Gloo listens by default: the local address that reaches the TCPStore's
-// host (loopback when that is loopback), as the store itself binds to it;
+// Where Gloo listens by default: the local address that reaches the store's
+// host (TCPStore or ours; loopback when that is loopback), as the store itself binds to it;
 // loopback for a HashStore (threads of one process); "" (the hostname's
 // address) for a FileStore, whose ranks may span hosts on a shared filesystem.
-std::string ListenAddressFor(c10d::Store& store) {
-  c10d::Store* base = &store;
+std::string ListenAddressFor(const c10::intrusive_ptr<c10d::Store>& store) {
+  if (auto server = TcpStoreAddress(store)) return LocalAddressToward(server->host);  // TCPStore or ours
+  c10d::Store* base = store.get();
   if (auto* prefixed = dynamic_cast<c10d::PrefixStore*>(base)) base = prefixed->getUnderlyingNonPrefixStore().get();
-  if (auto* tcp = dynamic_cast<c10d::TCPStore*>(base)) return LocalAddressToward(tcp->getHost());
   if (dynamic_cast<c10d::HashStore*>(base)) return "127.0.0.1";
   return "";
 }
@@ -149,7 +149,7 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(options_.hostname));
     } else if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
-    } else if (const std::string addr = gloo_internal::ListenAddressFor(*store_); !addr.empty()) {
+    } else if (const std::string addr = gloo_internal::ListenAddressFor(store_); !addr.empty()) {
       opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(addr));
     } else {
       opts->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());

@@ -139,6 +139,34 @@ expect_rc 0
 for r in 0 1 2; do expect_in stdout "rank $r/3 ok (source=torchrun agent_store=0 restart_count=0"; done
 end_case
 
+# Strangers at the launcher job's store (the launcher gives its ranks a
+# secret, so rank 0 serves the authenticated store): an HTTP request, c10d's
+# protocol and a 4 GiB frame announced, each sent and hung up, are dropped
+# and logged by rank 0 while the job completes.
+begin_case launcher_store_strangers
+STORE_PORT="$(free_port)"
+(
+  for payload in 'GET / HTTP/1.0\r\n\r\n' '\x00\xce\xf7\x85\x3c\x01' '\xff\xff\xff\xff'; do
+    for _ in $(seq 200); do
+      { exec 3<>"/dev/tcp/127.0.0.1/$STORE_PORT"; } 2>/dev/null && break
+      sleep 0.05
+    done
+    printf "$payload" >&3 2>/dev/null
+    exec 3>&-
+  done
+) &
+STRANGERS_PID=$!
+run 120 "$LAUNCHER" --nproc 3 --master_port "$STORE_PORT" -- "$WORKER" --timeout_ms=30000
+wait "$STRANGERS_PID"
+expect_rc 0
+for r in 0 1 2; do expect_in stdout "rank $r/3 ok"; done
+DROPPED="$(grep -c "dropped the connection from 127.0.0.1" "$CASE_DIR/stderr")"
+[[ "$DROPPED" -eq 3 ]] || fail "rank 0 logged $DROPPED dropped strangers, expected 3"
+expect_in stderr "announced a handshake message of 542393671 bytes"
+expect_in stderr "it speaks c10d's TCPStore protocol"
+expect_in stderr "announced a handshake message of 4294967295 bytes"
+end_case
+
 begin_case launcher_2_ranks_file_store
 run 120 "$LAUNCHER" --nproc 2 -- "$WORKER" --timeout_ms=30000 --rendezvous=file --file_path="$CASE_DIR/store"
 expect_rc 0

@@ -1,4 +1,4 @@
-// Signed store values (comm/signed_store.h) over a real TCPStore: ranks that
+// Signed store values (comm/signed_store.h) over a real c10d TCPStore: ranks that
 // share the secret run Gloo collectives through it (shared memory on, so the
 // shared-memory token, heartbeats and Gloo's addresses are all signed); a
 // stranger client without the secret who writes keys, forges values or moves
@@ -26,15 +26,17 @@ namespace {
 
 constexpr const char* kSecret = "0123456789abcdef0123456789abcdef";
 
-RendezvousOptions SignedTcp(int rank, int port, const std::string& secret = kSecret) {
+// A rank's c10d TCPStore with signed values. (CreateStore with a secret
+// gives the authenticated store instead, comm/auth_store.h; signing stays for
+// c10d's stores: FileStore, torchrun's agent store.)
+c10::intrusive_ptr<c10d::Store> SignedTcp(int rank, int port, const std::string& secret = kSecret) {
   RendezvousOptions o;
   o.rank = rank;
   o.world_size = 2;
   o.master_addr = "127.0.0.1";
   o.master_port = port;
   o.timeout = std::chrono::seconds(10);
-  o.secret = secret;
-  return o;
+  return SignStore(CreateStore(o), secret);
 }
 
 
@@ -71,8 +73,8 @@ int FreePort() {
 
 TEST(SignedStoreTest, StrangersCannotMakeRanksAcceptTheirValues) {
   const int port = FreePort();
-  auto rank0 = CreateStore(SignedTcp(0, port));
-  auto rank1 = CreateStore(SignedTcp(1, port));
+  auto rank0 = SignedTcp(0, port);
+  auto rank1 = SignedTcp(1, port);
   auto stranger = Stranger(port);
   // Signed round trips between the ranks.
   rank0->set("a", Bytes("from rank 0"));
@@ -102,7 +104,7 @@ TEST(SignedStoreTest, CollectivesRunOverASignedStore) {
   auto body = [&](int rank) {
     GlooOptions go;
     go.timeout = std::chrono::seconds(20);
-    auto comm = GlooCommunicator::Create(CreateStore(SignedTcp(rank, port)), rank, 2, go);
+    auto comm = GlooCommunicator::Create(SignedTcp(rank, port), rank, 2, go);
     at::Tensor t = at::full({1000}, static_cast<float>(rank + 1));
     comm->AllReduce(t)->Wait();
     comm->Barrier()->Wait();
@@ -122,7 +124,7 @@ TEST(SignedStoreTest, ARankWithAnotherSecretFailsOnBothSidesNamingAKey) {
     try {
       GlooOptions go;
       go.timeout = std::chrono::seconds(10);
-      auto store = CreateStore(SignedTcp(rank, port, rank == 0 ? kSecret : "another secret of 32 bytes......"));
+      auto store = SignedTcp(rank, port, rank == 0 ? kSecret : "another secret of 32 bytes......");
       GlooCommunicator::Create(store, rank, 2, go);
     } catch (const std::exception& e) {
       errors[rank] = e.what();
