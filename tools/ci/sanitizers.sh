@@ -10,7 +10,7 @@
 #         //tests/trainer but $TSAN_EXCLUDED below (the process tests run their
 #         binaries built with TSan too). LibTorch and Gloo are not instrumented;
 #         tsan.supp lists the reports whose other side is inside them. Not in
-#         .ci/run: ~25 min cold at load ~7, ~9 min of tests warm (docs/reliability.md)
+#         .ci/run: ~30 min to build at load ~7, then 329 s warm (docs/reliability.md)
 #   fuzz  tools/fuzz/run_checkpoint_fuzzer.sh for $SHARDTRAIN_FUZZ_SECONDS (60)
 #   all   asan, then fuzz
 #
@@ -46,10 +46,11 @@ TSAN_TARGETS=(//tests/comm/... //tests/sharding/... //tests/trainer/...)
 # - //tests/comm:nccl_communicator_test: CUDA only (incompatible without
 #   --config=cuda, so the pattern skips it); NCCL is not instrumented either.
 # - //tests/trainer:sharded_memory_test: 261 s under TSan at load ~7 (164 s
-#   in one case), next to its 300 s timeout, while every other target takes
-#   under 90 s; it measures memory, and its W=2/W=4 steps and sharded saves
-#   and loads run under TSan in trainer_test, sharded_checkpoint_test and
-#   checkpoint_memory_test. Passed clean on 2026-12-01 (--test_timeout=900).
+#   in one case), next to its 300 s timeout, while the two process tests take
+#   86-154 s and every other target under 25 s; it measures memory, and its
+#   W=2/W=4 steps and sharded saves and loads run under TSan in trainer_test,
+#   sharded_checkpoint_test and checkpoint_memory_test. Passed clean on
+#   2026-12-01 (--test_timeout=900).
 TSAN_EXCLUDED=(//tests/trainer:sharded_memory_test)
 
 timed() {
