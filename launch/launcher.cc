@@ -527,11 +527,15 @@ int LocalLauncher::Join(int rank0_exit_code) {
     return rank0_exit_code;
   }
   std::unique_lock<std::mutex> lock(s.mu);
-  if (s.done) return rank0_exit_code != 0 ? rank0_exit_code : s.result;
-  if (s.monitor_running) {
-    s.cv.wait(lock, [&s] { return s.done || !s.monitor_running; });
-    if (s.done) return rank0_exit_code != 0 ? rank0_exit_code : s.result;
+  if (s.monitor_running) s.cv.wait(lock, [&s] { return s.done || !s.monitor_running; });
+  if (!s.monitor_running && s.monitor.joinable()) {
+    // The monitor thread has finished its work: join it, so that it does not
+    // outlive Join (ThreadSanitizer reported the unjoined thread as a leak).
+    lock.unlock();
+    s.monitor.join();
+    lock.lock();
   }
+  if (s.done) return rank0_exit_code != 0 ? rank0_exit_code : s.result;
   const int result = s.RunToCompletion(lock, /*exit_process_on_failure=*/false);
   return rank0_exit_code != 0 ? rank0_exit_code : result;
 }

@@ -94,7 +94,11 @@ std::vector<at::Tensor> WrapPoint::MaybeCheckpoint(const std::vector<at::Tensor>
   if (!checkpointing() || !at::GradMode::is_enabled()) return fn(inputs);
   auto run = c10::make_intrusive<CheckpointRun>();
   run->fn = fn;
-  static const at::Tensor anchor = at::empty({0}).set_requires_grad(true);
+  // One anchor per call, not a process-wide one: every apply adds an edge to
+  // the anchor's gradient accumulator and writes to that node without a lock
+  // (Node::set_next_edges), so ranks run as threads, or two models trained in
+  // two threads, raced on a shared one (ThreadSanitizer found it).
+  const at::Tensor anchor = at::empty({0}).set_requires_grad(true);
   return CheckpointFunction::apply(at::TensorList(inputs), anchor, run);
 }
 

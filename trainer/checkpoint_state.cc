@@ -14,6 +14,7 @@
 #include <torch/serialize/output-archive.h>
 
 #include <algorithm>
+#include <mutex>
 #include <optional>
 #include <sstream>
 
@@ -103,6 +104,19 @@ std::map<std::string, std::vector<int64_t>> ParamShapes(strategies::Strategy& s)
   return out;
 }
 
+// LibTorch's TorchScript archives (torch::serialize: torch::jit::load and
+// the module export behind OutputArchive) build process-wide JIT state on
+// first use and share it afterwards: static rewrite tables
+// (rewriteQuantizedConvForBC), name manglers, the type caches. LibTorch does
+// not say that this is safe from several threads at once, and ranks run as
+// threads (tests, threads-as-ranks), where ThreadSanitizer reported those
+// accesses. One lock around our two uses: the archives are small and made
+// only at checkpoints, and no collective runs while it is held.
+std::mutex& TorchScriptArchiveMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
 }  // namespace
 
 std::string OptimizerKind(const torch::optim::Optimizer& opt) {
@@ -113,6 +127,7 @@ std::string OptimizerKind(const torch::optim::Optimizer& opt) {
 }
 
 std::string SerializeOptimizer(const torch::optim::Optimizer& opt) {
+  std::lock_guard<std::mutex> lock(TorchScriptArchiveMutex());
   torch::serialize::OutputArchive ar;
   opt.save(ar);
   std::ostringstream os;
@@ -122,6 +137,7 @@ std::string SerializeOptimizer(const torch::optim::Optimizer& opt) {
 
 void LoadOptimizerArchive(torch::optim::Optimizer& opt, const std::string& bytes, const std::string& path) {
   try {
+    std::lock_guard<std::mutex> lock(TorchScriptArchiveMutex());
     torch::serialize::InputArchive ar;
     std::istringstream is(bytes);
     ar.load_from(is);

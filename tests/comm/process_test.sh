@@ -65,6 +65,13 @@ end_case() {
   fi
 }
 
+# The sanitizer runtimes' options (tools/ci/sanitizers.sh sets them: the
+# suppression files) survive the clean environments below.
+SAN_ENV=()
+for v in ASAN_OPTIONS LSAN_OPTIONS UBSAN_OPTIONS TSAN_OPTIONS; do
+  [[ -n "${!v:-}" ]] && SAN_ENV+=("$v=${!v}")
+done
+
 # Runs a command with a clean environment (no RANK, SLURM_*, OMPI_*, ... from
 # the caller) and a hard limit, capturing stdout/stderr, exit code and time.
 RC=0
@@ -75,7 +82,8 @@ run() {
   local start
   start="$(now_ms)"
   timeout --kill-after=5 "$limit" env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="${HOME:-/tmp}" \
-    TMPDIR="${TEST_TMPDIR:-/tmp}" OMP_NUM_THREADS=1 "$@" >"$CASE_DIR/stdout" 2>"$CASE_DIR/stderr"
+    TMPDIR="${TEST_TMPDIR:-/tmp}" OMP_NUM_THREADS=1 "${SAN_ENV[@]+"${SAN_ENV[@]}"}" "$@" >"$CASE_DIR/stdout" \
+    2>"$CASE_DIR/stderr"
   RC=$?
   ELAPSED_MS=$(( $(now_ms) - start ))
   if [[ $RC -eq 124 || $RC -eq 137 ]]; then fail "hung: killed after ${limit} s: $*"; fi
@@ -270,7 +278,7 @@ start_stopped_rank_job() {
   ls /dev/shm >"$CASE_DIR/shm_before" 2>/dev/null
   JOB_START_MS="$(now_ms)"
   timeout --kill-after=5 60 env -i PATH=/usr/local/bin:/usr/bin:/bin HOME="${HOME:-/tmp}" TMPDIR="${TEST_TMPDIR:-/tmp}" \
-    OMP_NUM_THREADS=1 "${envs[@]+"${envs[@]}"}" "$LAUNCHER" --nproc 2 --kill_grace_ms 1000 -- "$WORKER" \
+    OMP_NUM_THREADS=1 "${SAN_ENV[@]+"${SAN_ENV[@]}"}" "${envs[@]+"${envs[@]}"}" "$LAUNCHER" --nproc 2 --kill_grace_ms 1000 -- "$WORKER" \
     --stop_rank=1 --die_after_ms=1000 --heartbeat_ms=250 --status_dir="$CASE_DIR" "$@" \
     >"$CASE_DIR/stdout" 2>"$CASE_DIR/stderr" &
   LAUNCH_PID=$!

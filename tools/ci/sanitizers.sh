@@ -6,8 +6,11 @@
 #
 #   asan  (default) --config=asan (AddressSanitizer + UndefinedBehaviorSanitizer) on
 #         //tests/comm/... and //tests/sharding/... (.ci/run runs this step)
-#   tsan  --config=tsan on $TSAN_TARGETS below (LibTorch and Gloo are not
-#         instrumented; tsan.supp lists the reports whose other side is inside them)
+#   tsan  --config=tsan on every test of //tests/comm, //tests/sharding and
+#         //tests/trainer but $TSAN_EXCLUDED below (the process tests run their
+#         binaries built with TSan too). LibTorch and Gloo are not instrumented;
+#         tsan.supp lists the reports whose other side is inside them. Not in
+#         .ci/run: ~30 min to build at load ~7, then 329 s warm (docs/reliability.md)
 #   fuzz  tools/fuzz/run_checkpoint_fuzzer.sh for $SHARDTRAIN_FUZZ_SECONDS (60)
 #   all   asan, then fuzz
 #
@@ -38,8 +41,17 @@ for arg in "$@"; do
   if [[ "$arg" == -* ]]; then FLAGS+=("$arg"); else TARGETS+=("$arg"); fi
 done
 ASAN_TARGETS=(//tests/comm/... //tests/sharding/...)
-TSAN_TARGETS=(//tests/comm:gloo_communicator_test //tests/sharding:shard_layout_test //tests/sharding:sharded_init_test
-  //tests/trainer:data_loader_test)
+TSAN_TARGETS=(//tests/comm/... //tests/sharding/... //tests/trainer/...)
+# Left out of the default TSan run (name one after `--` to run it anyway):
+# - //tests/comm:nccl_communicator_test: CUDA only (incompatible without
+#   --config=cuda, so the pattern skips it); NCCL is not instrumented either.
+# - //tests/trainer:sharded_memory_test: 261 s under TSan at load ~7 (164 s
+#   in one case), next to its 300 s timeout, while the two process tests take
+#   86-154 s and every other target under 25 s; it measures memory, and its
+#   W=2/W=4 steps and sharded saves and loads run under TSan in trainer_test,
+#   sharded_checkpoint_test and checkpoint_memory_test. Passed clean on
+#   2026-12-01 (--test_timeout=900).
+TSAN_EXCLUDED=(//tests/trainer:sharded_memory_test)
 
 timed() {
   local t0=$SECONDS
@@ -58,10 +70,10 @@ run_asan() {
 }
 
 run_tsan() {
-  ((${#TARGETS[@]})) || TARGETS=("${TSAN_TARGETS[@]}")
+  ((${#TARGETS[@]})) || TARGETS=("${TSAN_TARGETS[@]}" "${TSAN_EXCLUDED[@]/#/-}")
   timed tools/bazel test --config=ci --config=tsan "${FLAGS[@]}" \
     --test_env=TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions="$SUPP/tsan.supp" \
-    "${TARGETS[@]}"
+    -- "${TARGETS[@]}"
 }
 
 case "$MODE" in
