@@ -8,13 +8,17 @@
 #include "base/errors.h"
 #include "base/logging.h"
 
-#if defined(__GLIBC__)
+// Under AddressSanitizer or ThreadSanitizer malloc is the sanitizer's, not
+// glibc's: nothing to set.
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define SHARDTRAIN_GLIBC_MALLOC 1
 #include <malloc.h>
 #endif
 
 namespace shardtrain::sharding {
 namespace {
 
+#ifdef SHARDTRAIN_GLIBC_MALLOC
 // SHARDTRAIN_MMAP_THRESHOLD: unset (-1), 0 (leave malloc alone) or bytes.
 int64_t ThresholdFromEnvironment() {
   const char* v = std::getenv("SHARDTRAIN_MMAP_THRESHOLD");
@@ -33,10 +37,10 @@ bool UserChoseThreshold() {
   return t != nullptr && std::strstr(t, "glibc.malloc.mmap_threshold") != nullptr;
 }
 
-// Under AddressSanitizer or ThreadSanitizer malloc is the sanitizer's, not
-// glibc's: nothing to set.
+#endif  // SHARDTRAIN_GLIBC_MALLOC
+
 bool Apply(int64_t threshold_bytes) {
-#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#ifdef SHARDTRAIN_GLIBC_MALLOC
   ST_CHECK_ARG(threshold_bytes > 0, "KeepFreedHostMemoryReturnable: threshold_bytes must be > 0, got ",
                threshold_bytes);
   const int64_t env = ThresholdFromEnvironment();
