@@ -23,6 +23,7 @@
 #include "comm/auth_store/internal/protocol.h"
 #include "comm/auth_store/internal/server.h"
 #include "comm/net_address.h"
+#include "tests/testing/loopback.h"
 
 namespace shardtrain::comm::auth_store {
 namespace {
@@ -57,12 +58,8 @@ std::unique_ptr<Connection> Open(int port, const std::string& secret = kSecret) 
 }
 
 int RawConnect(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  const int fd = testing::ConnectTcp("127.0.0.1", port);
+  EXPECT_GE(fd, 0) << "cannot connect to 127.0.0.1:" << port;
   return fd;
 }
 

@@ -26,6 +26,7 @@
 #include "comm/gloo_communicator.h"
 #include "comm/rendezvous.h"
 #include "comm/signed_store.h"
+#include "tests/testing/loopback.h"
 
 namespace shardtrain::comm {
 namespace {
@@ -34,17 +35,7 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kSecret = "0123456789abcdef0123456789abcdef";
 constexpr int kWorld = 3;
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+int FreePort() { return testing::FreeLoopbackPort(); }
 
 RendezvousOptions Tcp(int rank, int port, const std::string& secret = kSecret) {
   RendezvousOptions o;
@@ -59,12 +50,8 @@ RendezvousOptions Tcp(int rank, int port, const std::string& secret = kSecret) {
 std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 int RawConnect(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  const int fd = testing::ConnectTcp("127.0.0.1", port);
+  EXPECT_GE(fd, 0) << "cannot connect to 127.0.0.1:" << port;
   return fd;
 }
 

@@ -20,35 +20,15 @@
 #include "comm/gloo_communicator.h"
 #include "comm/net_address.h"
 #include "comm/rendezvous.h"
+#include "tests/testing/loopback.h"
 
 namespace shardtrain::comm {
 namespace {
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+int FreePort() { return testing::FreeLoopbackPort(); }
 
 // A stranger's connection to `ip`:`port` (-1 if refused).
-int Connect(const std::string& ip, int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
+int Connect(const std::string& ip, int port) { return testing::ConnectTcp(ip, port); }
 
 void Send(int fd, const std::vector<uint8_t>& bytes) {
   (void)!send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
