@@ -17,6 +17,8 @@ c10::intrusive_ptr<c10d::Store> CreateHashStore() { return c10::make_intrusive<c
 c10::intrusive_ptr<c10d::Store> CreateStore(const RendezvousOptions& o) {
   ST_CHECK_ARG(o.world_size >= 1, "rendezvous: world_size must be >= 1, got ", o.world_size);
   ST_CHECK_ARG(o.rank >= 0 && o.rank < o.world_size, "rendezvous: rank must be in [0, ", o.world_size, "), got ", o.rank);
+  ST_CHECK_ARG(o.kind != "tcp" || (o.master_port > 0 && o.master_port < 65536),
+               "rendezvous: master_port must be in 1..65535, got ", o.master_port);
   c10::intrusive_ptr<c10d::Store> store;
   // With a secret, rank 0 serves the authenticated store (comm/auth_store.h)
   // and every client proves the secret; its values need no signature.
@@ -24,8 +26,6 @@ c10::intrusive_ptr<c10d::Store> CreateStore(const RendezvousOptions& o) {
   const bool authenticated = o.kind == "tcp" && !o.secret.empty() && !o.agent_store;
   try {
     if (authenticated) {
-      ST_CHECK_ARG(o.master_port > 0 && o.master_port < 65536, "rendezvous: master_port must be in 1..65535, got ",
-                   o.master_port);
       AuthStoreOptions a;
       a.host = o.master_addr;
       a.port = o.master_port;
@@ -40,8 +40,6 @@ c10::intrusive_ptr<c10d::Store> CreateStore(const RendezvousOptions& o) {
       ST_CHECK_ARG(!o.file_path.empty(), "rendezvous kind 'file' needs a file path");
       store = c10::make_intrusive<c10d::FileStore>(o.file_path, o.world_size);
     } else if (o.kind == "tcp") {
-      ST_CHECK_ARG(o.master_port > 0 && o.master_port < 65536, "rendezvous: master_port must be in 1..65535, got ",
-                   o.master_port);
       c10d::TCPStoreOptions opts;
       opts.port = static_cast<uint16_t>(o.master_port);
       opts.isServer = !o.agent_store && o.rank == 0;

@@ -17,6 +17,7 @@
 #include "base/errors.h"
 #include "base/logging.h"
 #include "comm/gloo_communicator.h"
+#include "comm/peer_watch.h"
 #include "comm/rendezvous.h"
 #include "launch/cluster_environment.h"
 #include "launch/cluster_rendezvous.h"
@@ -75,10 +76,7 @@ Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
   ST_CHECK_ARG(o.resume == "never" || o.resume == "auto", "resume must be \"never\" or \"auto\", got \"", o.resume,
                "\"");
   ST_CHECK_ARG(o.timeout.count() > 0, "timeout must be > 0 ms, got ", o.timeout.count(), " ms");
-  ST_CHECK_ARG(o.stall_warning.count() >= 0, "stall_warning must be >= 0 ms (0: no warning), got ",
-               o.stall_warning.count(), " ms");
-  ST_CHECK_ARG(o.stall_timeout.count() >= 0, "stall_timeout must be >= 0 ms (0: never fail on a stall), got ",
-               o.stall_timeout.count(), " ms");
+  comm::CheckStallOptions(o.stall_warning, o.stall_timeout, "TrainerOptions");
   CheckProfilerOptions(o.profiler, o.profiler_steps);
   nonfinite_ = NonfiniteCheck(o.nonfinite, o.precision != "16-mixed");  // checks the option
   if (o.strategy_object) {
