@@ -153,10 +153,22 @@ end_case
 # and logged by rank 0 while the job completes.
 begin_case launcher_store_strangers
 STORE_PORT="$(free_port)"
+# The strangers connect only once the job's own store listens on the port:
+# before, the port may belong to any process, e.g. a concurrently running
+# test's Gloo pair (the likely cause of one gloo_communicator_tcp_test failure
+# in CI: "Connection closed by peer" while connecting its mesh).
+store_is_ours() {
+  local pid exe
+  for pid in $(ss -Hltnp "sport = :$STORE_PORT" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2); do
+    exe="$(readlink -f "/proc/$pid/exe" 2>/dev/null)"
+    [[ "$exe" == "$(readlink -f "$LAUNCHER")" || "$exe" == "$(readlink -f "$WORKER")" ]] && return 0
+  done
+  return 1
+}
 (
   for payload in 'GET / HTTP/1.0\r\n\r\n' '\x00\xce\xf7\x85\x3c\x01' '\xff\xff\xff\xff'; do
     for _ in $(seq 200); do
-      { exec 3<>"/dev/tcp/127.0.0.1/$STORE_PORT"; } 2>/dev/null && break
+      store_is_ours && { exec 3<>"/dev/tcp/127.0.0.1/$STORE_PORT"; } 2>/dev/null && break
       sleep 0.05
     done
     printf "$payload" >&3 2>/dev/null
