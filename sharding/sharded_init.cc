@@ -45,6 +45,7 @@ ShardedInitScope::ShardedInitScope(ShardGroupPlace place, WrapPolicy policy)
                place_.rank, " is not in a shard group of ", place_.size, " (valid: 0..size-1, size >= 1)");
   ST_CHECK_ARG(policy_.should_wrap != nullptr, "ShardedInitScope: the wrap policy has no should_wrap function");
   KeepFreedHostMemoryReturnable();  // construction frees a unit's full values per wrap point
+  InstallHostBlockCache();
   g_active = this;
 }
 
@@ -52,7 +53,10 @@ ShardedInitScope::ShardedInitScope(const comm::Communicator& world, const Shardi
                                    int local_world_size)
     : ShardedInitScope(ShardGroupOf(world.rank(), world.size(), options, local_world_size), std::move(policy)) {}
 
-ShardedInitScope::~ShardedInitScope() { g_active = previous_; }
+ShardedInitScope::~ShardedInitScope() {
+  g_active = previous_;
+  ReleaseHostBlockCache();  // construction's transients are not the step's
+}
 
 ShardedInitScope* ShardedInitScope::Active() { return g_active; }
 

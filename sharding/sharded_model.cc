@@ -48,6 +48,7 @@ ShardedModel::ShardedModel(std::shared_ptr<torch::nn::Module> module, comm::Comm
   ST_CHECK_ARG(world_ != nullptr, "ShardedModel needs a communicator");
   ValidateShardingOptions(options_);
   KeepFreedHostMemoryReturnable();  // before any unit is built (sharding/host_memory.h)
+  InstallHostBlockCache();
   {
     std::lock_guard<std::mutex> lock(g_sharded_modules_mu);
     for (const auto& m : module_->modules()) {
@@ -101,6 +102,7 @@ ShardedModel::ShardedModel(std::shared_ptr<torch::nn::Module> module, comm::Comm
   }
   BuildUnits(policy, checkpoint);
   unregister.armed = false;
+  ReleaseHostBlockCache();  // the unsharded parameters' blocks are not the step's
 }
 
 ShardedModel::~ShardedModel() {

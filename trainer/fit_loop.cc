@@ -19,6 +19,7 @@
 
 #include "base/errors.h"
 #include "base/logging.h"
+#include "sharding/host_memory.h"
 #include "trainer/file_util.h"
 #include "trainer/metric_log.h"
 #include "trainer/model_summary.h"
@@ -104,7 +105,10 @@ void Trainer::RunFit(TrainingModule& module, const Dataset& train, const Dataset
   should_stop_ = false;
   // Resume before the loggers make this run's version_N: a failed resume leaves no empty one.
   const std::string resume_from = ResolveCheckpointPath(ckpt_path);
-  if (!resume_from.empty()) LoadFrom(resume_from);
+  if (!resume_from.empty()) {
+    LoadFrom(resume_from);
+    sharding::ReleaseHostBlockCache();  // what the load read is not what the steps need
+  }
   SetupLoggers(module);
   ProfilingScope profiling(*this);  // profiler="simple"/"pytorch" (trainer/profiler.h)
   step_losses_.clear();
@@ -390,6 +394,8 @@ std::string Trainer::SaveLast(FitLoop& loop) {
 }
 
 void Trainer::FinishFit(FitLoop& loop) {
+  // The steps' freed host blocks were kept for the next step: there is none.
+  sharding::ReleaseHostBlockCache();
   std::string saved;
   if (loop.stop_signal != 0 && options_.enable_checkpointing) {
     saved = SaveLast(loop);

@@ -12,6 +12,7 @@
 
 #include "base/errors.h"
 #include "base/logging.h"
+#include "sharding/host_memory.h"
 #include "sharding/source_release.h"
 #include "trainer/archive.h"
 #include "trainer/checkpoint.h"
@@ -74,6 +75,9 @@ void Trainer::SaveCheckpoint(const std::string& path, CheckpointFormat format) {
     SaveFull(path);
   }
   last_ckpt_ = path;
+  // A save outside Fit ran once: its freed host blocks are not kept. (Inside
+  // Fit they serve the next steps, whose peak bounds them.)
+  if (!fitting_) sharding::ReleaseHostBlockCache();
 }
 
 void Trainer::SaveFull(const std::string& path) {

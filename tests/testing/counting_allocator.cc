@@ -8,6 +8,8 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "sharding/host_memory.h"
+
 namespace shardtrain::testing {
 namespace {
 
@@ -94,6 +96,10 @@ class CountingAllocator final : public c10::Allocator {
 void InstallCountingCpuAllocator() {
   static std::once_flag once;
   std::call_once(once, [] {
+    // Under the counting allocator, the one the sharding core installs for
+    // itself (sharding/host_memory.h): live bytes are counted as before, and
+    // the process's resident set is the cache's.
+    sharding::InstallHostBlockCache();
     static CountingAllocator* allocator = new CountingAllocator(c10::GetCPUAllocator());
     c10::SetCPUAllocator(allocator, /*priority=*/100);
   });

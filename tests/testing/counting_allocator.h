@@ -11,7 +11,8 @@
 namespace shardtrain::testing {
 
 // Installs the counting allocator as the process's CPU allocator (once;
-// later calls do nothing). Storage allocated before stays uncounted.
+// later calls do nothing), over the sharding core's host block cache
+// (installed first). Storage allocated before stays uncounted.
 void InstallCountingCpuAllocator();
 
 // Bytes of CPU storage the calling thread allocated since the install that
