@@ -29,6 +29,7 @@
 #include "launch/cluster_environment.h"
 #include "launch/cluster_rendezvous.h"
 #include "launch/launcher.h"
+#include "sharding/host_memory.h"
 #include "sharding/sharded_model.h"
 #include "strategies/registry.h"
 #include "strategies/sharded_strategy_base.h"
@@ -155,6 +156,20 @@ std::array<double, 2> BytesByLinkClass(const std::vector<comm::CommunicatorPtr>&
   return out;
 }
 
+// What the sharding core's host block cache did per timed step (stderr):
+// reuse whole, pages moved between sizes, fresh pages, pages given back.
+void LogHostCacheSteps(int rank, const sharding::HostCacheStats& a, const sharding::HostCacheStats& b) {
+  if (!b.installed) return;
+  const double steps = FLAGS_steps, mib = 1 << 20;
+  std::fprintf(stderr,
+               "[gpt_bench rank %d] host block cache per step: %.1f reused whole, %.1f assembled, %.2f MiB moved, "
+               "%.2f MiB fresh, %.2f MiB returned; now live %.1f MiB, cached %.1f MiB, peak %.1f MiB\n",
+               rank, (b.hits - a.hits) / steps, (b.assembled - a.assembled) / steps,
+               (b.moved_bytes - a.moved_bytes) / steps / mib, (b.fresh_bytes - a.fresh_bytes) / steps / mib,
+               (b.returned_bytes - a.returned_bytes) / steps / mib, b.live_bytes / mib, b.cached_bytes / mib,
+               b.peak_bytes / mib);
+}
+
 int Bench() {
   if (!std::getenv("RANK") && FLAGS_devices > 1) {
     LaunchOptions lo;
@@ -222,10 +237,23 @@ int Bench() {
   };
   double cpu_start = 0;
   double wire_start = 0;
+  // Minor page faults of this process over the timed steps: fresh pages the
+  // step touched (memory the allocator returned to the system and got back).
+  auto minor_faults = [] {
+    struct rusage r {};
+    getrusage(RUSAGE_SELF, &r);
+    return static_cast<double>(r.ru_minflt);
+  };
+  double faults_start = 0;
+  sharding::HostCacheStats cache_start;
   std::vector<comm::CommunicatorPtr> groups = {world_comm};
   if (auto* sm = sharded) groups = {world_comm, sm->shard_group(), sm->replicate_group()};
   for (int s = 0; s < FLAGS_warmup + FLAGS_steps; ++s) {
-    if (s == FLAGS_warmup) cpu_start = cpu_seconds();
+    if (s == FLAGS_warmup) {
+      cpu_start = cpu_seconds();
+      faults_start = minor_faults();
+      cache_start = sharding::GetHostCacheStats();
+    }
     if (s == FLAGS_warmup && gloo) {
       gloo->Barrier()->Wait();
       wire_start = Eth0TxBytes();
@@ -262,6 +290,11 @@ int Bench() {
                      at::kDouble);
   at::Tensor cpu = at::tensor({(cpu_seconds() - cpu_start) / FLAGS_steps}, at::kDouble);
   if (gloo) gloo->AllReduce(cpu, {comm::ReduceOp::kAvg})->Wait();
+  // Summed over the ranks: the faults of the whole job per step, to compare
+  // with single_device's on the same global batch.
+  at::Tensor faults = at::tensor({(minor_faults() - faults_start) / FLAGS_steps}, at::kDouble);
+  if (gloo) gloo->AllReduce(faults, {comm::ReduceOp::kSum})->Wait();
+  LogHostCacheSteps(rank, cache_start, sharding::GetHostCacheStats());
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
   struct rusage ru {};
@@ -293,11 +326,12 @@ int Bench() {
         "{\"impl\": \"%s\", \"world\": %d, \"median_step_s\": %.4f, \"tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, "
         "\"bytes_sent_per_step\": %.0f, \"final_loss\": %.6f, \"persistent_mib\": %.2f, \"fsdp_bound_mib\": %.2f, "
         "\"cpu_s_per_step\": %.3f, \"wire_bytes_per_host_step\": %.0f, \"shm_bytes_per_host_step\": %.0f, "
-        "\"tcp_bytes_per_host_step\": %.0f, \"comm_wait_s\": %.4f, \"nodes\": %d}\n",
+        "\"tcp_bytes_per_host_step\": %.0f, \"comm_wait_s\": %.4f, \"nodes\": %d, "
+        "\"minor_faults_per_step\": %.0f}\n",
         (FLAGS_label.empty() ? FLAGS_strategy : FLAGS_label).c_str(), world, median,
         FLAGS_global_batch * FLAGS_block_size / median, rss.item<double>(), bytes, last_loss, persistent_mib,
         largest > 0 ? bound_mib : 0.0, cpu.item<double>(), link[0].item<double>(), link[1].item<double>(),
-        link[2].item<double>(), link[3].item<double>(), info.num_nodes);
+        link[2].item<double>(), link[3].item<double>(), info.num_nodes, faults.item<double>());
     std::fflush(stdout);
   }
   if (gloo) gloo->Barrier()->Wait();

@@ -45,6 +45,7 @@ def run(rank, args, port, result_q):
     per = args.global_batch // world
     times, last = [], 0.0
     cpu0 = time.process_time()
+    flt0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     for s in range(args.warmup + args.steps):
         x = data[f"x.{s}"][rank * per:(rank + 1) * per]
         y = data[f"y.{s}"][rank * per:(rank + 1) * per]
@@ -62,12 +63,17 @@ def run(rank, args, port, result_q):
         last = l.item()
         if s == args.warmup - 1:
             cpu0 = time.process_time()  # all threads of this process
+            flt0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         if s >= args.warmup:
             times.append(dt)
     cpu = torch.tensor([(time.process_time() - cpu0) / args.steps], dtype=torch.double)
     if dist.is_initialized():
         dist.all_reduce(cpu)
         cpu /= world
+    # Minor page faults per timed step, summed over the ranks (as gpt_bench).
+    flt = torch.tensor([(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - flt0) / args.steps], dtype=torch.double)
+    if dist.is_initialized():
+        dist.all_reduce(flt)
     rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0], dtype=torch.double)
     if dist.is_initialized():
         dist.all_reduce(rss, op=dist.ReduceOp.MAX)
@@ -78,7 +84,8 @@ def run(rank, args, port, result_q):
         result_q.put({"impl": f"pytorch_{args.impl}", "world": world, "median_step_s": round(med, 4),
                       "tokens_per_s": round(args.global_batch * args.block_size / med, 1),
                       "peak_rss_mib": round(rss.item(), 1), "bytes_sent_per_step": None,
-                      "final_loss": round(last, 6), "cpu_s_per_step": round(cpu.item(), 3)})
+                      "final_loss": round(last, 6), "cpu_s_per_step": round(cpu.item(), 3),
+                      "minor_faults_per_step": round(flt.item())})
 
 
 def main():
