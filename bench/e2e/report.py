@@ -112,11 +112,14 @@ def main(results_path, params_path, md_path, png_path, command, model_flags):
             lines.append(f"| {r['impl']} | {r['world']} | {r['persistent_mib']:.1f} | {r['fsdp_bound_mib']:.1f} | "
                          f"{r['persistent_mib'] / r['fsdp_bound_mib']:.2f} |")
     lines += ["", f"![step time and memory]({png_path.split('/')[-1]})", ""]
-    # Keep the section bench/cluster/report.py writes (another benchmark).
+    # Keep the sections the other benchmarks write: bench/e2e/hot_path_report.py's,
+    # then bench/cluster/report.py's and bench/memory/report.py's.
     try:
         old = open(md_path).read()
-        if "\n## Across hosts\n" in old:
-            lines.append(old[old.index("\n## Across hosts\n") + 1:])
+        for heading in ("\n## The step at the compute limit\n", "\n## Across hosts\n"):
+            if heading in old:
+                lines.append(old[old.index(heading) + 1:])
+                break
     except FileNotFoundError:
         pass
     open(md_path, "w").write("\n".join(lines))

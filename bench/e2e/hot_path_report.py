@@ -1,0 +1,133 @@
+"""Turns bench/e2e/hot_path.sh results into the section "The step at the
+compute limit" of docs/benchmarks.md (replaced where it exists, else put
+before "## Across hosts"), with the goals of issue 25 checked on them.
+
+  hot_path_report.py RESULTS.jsonl WORKDIR docs/benchmarks.md COMMIT
+"""
+import datetime
+import json
+import os
+import platform
+import sys
+
+HEADING = "## The step at the compute limit"
+NAMES = {"23m": "GPT 6 layers, d 512, vocabulary 8192", "49m": "GPT 10 layers, d 640",
+         "200m": "GPT 16 layers, d 1024"}
+ORDER = ["single_device", "local_compute", "fsdp_native", "fsdp_native_nocache", "ddp", "pytorch_fsdp2"]
+
+
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+def aggregate(rows):
+    """(config, label) -> medians over rounds (step, CPU, faults), max RSS, the rounds' steps."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["config"], r["label"]), []).append(r["row"])
+    out = {}
+    for key, rs in groups.items():
+        out[key] = {
+            "world": rs[0]["world"], "rounds": len(rs), "loss": rs[0]["final_loss"],
+            "step": median([x["median_step_s"] for x in rs]),
+            "steps": sorted(x["median_step_s"] for x in rs),
+            "cpu": median([x["cpu_s_per_step"] for x in rs]),
+            "faults": median([x.get("minor_faults_per_step", float("nan")) for x in rs]),
+            "rss": max(x["peak_rss_mib"] for x in rs),
+        }
+    return out
+
+
+def goal(text, ok):
+    return f"- {text}: {'met' if ok else '**not met**'}"
+
+
+def section(agg, params, commit, flags):
+    configs = [c for c in ("23m", "49m", "200m") if any(k[0] == c for k in agg)]
+    rounds = max(v["rounds"] for v in agg.values())
+    lines = [
+        HEADING, "",
+        f"Produced by `bench/e2e/hot_path.sh` on {datetime.date.today()} at commit {commit} "
+        f"({platform.machine()}, {os.cpu_count()} cores, CPU only, load average at the end "
+        f"{os.getloadavg()[0]:.1f}). Each configuration's rows ran {rounds} time(s), interleaved round by round; "
+        "step = the median over rounds of each run's median step; CPU = process CPU time per step and rank "
+        "(all threads); faults = minor page faults per steady-state step summed over the job's ranks (getrusage); "
+        "peak RSS = the largest rank's, over rounds. single_device: one process on both cores (intra-op threads) "
+        "with the whole global batch, the single-process compute limit; local compute: the W ranks, each training "
+        "its own share alone; fsdp_native: FULL_SHARD with the host block cache (the default); "
+        "fsdp_native_nocache: the same with `SHARDTRAIN_HOST_CACHE=0`, i.e. glibc with the 4 MiB mmap threshold, "
+        "the default before the cache. The same initial weights and batches for every row; AdamW, fp32.", ""]
+    goals = []
+    for c in configs:
+        rows = {k[1]: v for k, v in agg.items() if k[0] == c}
+        single, local, fsdp = rows.get("single_device"), rows.get("local_compute"), rows.get("fsdp_native")
+        w = fsdp["world"] if fsdp else 0
+        lines += [f"### {NAMES[c]}: {params[c] / 1e6:.1f}M parameters, W={w}", "", f"`{flags[c]}`", "",
+                  "| row | W | step (s) | steps over rounds | / single_device | / local compute | CPU s/step/rank "
+                  "| minor faults/step | peak RSS/rank (MiB) | loss |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for label in ORDER:
+            r = rows.get(label)
+            if not r:
+                continue
+            vs_single = f"{r['step'] / single['step']:.3f}" if single else "—"
+            vs_local = f"{r['step'] / local['step']:.3f}" if local and r["world"] == local["world"] else "—"
+            spread = ", ".join(f"{t:.3f}" for t in r["steps"])
+            lines.append(f"| {label} | {r['world']} | {r['step']:.3f} | {spread} | {vs_single} | {vs_local} | "
+                         f"{r['cpu']:.2f} | {r['faults']:.0f} | {r['rss']:.0f} | {r['loss']:.5f} |")
+        lines.append("")
+        if not (single and local and fsdp):
+            continue
+        tag = f"{params[c] / 1e6:.1f}M W={w}"
+        goals.append(goal(f"{tag}: fsdp_native step / single_device {fsdp['step'] / single['step']:.3f} (goal <= 1.03)",
+                          fsdp["step"] <= 1.03 * single["step"]))
+        goals.append(goal(f"{tag}: fsdp_native step / its local compute {fsdp['step'] / local['step']:.3f} "
+                          "(goal <= 1.03)", fsdp["step"] <= 1.03 * local["step"]))
+        if "ddp" in rows:
+            goals.append(goal(f"{tag}: ddp step / single_device {rows['ddp']['step'] / single['step']:.3f} "
+                              "(goal <= 1.02)", rows["ddp"]["step"] <= 1.02 * single["step"]))
+        goals.append(goal(f"{tag}: fsdp_native minor faults per step {fsdp['faults']:.0f} vs single_device's "
+                          f"{single['faults']:.0f} = {fsdp['faults'] / max(single['faults'], 1):.2f}x (goal <= 1.2x)",
+                          fsdp["faults"] <= 1.2 * single["faults"]))
+        if "pytorch_fsdp2" in rows:
+            py = rows["pytorch_fsdp2"]
+            goals.append(goal(f"{tag}: fsdp_native peak RSS/rank {fsdp['rss']:.0f} MiB vs PyTorch FSDP2's "
+                              f"{py['rss']:.0f} MiB = {fsdp['rss'] / py['rss']:.2f}x (goal <= 0.6x)",
+                              fsdp["rss"] <= 0.6 * py["rss"]))
+            goals.append(f"- {tag}: fsdp_native step / PyTorch FSDP2's {fsdp['step'] / py['step']:.2f} "
+                         "(reported; FSDP2's own overhead sets the floor)")
+        if "fsdp_native_nocache" in rows:
+            old = rows["fsdp_native_nocache"]
+            goals.append(f"- {tag}: without the cache (the earlier default) the step took "
+                         f"{old['step'] / fsdp['step']:.2f}x as long, with {old['faults']:.0f} faults per step, "
+                         f"peak RSS {old['rss']:.0f} MiB")
+    lines += ["### Goals (issue 25), on this run", ""] + goals + [""]
+    return "\n".join(lines) + "\n"
+
+
+def main(results_path, work, md_path, commit):
+    rows = [json.loads(l) for l in open(results_path) if l.strip()]
+    agg = aggregate(rows)
+    params, flags = {}, {}
+    for c in {k[0] for k in agg}:
+        params[c] = json.load(open(os.path.join(work, c, "params.json")))["params"]
+    for line in open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "hot_path.sh")):
+        for c in ("23m", "49m", "200m"):
+            if line.strip().startswith(f"{c})"):
+                flags[c] = line.split('echo "', 1)[1].split('"', 1)[0].split(" ", 1)[1]
+    new = section(agg, params, commit, flags)
+    old = open(md_path).read()
+    if "\n" + HEADING + "\n" in old:
+        start = old.index("\n" + HEADING + "\n") + 1
+        end = old.find("\n## ", start + len(HEADING))
+        old = old[:start] + old[end + 1 if end >= 0 else len(old):]
+    at = old.find("\n## Across hosts\n")
+    at = at + 1 if at >= 0 else len(old)
+    open(md_path, "w").write(old[:at] + new + "\n" + old[at:])
+    print(new)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:5])
