@@ -177,8 +177,9 @@ class HostBlockCache final : public c10::Allocator {
       if (tail_piece != nullptr) ::munmap(tail_piece, tail);
       std::lock_guard<std::mutex> lock(mu_);
       stats_.returned_bytes += static_cast<int64_t>(chunks.size() * kChunk + (tail_piece != nullptr ? tail : 0));
-      TORCH_CHECK_WITH(OutOfMemoryError, false, "host block cache: not enough memory: you tried to allocate ", bytes,
-                       " bytes (mmap: ", std::strerror(err), ")");
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "host block cache: cannot allocate ", bytes, " bytes (mmap: ",
+                       std::strerror(err), "): the machine's memory, this process's limit (ulimit -v) or its number ",
+                       "of mappings (vm.max_map_count) is exhausted; SHARDTRAIN_HOST_CACHE=0 turns the cache off");
     }
     char* out = static_cast<char*>(base);
     for (size_t i = 0; i < chunks.size(); ++i) MoveInto(chunks[i], kChunk, out + i * kChunk);

@@ -24,7 +24,10 @@
 // sharding core and the Trainer call it where a phase that ran once ends
 // (construction, wrapping, a resume's load, Fit, a save outside Fit). Pages are
 // never zeroed for reuse (tensor storage is uninitialised anyway), and under
-// AddressSanitizer the cache stays off (it would hide a use after free).
+// AddressSanitizer the cache stays off (it would hide a use after free). A
+// block made of moved chunks may be a mapping per MiB: within Linux's default
+// vm.max_map_count (65530) up to ~60 GiB of blocks per process; past it a
+// move that fails leaves its slot fresh (faulted in, nothing lost).
 // Measured in docs/benchmarks.md ("The step at the compute limit").
 //
 // KeepFreedHostMemoryReturnable() still fixes glibc's mmap threshold, for

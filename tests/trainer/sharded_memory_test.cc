@@ -204,14 +204,19 @@ TEST(ShardedCheckpointMemory, UseOrigParamsCopiesOneUnitAtATime) {
 // unit's full gradient kept after its reduce-scatter: 113.5 and 82.0 MB of
 // budgets 94.5 and 60.9 MB.
 //
-// Resident bytes: glibc must hand freed blocks back to the system, so the
-// process's resident set (VmHWM) grows by no more than the rank threads'
-// peak live bytes together + StepRssSlackBytes(W) = 32 MiB + W x 8 MiB
-// (code paged in on first use, the shared-memory rings, Gloo's buffers,
-// thread stacks). Measured growth: 679 MB of a 739 MB budget (W=2), 872 of
-// 924 MB (W=4). With units of 4 MiB and glibc's default dynamic mmap
-// threshold (SHARDTRAIN_MMAP_THRESHOLD=0) the growth beyond the live peaks
-// was 204 MB and 395 MB (22 and 26 MB with the fix).
+// Resident bytes: freed blocks must not stay resident beyond what is live,
+// so the process's resident set (VmHWM) grows by no more than the rank
+// threads' peak live bytes together + StepRssSlackBytes(W) = 32 MiB + W x 8
+// MiB (code paged in on first use, the shared-memory rings, Gloo's buffers,
+// thread stacks). Freed blocks of 1 MiB and more wait in the sharding core's
+// host block cache (sharding/host_memory.h, installed under the counting
+// allocator), which never holds more than the peak of live bytes. Measured
+// growth with glibc and the 4 MiB mmap threshold (SHARDTRAIN_HOST_CACHE=0):
+// 679 MB of a 739 MB budget (W=2), 872 of 924 MB (W=4); with the cache (one
+// for all rank threads: the peak of their sum): 631 and 541 MB. With units
+// of 4 MiB and glibc's default dynamic mmap threshold (both off) the growth
+// beyond the live peaks was 204 MB and 395 MB (22 and 26 MB with the
+// threshold).
 constexpr int64_t kStepDim = 2048;
 constexpr int kStepUnits = 8;
 constexpr int64_t kStepUnitBytes = (kStepDim * kStepDim + kStepDim) * 4;
