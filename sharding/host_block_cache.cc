@@ -38,6 +38,11 @@
 #include "base/logging.h"
 #include "sharding/host_memory.h"
 
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#include <malloc.h>
+#define SHARDTRAIN_GLIBC_MALLOC 1
+#endif
+
 namespace shardtrain::sharding {
 namespace {
 
@@ -318,7 +323,14 @@ bool InstallHostBlockCache() {
 }
 
 void ReleaseHostBlockCache() {
-  if (g_cache != nullptr) g_cache->Release();
+  if (g_cache == nullptr) return;
+  g_cache->Release();
+#ifdef SHARDTRAIN_GLIBC_MALLOC
+  // And the free pages inside glibc's heap: what was freed there before the
+  // cache served the large blocks (a model built whole, then sharded) would
+  // otherwise stay resident, no longer reused by them.
+  malloc_trim(0);
+#endif
 }
 
 HostCacheStats GetHostCacheStats() { return g_cache != nullptr ? g_cache->Stats() : HostCacheStats{}; }

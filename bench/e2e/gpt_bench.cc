@@ -203,6 +203,7 @@ int Bench() {
     at::NoGradGuard no_grad;
     for (auto& p : model->named_parameters()) p.value().copy_(init.at(p.key()));
   }
+  init.clear();  // the model holds the weights now (torch_bench.py drops its copy too)
   const strategies::StrategyOptions so = examples::ParseKeyValueList(FLAGS_strategy_options, "--strategy_options");
   auto strategy = strategies::StrategyRegistry::Create(FLAGS_strategy, so);
   if (FLAGS_local_compute) {

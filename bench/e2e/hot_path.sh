@@ -12,7 +12,7 @@
 # hits all alike; the report takes medians over rounds. Writes the section "The
 # step at the compute limit" of docs/benchmarks.md (bench/e2e/hot_path_report.py).
 #
-#   bench/e2e/hot_path.sh                     # 23.2M and 49.4M at W=2, 201.7M at W=4 (~40 minutes on 2 cores)
+#   bench/e2e/hot_path.sh                     # 23.2M and 49.4M at W=2, 201.8M at W=4 (~30 minutes on 2 idle cores)
 #   CONFIGS="23m" ROUNDS=1 bench/e2e/hot_path.sh   # one configuration, one round
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -25,7 +25,7 @@ model_flags() {  # configuration name -> "W flags..."
   case "$1" in
     23m) echo "2 --n_layer=6 --n_embd=512 --n_head=8 --block_size=128 --vocab=8192 --global_batch=8 --steps=6 --warmup=2" ;;
     49m) echo "2 --n_layer=10 --n_embd=640 --n_head=10 --block_size=128 --vocab=96 --global_batch=8 --steps=5 --warmup=2" ;;
-    200m) echo "4 --n_layer=16 --n_embd=1024 --n_head=16 --block_size=128 --vocab=96 --global_batch=8 --steps=3 --warmup=1" ;;
+    200m) echo "4 --n_layer=16 --n_embd=1024 --n_head=16 --block_size=128 --vocab=96 --global_batch=8 --steps=3 --warmup=2" ;;
     *) echo "[bench/e2e/hot_path] unknown configuration '$1' (valid: 23m 49m 200m)" >&2; exit 2 ;;
   esac
 }

@@ -34,6 +34,7 @@ def run(rank, args, port, result_q):
     data = torch.load(os.path.join(args.data_dir, "data.pt"), weights_only=False)
     model = GPT(args.vocab, args.block_size, args.n_layer, args.n_head, args.n_embd)
     model.load_state_dict(init)
+    del init  # the model holds the weights now (gpt_bench drops its copy too)
     if args.impl == "fsdp2":
         from torch.distributed.fsdp import fully_shard
         for block in model.h:
