@@ -6,6 +6,7 @@
 #   fsdp_native         FULL_SHARD at W (the default: the host block cache)
 #   fsdp_native_nocache FULL_SHARD at W with SHARDTRAIN_HOST_CACHE=0 (glibc with the
 #                       4 MiB mmap threshold: the default before the cache)
+#   fsdp_native_fwd_prefetch  FULL_SHARD at W with forward_prefetch=true
 #   ddp                 at W (not for the 201.7M model: W full copies would not fit)
 #   pytorch_fsdp2       Python PyTorch FSDP2 (fully_shard) at W
 # ROUNDS rounds (default 3), every row once per round so that background load
@@ -67,6 +68,8 @@ for round in $(seq "${ROUNDS:-3}"); do
       --strategy_options=sharding_strategy=FULL_SHARD "${M[@]}"
     row "$c" "$W" fsdp_native_nocache SHARDTRAIN_HOST_CACHE=0 -- "$BIN" --data_dir="$D" --devices="$W" \
       --strategy=fsdp_native --strategy_options=sharding_strategy=FULL_SHARD "${M[@]}"
+    row "$c" "$W" fsdp_native_fwd_prefetch -- "$BIN" --data_dir="$D" --devices="$W" --strategy=fsdp_native \
+      --strategy_options=sharding_strategy=FULL_SHARD,forward_prefetch=true "${M[@]}"
     if [[ "$c" != 200m ]]; then
       row "$c" "$W" ddp -- "$BIN" --data_dir="$D" --devices="$W" --strategy=ddp "${M[@]}"
     fi

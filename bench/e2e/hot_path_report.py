@@ -13,7 +13,8 @@ import sys
 HEADING = "## The step at the compute limit"
 NAMES = {"23m": "GPT 6 layers, d 512, vocabulary 8192", "49m": "GPT 10 layers, d 640",
          "200m": "GPT 16 layers, d 1024"}
-ORDER = ["single_device", "local_compute", "fsdp_native", "fsdp_native_nocache", "ddp", "pytorch_fsdp2"]
+ORDER = ["single_device", "local_compute", "fsdp_native", "fsdp_native_nocache", "fsdp_native_fwd_prefetch", "ddp",
+         "pytorch_fsdp2"]
 
 
 def median(xs):
@@ -58,7 +59,7 @@ def section(agg, params, commit, flags):
         "with the whole global batch, the single-process compute limit; local compute: the W ranks, each training "
         "its own share alone; fsdp_native: FULL_SHARD with the host block cache (the default); "
         "fsdp_native_nocache: the same with `SHARDTRAIN_HOST_CACHE=0`, i.e. glibc with the 4 MiB mmap threshold, "
-        "the default before the cache. The same initial weights and batches for every row; AdamW, fp32.", ""]
+        "the default before the cache; fsdp_native_fwd_prefetch: the default with `forward_prefetch=true`. The same initial weights and batches for every row; AdamW, fp32.", ""]
     goals = []
     for c in configs:
         rows = {k[1]: v for k, v in agg.items() if k[0] == c}
@@ -98,6 +99,10 @@ def section(agg, params, commit, flags):
                               fsdp["rss"] <= 0.6 * py["rss"]))
             goals.append(f"- {tag}: fsdp_native step / PyTorch FSDP2's {fsdp['step'] / py['step']:.2f} "
                          "(reported; FSDP2's own overhead sets the floor)")
+        if "fsdp_native_fwd_prefetch" in rows:
+            pf = rows["fsdp_native_fwd_prefetch"]
+            goals.append(f"- {tag}: with forward_prefetch=true: step / single_device {pf['step'] / single['step']:.3f}, "
+                         f"/ its local compute {pf['step'] / local['step']:.3f}")
         if "fsdp_native_nocache" in rows:
             old = rows["fsdp_native_nocache"]
             goals.append(f"- {tag}: without the cache (the earlier default) the step took "
