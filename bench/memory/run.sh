@@ -11,6 +11,8 @@
 #
 #   bench/memory/run.sh                 # 201.7M model, W = 1 2 4 (about 10 minutes on 2 cores)
 #   WORLDS="2" SIZE=small bench/memory/run.sh   # a quick check
+#   SIDES=shardtrain bench/memory/run.sh        # ShardTrain only (with SHARDTRAIN_HOST_CACHE=0:
+#                                               # without the host block cache)
 #
 # A watchdog ends a run (its own process group only) when the machine's
 # MemAvailable falls below 1.5 GiB, and the row is reported as stopped.
@@ -45,14 +47,16 @@ guarded() {  # runs "$@" in its own process group; ends it if memory runs low
   wait "$pid" || echo "[bench/memory] failed: $*" >&2
 }
 
+SIDES="${SIDES:-shardtrain pytorch}"
 for W in ${WORLDS:-1 2 4}; do
-  for mode in train load_full load_sharded; do
+  [[ " $SIDES " == *" shardtrain "* ]] && for mode in train load_full load_sharded; do
     echo "[bench/memory] ShardTrain $LABEL W=$W $mode" >&2
     guarded "$BIN" --mode=$mode --devices=$W --dir="$WORK/st$W" --out="$RESULTS" --label=$LABEL "${MODEL[@]}" \
       2>>"$WORK/log.txt" >/dev/null
   done
   ls -l "$WORK/st$W/full.ckpt" >&2 || true
   rm -rf "$WORK/st$W"
+  [[ " $SIDES " == *" pytorch "* ]] || continue
   mkdir -p "$WORK/py$W"
   for mode in train load_full load_sharded; do
     echo "[bench/memory] PyTorch FSDP2+DCP $LABEL W=$W $mode" >&2
@@ -61,5 +65,7 @@ for W in ${WORLDS:-1 2 4}; do
   done
   rm -rf "$WORK/py$W"
 done
-"$PY" bench/memory/report.py "$RESULTS" "${MODEL[@]}"
+PNG=()  # the plot compares both sides: a one-sided run leaves docs/memory_phases.png alone
+[[ " $SIDES " == *" pytorch "* && " $SIDES " == *" shardtrain "* ]] || PNG=(--png=)
+"$PY" bench/memory/report.py "$RESULTS" "${MODEL[@]}" "${PNG[@]+"${PNG[@]}"}"
 echo "[bench/memory] raw results: $RESULTS" >&2
