@@ -59,7 +59,14 @@ def section(agg, params, commit, flags):
         "with the whole global batch, the single-process compute limit; local compute: the W ranks, each training "
         "its own share alone; fsdp_native: FULL_SHARD with the host block cache (the default); "
         "fsdp_native_nocache: the same with `SHARDTRAIN_HOST_CACHE=0`, i.e. glibc with the 4 MiB mmap threshold, "
-        "the default before the cache; fsdp_native_fwd_prefetch: the default with `forward_prefetch=true`. The same initial weights and batches for every row; AdamW, fp32.", ""]
+        "the default before the cache; fsdp_native_fwd_prefetch: the default with `forward_prefetch=true`. The same initial weights and batches for every row; AdamW, fp32.", "",
+        "Why this section exists: the W=2 table's figures of 2026-11-29 (\"1.57x faster than FSDP2\") predate "
+        "the fix that bounded memory at every phase (2026-11-30), which fixed glibc's mmap threshold at 4 MiB when "
+        "a model is sharded: every unit-sized block then became a fresh mapping, page-faulted in and unmapped "
+        "again every unit, and the default step lost about a quarter of its speed (issue 25: 23.2M GPT, 1.04-1.06 s "
+        "against 0.83 s without the threshold, no faster than FSDP2) while the docs still showed the old figures. "
+        "The host block cache (`sharding/host_memory.h`) keeps freed pages for reuse, never above the peak of "
+        "live bytes; the fsdp_native and fsdp_native_nocache rows show the two side by side.", ""]
     goals = []
     for c in configs:
         rows = {k[1]: v for k, v in agg.items() if k[0] == c}
