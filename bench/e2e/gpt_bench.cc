@@ -33,6 +33,7 @@
 #include "sharding/sharded_model.h"
 #include "strategies/registry.h"
 #include "strategies/sharded_strategy_base.h"
+#include "tests/testing/proc_status.h"
 
 DEFINE_string(dump_dir, "", "write init.pt and data.pt here and exit");
 DEFINE_string(data_dir, "", "read init.pt and data.pt from here");
@@ -226,6 +227,9 @@ int Bench() {
     std::fprintf(stderr, "[gpt_bench rank %d] after WrapModel: peak RSS %.0f MiB\n", info.rank, r.ru_maxrss / 1024.0);
   }
   torch::optim::AdamW opt(strategy->parameters(), torch::optim::AdamWOptions(FLAGS_lr).weight_decay(0.0));
+  // The steps' own peak, apart from the construction above (this harness builds
+  // the whole model first, as torch_bench.py does): VmHWM restarts here.
+  const bool step_peak_known = testing::ResetPeakRss();
 
   const int64_t per = FLAGS_global_batch / world;
   std::vector<double> times;
@@ -300,7 +304,9 @@ int Bench() {
   const double median = times[times.size() / 2];
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
-  at::Tensor rss = at::tensor({static_cast<double>(ru.ru_maxrss) / 1024.0}, at::kDouble);  // MiB
+  at::Tensor rss = at::tensor({static_cast<double>(ru.ru_maxrss) / 1024.0,
+                               step_peak_known ? testing::ProcStatusKb("VmHWM") / 1024.0 : -1.0},
+                              at::kDouble);  // MiB: the whole run's peak, the steps' peak
   if (gloo) gloo->AllReduce(rss, {comm::ReduceOp::kMax})->Wait();
   const double bytes = gloo ? static_cast<double>(gloo->stats().TotalBytesSent()) / FLAGS_steps : 0.0;
   // Persistent training state per rank: what the optimizer steps (fp32), its
@@ -328,11 +334,12 @@ int Bench() {
         "\"bytes_sent_per_step\": %.0f, \"final_loss\": %.6f, \"persistent_mib\": %.2f, \"fsdp_bound_mib\": %.2f, "
         "\"cpu_s_per_step\": %.3f, \"wire_bytes_per_host_step\": %.0f, \"shm_bytes_per_host_step\": %.0f, "
         "\"tcp_bytes_per_host_step\": %.0f, \"comm_wait_s\": %.4f, \"nodes\": %d, "
-        "\"minor_faults_per_step\": %.0f}\n",
+        "\"minor_faults_per_step\": %.0f, \"step_peak_rss_mib\": %.1f}\n",
         (FLAGS_label.empty() ? FLAGS_strategy : FLAGS_label).c_str(), world, median,
-        FLAGS_global_batch * FLAGS_block_size / median, rss.item<double>(), bytes, last_loss, persistent_mib,
+        FLAGS_global_batch * FLAGS_block_size / median, rss[0].item<double>(), bytes, last_loss, persistent_mib,
         largest > 0 ? bound_mib : 0.0, cpu.item<double>(), link[0].item<double>(), link[1].item<double>(),
-        link[2].item<double>(), link[3].item<double>(), info.num_nodes, faults.item<double>());
+        link[2].item<double>(), link[3].item<double>(), info.num_nodes, faults.item<double>(),
+        rss[1].item<double>());
     std::fflush(stdout);
   }
   if (gloo) gloo->Barrier()->Wait();

@@ -37,6 +37,7 @@ def aggregate(rows):
             "cpu": median([x["cpu_s_per_step"] for x in rs]),
             "faults": median([x.get("minor_faults_per_step", float("nan")) for x in rs]),
             "rss": max(x["peak_rss_mib"] for x in rs),
+            "step_rss": max(x.get("step_peak_rss_mib", -1) for x in rs),
         }
     return out
 
@@ -55,7 +56,9 @@ def section(agg, params, commit, flags):
         f"{os.getloadavg()[0]:.1f}). Each configuration's rows ran {rounds} time(s), interleaved round by round; "
         "step = the median over rounds of each run's median step; CPU = process CPU time per step and rank "
         "(all threads); faults = minor page faults per steady-state step summed over the job's ranks (getrusage); "
-        "peak RSS = the largest rank's, over rounds. single_device: one process on both cores (intra-op threads) "
+        "peak RSS = the largest rank's over rounds, of the whole run and of the steps alone (VmHWM restarted "
+        "through /proc/self/clear_refs once the model is wrapped and the optimizer made, on both sides: the "
+        "harnesses build the whole model before sharding it, which no library's step needs). single_device: one process on both cores (intra-op threads) "
         "with the whole global batch, the single-process compute limit; local compute: the W ranks, each training "
         "its own share alone; fsdp_native: FULL_SHARD with the host block cache (the default); "
         "fsdp_native_nocache: the same with `SHARDTRAIN_HOST_CACHE=0`, i.e. glibc with the 4 MiB mmap threshold, "
@@ -74,8 +77,8 @@ def section(agg, params, commit, flags):
         w = fsdp["world"] if fsdp else 0
         lines += [f"### {NAMES[c]}: {params[c] / 1e6:.1f}M parameters, W={w}", "", f"`{flags[c]}`", "",
                   "| row | W | step (s) | steps over rounds | / single_device | / local compute | CPU s/step/rank "
-                  "| minor faults/step | peak RSS/rank (MiB) | loss |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| minor faults/step | peak RSS/rank (MiB) | steps' peak RSS/rank (MiB) | loss |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for label in ORDER:
             r = rows.get(label)
             if not r:
@@ -84,7 +87,7 @@ def section(agg, params, commit, flags):
             vs_local = f"{r['step'] / local['step']:.3f}" if local and r["world"] == local["world"] else "—"
             spread = ", ".join(f"{t:.3f}" for t in r["steps"])
             lines.append(f"| {label} | {r['world']} | {r['step']:.3f} | {spread} | {vs_single} | {vs_local} | "
-                         f"{r['cpu']:.2f} | {r['faults']:.0f} | {r['rss']:.0f} | {r['loss']:.5f} |")
+                         f"{r['cpu']:.2f} | {r['faults']:.0f} | {r['rss']:.0f} | {r['step_rss']:.0f} | {r['loss']:.5f} |")
         lines.append("")
         if not (single and local and fsdp):
             continue
@@ -101,9 +104,10 @@ def section(agg, params, commit, flags):
                           fsdp["faults"] <= 1.2 * single["faults"]))
         if "pytorch_fsdp2" in rows:
             py = rows["pytorch_fsdp2"]
-            goals.append(goal(f"{tag}: fsdp_native peak RSS/rank {fsdp['rss']:.0f} MiB vs PyTorch FSDP2's "
-                              f"{py['rss']:.0f} MiB = {fsdp['rss'] / py['rss']:.2f}x (goal <= 0.6x)",
-                              fsdp["rss"] <= 0.6 * py["rss"]))
+            goals.append(goal(f"{tag}: fsdp_native steps' peak RSS/rank {fsdp['step_rss']:.0f} MiB vs PyTorch "
+                              f"FSDP2's {py['step_rss']:.0f} MiB = {fsdp['step_rss'] / py['step_rss']:.2f}x "
+                              f"(goal <= 0.6x; whole runs, harness construction included: {fsdp['rss']:.0f} vs "
+                              f"{py['rss']:.0f} MiB)", 0 < fsdp["step_rss"] <= 0.6 * py["step_rss"]))
             goals.append(f"- {tag}: fsdp_native step / PyTorch FSDP2's {fsdp['step'] / py['step']:.2f} "
                          "(reported; FSDP2's own overhead sets the floor)")
         if "fsdp_native_fwd_prefetch" in rows:
@@ -114,7 +118,7 @@ def section(agg, params, commit, flags):
             old = rows["fsdp_native_nocache"]
             goals.append(f"- {tag}: without the cache (the earlier default) the step took "
                          f"{old['step'] / fsdp['step']:.2f}x as long, with {old['faults']:.0f} faults per step, "
-                         f"peak RSS {old['rss']:.0f} MiB")
+                         f"steps' peak RSS {old['step_rss']:.0f} MiB (with the cache {fsdp['step_rss']:.0f})")
     lines += ["### Goals (issue 25), on this run", ""] + goals + [""]
     return "\n".join(lines) + "\n"
 

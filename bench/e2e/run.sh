@@ -26,7 +26,8 @@ else
   MODEL=(--n_layer=10 --n_embd=640 --n_head=10 --block_size=128 --global_batch=8 --steps=5 --warmup=1)
 fi
 WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
+# On failure the last lines of the runs' log are shown before the work dir goes.
+trap 'rc=$?; ((rc == 0)) || { echo "[bench/e2e] failed (exit $rc); the log ends:" >&2; tail -20 "$WORK/log.txt" >&2; }; rm -rf "$WORK"' EXIT
 "$BIN" --dump_dir="$WORK" "${MODEL[@]}" > "$WORK/params.json"
 RESULTS="$WORK/results.jsonl"
 : > "$RESULTS"
