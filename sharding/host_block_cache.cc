@@ -304,11 +304,12 @@ void HostBlockCache::Free(void* ptr) { g_cache->Return(ptr); }
 bool InstallHostBlockCache() {
   static std::once_flag once;
   std::call_once(once, [] {
+    // A bad value stops in every build, AddressSanitizer's included.
+    if (!CacheWanted()) return;
 #if defined(__SANITIZE_ADDRESS__)
     // Reused blocks would hide a use after free from AddressSanitizer.
     return;
 #endif
-    if (!CacheWanted()) return;
     auto* cache = new HostBlockCache(c10::GetCPUAllocator());
     c10::SetCPUAllocator(cache, /*priority=*/0);
     if (c10::GetCPUAllocator() != cache) {
