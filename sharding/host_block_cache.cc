@@ -302,10 +302,13 @@ void HostBlockCache::Free(void* ptr) { g_cache->Return(ptr); }
 }  // namespace
 
 bool InstallHostBlockCache() {
+  // Checked outside call_once, so that a bad value stops in every build
+  // (AddressSanitizer's included) and no exception crosses call_once (under
+  // ThreadSanitizer its pthread_once then never completes: the next call hangs).
+  const bool wanted = CacheWanted();
   static std::once_flag once;
-  std::call_once(once, [] {
-    // A bad value stops in every build, AddressSanitizer's included.
-    if (!CacheWanted()) return;
+  std::call_once(once, [wanted] {
+    if (!wanted) return;
 #if defined(__SANITIZE_ADDRESS__)
     // Reused blocks would hide a use after free from AddressSanitizer.
     return;

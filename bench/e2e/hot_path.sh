@@ -15,7 +15,7 @@
 #
 #   bench/e2e/hot_path.sh                     # 23.2M and 49.4M at W=2, 201.8M at W=4 (~30 minutes on 2 idle cores)
 #   CONFIGS="23m" ROUNDS=1 bench/e2e/hot_path.sh   # one configuration, one round
-#   ROUNDS=5 ROUNDS_200M=3 bench/e2e/hot_path.sh   # what docs/benchmarks.md shows
+#   ROUNDS=3 bench/e2e/hot_path.sh            # what docs/benchmarks.md shows (2026-12-02)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
