@@ -37,11 +37,7 @@
 #include "base/errors.h"
 #include "base/logging.h"
 #include "sharding/host_memory.h"
-
-#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-#include <malloc.h>
-#define SHARDTRAIN_GLIBC_MALLOC 1
-#endif
+#include "sharding/internal/malloc_heap.h"
 
 namespace shardtrain::sharding {
 namespace {
@@ -329,12 +325,10 @@ bool InstallHostBlockCache() {
 void ReleaseHostBlockCache() {
   if (g_cache == nullptr) return;
   g_cache->Release();
-#ifdef SHARDTRAIN_GLIBC_MALLOC
   // And the free pages inside glibc's heap: what was freed there before the
   // cache served the large blocks (a model built whole, then sharded) would
   // otherwise stay resident, no longer reused by them.
-  malloc_trim(0);
-#endif
+  internal::TrimMallocHeap();
 }
 
 HostCacheStats GetHostCacheStats() { return g_cache != nullptr ? g_cache->Stats() : HostCacheStats{}; }

@@ -46,7 +46,7 @@ namespace shardtrain::sharding {
 constexpr int64_t kDefaultMmapThresholdBytes = int64_t{4} << 20;
 
 // Sets glibc's mmap threshold to `threshold_bytes`, once per process (later
-// calls do nothing and return what the first did). Left alone, returning
+// calls only check their input and return what the first did). Left alone, returning
 // false, when the user chose one already (the environment variable
 // MALLOC_MMAP_THRESHOLD_ or GLIBC_TUNABLES naming glibc.malloc.mmap_threshold),
 // when SHARDTRAIN_MMAP_THRESHOLD=0, or without glibc. SHARDTRAIN_MMAP_THRESHOLD

@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -229,6 +230,24 @@ TEST(HostBlockCache, ReleaseTrimsTheFreePagesOfTheHeap) {
 #else
   GTEST_SKIP() << "skipped: not glibc's malloc (another libc, or ThreadSanitizer's allocator)";
 #endif
+}
+
+// A bad SHARDTRAIN_MMAP_THRESHOLD stops with the valid range, in every build,
+// and leaves the next call free to set the threshold (the check runs outside
+// the once-per-process part, which an exception would leave unfinished).
+TEST(HostMemory, ABadMmapThresholdStopsWithTheValidRange) {
+  ::setenv("SHARDTRAIN_MMAP_THRESHOLD", "4M", 1);
+  try {
+    KeepFreedHostMemoryReturnable();
+    ADD_FAILURE() << "SHARDTRAIN_MMAP_THRESHOLD=4M was accepted";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("SHARDTRAIN_MMAP_THRESHOLD='4M' is not valid: give a number of bytes from 0"),
+              std::string::npos)
+        << e.what();
+  }
+  ::unsetenv("SHARDTRAIN_MMAP_THRESHOLD");
+  EXPECT_THROW(KeepFreedHostMemoryReturnable(0), std::exception);
+  KeepFreedHostMemoryReturnable();  // returns (under ThreadSanitizer too)
 }
 
 // Four threads, each allocating and freeing blocks of its own sizes and
