@@ -20,25 +20,8 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "python"))
+from proc_status import clear_refs, status_kb  # noqa: E402
 from torch_gpt import GPT  # noqa: E402
-
-
-def reset_peak_rss():
-    """VmHWM := VmRSS (writes 5 to /proc/self/clear_refs); False where that fails."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def vmhwm_mib():
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    return -1.0
 
 
 def run(rank, args, port, result_q):
@@ -62,7 +45,7 @@ def run(rank, args, port, result_q):
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
     # The steps' own peak, apart from construction (as gpt_bench): VmHWM restarts here.
-    step_peak_known = reset_peak_rss()
+    step_peak_known = clear_refs()
     per = args.global_batch // world
     times, last = [], 0.0
     cpu0 = time.process_time()
@@ -96,7 +79,7 @@ def run(rank, args, port, result_q):
     if dist.is_initialized():
         dist.all_reduce(flt)
     rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-                        vmhwm_mib() if step_peak_known else -1.0], dtype=torch.double)
+                        status_kb("VmHWM") / 1024.0 if step_peak_known else -1.0], dtype=torch.double)
     if dist.is_initialized():
         dist.all_reduce(rss, op=dist.ReduceOp.MAX)
         dist.destroy_process_group()
