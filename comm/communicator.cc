@@ -1,5 +1,8 @@
 #include "comm/communicator.h"
 
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+
 #include <algorithm>
 #include <sstream>
 
@@ -94,6 +97,35 @@ void Communicator::CheckGatherScatter(const char* op, const at::Tensor& shard, c
   ST_CHECK_ARG(full.numel() == shard.numel() * size_, op, " on group '", name_, "': the full buffer must have ",
                size_, " x shard elements = ", shard.numel() * size_, ", got ", full.numel(), " (shard has ",
                shard.numel(), ")");
+}
+
+void Communicator::CheckPieces(const std::vector<at::Tensor>& pieces, const at::Tensor& output) const {
+  ST_CHECK_ARG(output.defined() && output.is_contiguous(), "ReduceScatterPieces on group '", name_,
+               "': the output must be a defined, contiguous tensor");
+  int64_t total = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const at::Tensor& p = pieces[i];
+    ST_CHECK_ARG(p.defined() && p.is_contiguous() && p.scalar_type() == output.scalar_type() &&
+                     p.device() == output.device(),
+                 "ReduceScatterPieces on group '", name_, "': piece ", i,
+                 " must be defined, contiguous and of the output's dtype and device (", output.scalar_type(), " on ",
+                 output.device(), "), got ", p.defined() ? c10::toString(p.scalar_type()) : "undefined",
+                 p.defined() && !p.is_contiguous() ? " (not contiguous)" : "");
+    total += p.numel();
+  }
+  ST_CHECK_ARG(total == output.numel() * size_, "ReduceScatterPieces on group '", name_, "': the pieces must hold ",
+               size_, " x output elements = ", output.numel() * size_, ", got ", total, " in ", pieces.size(),
+               " pieces");
+}
+
+WorkPtr Communicator::ReduceScatterPieces(const std::vector<at::Tensor>& pieces, const at::Tensor& output,
+                                          const ReduceOptions& options) {
+  CheckPieces(pieces, output);
+  std::vector<at::Tensor> flat;
+  flat.reserve(pieces.size());
+  for (const at::Tensor& p : pieces) flat.push_back(p.reshape(-1));
+  const at::Tensor input = flat.empty() ? at::empty({0}, output.options()) : at::cat(flat);
+  return ReduceScatter(input, output, options);
 }
 
 int Communicator::PrepareNewGroup(const std::vector<int>& ranks, const std::string& name, int* group_id) {

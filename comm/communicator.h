@@ -104,6 +104,17 @@ class Communicator {
   virtual WorkPtr ReduceScatter(const at::Tensor& input, const at::Tensor& output,
                                 const ReduceOptions& options = {}) = 0;
 
+  // ReduceScatter of the concatenation of `pieces` (each contiguous, with
+  // output's dtype and device; numels summing to size() * output.numel()).
+  // A backend that ReadsPiecesInPlace() reduces them where they lie; the
+  // default concatenates them into one buffer first. The sharding core hands
+  // a unit's per-parameter gradients over this way instead of copying each
+  // into one flat buffer. The pieces must stay unchanged until the Work is done.
+  virtual WorkPtr ReduceScatterPieces(const std::vector<at::Tensor>& pieces, const at::Tensor& output,
+                                      const ReduceOptions& options = {});
+  // True when ReduceScatterPieces reads the pieces in place (no concatenated copy).
+  virtual bool ReadsPiecesInPlace() const { return false; }
+
   // In-place reduction of `tensor` across ranks.
   virtual WorkPtr AllReduce(const at::Tensor& tensor, const ReduceOptions& options = {}) = 0;
 
@@ -134,6 +145,8 @@ class Communicator {
   int PrepareNewGroup(const std::vector<int>& ranks, const std::string& name, int* group_id);
   // Checks the arguments common to all-gather / reduce-scatter.
   void CheckGatherScatter(const char* op, const at::Tensor& shard, const at::Tensor& full) const;
+  // Checks ReduceScatterPieces' arguments.
+  void CheckPieces(const std::vector<at::Tensor>& pieces, const at::Tensor& output) const;
 
   int rank_;
   int size_;

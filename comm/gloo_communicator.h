@@ -115,6 +115,11 @@ class GlooCommunicator : public Communicator {
   std::string backend() const override { return "gloo"; }
   WorkPtr AllGather(const at::Tensor& input, const at::Tensor& output) override;
   WorkPtr ReduceScatter(const at::Tensor& input, const at::Tensor& output, const ReduceOptions& options = {}) override;
+  // Through shared memory the pieces are sent and summed where they lie;
+  // otherwise concatenated first (Communicator's default).
+  WorkPtr ReduceScatterPieces(const std::vector<at::Tensor>& pieces, const at::Tensor& output,
+                              const ReduceOptions& options = {}) override;
+  bool ReadsPiecesInPlace() const override { return mesh_ != nullptr; }
   WorkPtr AllReduce(const at::Tensor& tensor, const ReduceOptions& options = {}) override;
   WorkPtr Broadcast(const at::Tensor& tensor, int root) override;
   WorkPtr Barrier() override;
@@ -141,6 +146,8 @@ class GlooCommunicator : public Communicator {
   // The collectives' starts (after the signature check), for Submit.
   WorkPtr StartAllGather(const at::Tensor& input, const at::Tensor& output, IssuedCall call);
   WorkPtr StartReduceScatter(const at::Tensor& input, const at::Tensor& output, double scale, IssuedCall call);
+  // Checks a reduce-scatter's options and returns the factor the sum is scaled by.
+  double ReduceScatterScale(const ReduceOptions& options) const;
   WorkPtr StartAllReduce(const at::Tensor& tensor, ReduceOp op, double post, IssuedCall call);
   // Runs `transfer` (a collective through mesh_, on the issuing thread) with
   // the communicator's timeout; turns its failure into CommError naming the peer.

@@ -311,13 +311,9 @@ WorkPtr GlooCommunicator::ReduceScatter(const at::Tensor& input, const at::Tenso
   CheckCpu("ReduceScatter", input);
   CheckCpu("ReduceScatter", output);
   CheckGatherScatter("ReduceScatter", output, input);
-  ST_CHECK_ARG(options.op == ReduceOp::kSum || options.op == ReduceOp::kAvg, "ReduceScatter on group '", name_,
-               "': unsupported op ", ReduceOpName(options.op), "; valid: SUM, AVG");
-  ST_CHECK_ARG(options.pre_divide > 0 && options.post_divide > 0, "ReduceScatter: divide factors must be > 0");
+  const double scale = ReduceScatterScale(options);
   const IssuedCall call = Issue(CommOp::kReduceScatter);
   Count(CommOp::kReduceScatter, (size_ - 1) * output.numel() * output.element_size());
-  const double scale =
-      1.0 / (options.pre_divide * options.post_divide * (options.op == ReduceOp::kAvg ? size_ : 1));
   if (size_ == 1) {  // the general path's arithmetic (a sum over one block, from +0)
     const at::Tensor blocks = input.reshape({1, -1});
     at::Tensor sum = Is16Bit(output.scalar_type()) ? blocks.sum(0, false, at::kFloat) : blocks.sum(0);
@@ -327,6 +323,29 @@ WorkPtr GlooCommunicator::ReduceScatter(const at::Tensor& input, const at::Tenso
   }
   return Submit(CommOp::kReduceScatter, output, static_cast<int64_t>(options.op), call,
                 [this, input, output, scale, call] { return StartReduceScatter(input, output, scale, call); });
+}
+
+double GlooCommunicator::ReduceScatterScale(const ReduceOptions& options) const {
+  ST_CHECK_ARG(options.op == ReduceOp::kSum || options.op == ReduceOp::kAvg, "ReduceScatter on group '", name_,
+               "': unsupported op ", ReduceOpName(options.op), "; valid: SUM, AVG");
+  ST_CHECK_ARG(options.pre_divide > 0 && options.post_divide > 0, "ReduceScatter: divide factors must be > 0");
+  return 1.0 / (options.pre_divide * options.post_divide * (options.op == ReduceOp::kAvg ? size_ : 1));
+}
+
+WorkPtr GlooCommunicator::ReduceScatterPieces(const std::vector<at::Tensor>& pieces, const at::Tensor& output,
+                                              const ReduceOptions& options) {
+  if (!mesh_ || !IsFloating(output.scalar_type())) return Communicator::ReduceScatterPieces(pieces, output, options);
+  CheckPieces(pieces, output);
+  CheckCpu("ReduceScatterPieces", output);
+  const double scale = ReduceScatterScale(options);
+  const IssuedCall call = Issue(CommOp::kReduceScatter);
+  Count(CommOp::kReduceScatter, (size_ - 1) * output.numel() * output.element_size());
+  return Submit(CommOp::kReduceScatter, output, static_cast<int64_t>(options.op), call,
+                [this, pieces, output, scale, call] {
+                  return RunOnMesh(CommOp::kReduceScatter, call, [&](SteadyClock::time_point deadline) {
+                    gloo_internal::MeshReduceScatterPieces(*mesh_, pieces, output, scale, deadline);
+                  });
+                });
 }
 
 WorkPtr GlooCommunicator::StartReduceScatter(const at::Tensor& input, const at::Tensor& output, double scale,

@@ -23,6 +23,63 @@ namespace {
 // them one element longer.
 int64_t BlockBegin(int64_t n, int w, int b) { return n / w * b + std::min<int64_t>(b, n % w); }
 
+// Elements laid end to end in one or more contiguous runs (a tensor, or the
+// pieces of a reduce-scatter's input where they lie); positions count
+// elements of `es` bytes over the whole sequence.
+class Spans {
+ public:
+  struct Run {
+    uint8_t* data;
+    int64_t numel;
+  };
+  Spans(const std::vector<Run>& runs, int64_t es) : es_(es) {
+    for (const Run& r : runs) {
+      if (r.numel == 0) continue;  // (its pointer may be null)
+      runs_.push_back(r);
+      starts_.push_back(numel_);
+      numel_ += r.numel;
+    }
+  }
+  static Spans Of(const at::Tensor& t) {
+    return Spans({{static_cast<uint8_t*>(t.data_ptr()), t.numel()}}, t.element_size());
+  }
+  int64_t numel() const { return numel_; }
+
+  // Calls fn(offset from `begin`, pointer, count) for each contiguous part of
+  // [begin, begin + count), in order.
+  template <typename Fn>
+  void ForEach(int64_t begin, int64_t count, Fn&& fn) const {
+    if (count <= 0) return;
+    size_t i = std::upper_bound(starts_.begin(), starts_.end(), begin) - starts_.begin() - 1;
+    for (int64_t done = 0; done < count; ++i) {
+      const int64_t at = begin + done - starts_[i];
+      const int64_t k = std::min(count - done, runs_[i].numel - at);
+      fn(done, runs_[i].data + at * es_, k);
+      done += k;
+    }
+  }
+  // The byte pieces of [begin, begin + count), for SharedMemoryMesh::PeerTraffic::send.
+  std::vector<std::pair<const void*, int64_t>> Bytes(int64_t begin, int64_t count) const {
+    std::vector<std::pair<const void*, int64_t>> out;
+    ForEach(begin, count, [&](int64_t, uint8_t* p, int64_t k) { out.emplace_back(p, k * es_); });
+    return out;
+  }
+  // Whether any run shares bytes with `t`'s.
+  bool Overlaps(const at::Tensor& t) const {
+    const auto* lo = static_cast<const uint8_t*>(t.data_ptr());
+    const uint8_t* hi = lo + t.numel() * es_;
+    for (const Run& r : runs_)
+      if (r.data < hi && lo < r.data + r.numel * es_) return true;
+    return false;
+  }
+
+ private:
+  std::vector<Run> runs_;
+  std::vector<int64_t> starts_;
+  int64_t numel_ = 0;
+  int64_t es_;
+};
+
 // The sum of the W ranks' contributions to one block of n elements, taken in
 // rank order (c_0 + c_1 + ... + c_{W-1}, deterministic whatever order the
 // bytes arrive in), piece by piece as they arrive; then multiplied by `scale`,
@@ -39,13 +96,17 @@ int64_t BlockBegin(int64_t n, int w, int b) { return n / w * b + std::min<int64_
 // piece is in. Other dtypes use ATen.
 class OrderedSum {
  public:
-  OrderedSum(int world, int rank, at::Tensor mine, at::Tensor out, double scale, double divide, bool from_zero)
+  // `mine`: this rank's contribution (out.numel() elements of out's dtype),
+  // which may be `out` itself or lie in several runs.
+  OrderedSum(int world, int rank, Spans mine, at::Tensor out, double scale, double divide, bool from_zero)
       : world_(world), rank_(rank), n_(out.numel()), dtype_(out.scalar_type()), es_(out.element_size()),
         mine_(std::move(mine)), out_(std::move(out)), scale_(scale), divide_(divide), from_zero_(from_zero),
         done_(world, 0) {
+    TORCH_INTERNAL_ASSERT(mine_.numel() == n_, "OrderedSum: this rank's part has ", mine_.numel(), " elements, not ",
+                          n_);
     pair_ = world == 2 && (dtype_ == at::kFloat || dtype_ == at::kBFloat16);
     if (pair_) return;
-    const bool aliased = at::get_overlap_status(mine_, out_) != at::MemOverlapStatus::No;
+    const bool aliased = n_ > 0 && mine_.Overlaps(out_);
     acc_ = Is16Bit(dtype_) ? at::empty({n_}, out_.options().dtype(at::kFloat)) : aliased ? at::empty_like(out_) : out_;
     zero_ = at::zeros({}, acc_.options());
   }
@@ -88,14 +149,16 @@ class OrderedSum {
   void StorePair(int64_t begin, int64_t k, const uint8_t* data) {
     const kernels::Finish f{from_zero_, static_cast<float>(scale_)};
     uint8_t* out = static_cast<uint8_t*>(out_.data_ptr()) + begin * es_;
-    const uint8_t* mine = static_cast<const uint8_t*>(mine_.data_ptr()) + begin * es_;
-    if (dtype_ == at::kFloat) {
-      kernels::AddF32(reinterpret_cast<float*>(out), reinterpret_cast<const float*>(mine),
-                      reinterpret_cast<const float*>(data), k, f);
-    } else {
-      kernels::AddBF16(reinterpret_cast<uint16_t*>(out), reinterpret_cast<const uint16_t*>(mine),
-                       reinterpret_cast<const uint16_t*>(data), k, f);
-    }
+    mine_.ForEach(begin, k, [&](int64_t off, const uint8_t* mine, int64_t len) {
+      const int64_t b = off * es_;
+      if (dtype_ == at::kFloat) {
+        kernels::AddF32(reinterpret_cast<float*>(out + b), reinterpret_cast<const float*>(mine),
+                        reinterpret_cast<const float*>(data + b), len, f);
+      } else {
+        kernels::AddBF16(reinterpret_cast<uint16_t*>(out + b), reinterpret_cast<const uint16_t*>(mine),
+                         reinterpret_cast<const uint16_t*>(data + b), len, f);
+      }
+    });
     Divide(begin, k);
     finished_ += k;
   }
@@ -134,7 +197,11 @@ class OrderedSum {
   void AdvanceMine() {
     constexpr int64_t kPiece = int64_t{1} << 17;
     const int64_t k = std::min(kPiece, Limit(rank_) - done_[rank_]);
-    if (k > 0) Add(rank_, static_cast<const uint8_t*>(mine_.data_ptr()) + done_[rank_] * es_, k);
+    if (k <= 0) return;
+    // Add() moves done_[rank_]: collect the runs first.
+    std::vector<std::pair<const uint8_t*, int64_t>> runs;
+    mine_.ForEach(done_[rank_], k, [&](int64_t, const uint8_t* p, int64_t len) { runs.emplace_back(p, len); });
+    for (const auto& [p, len] : runs) Add(rank_, p, len);
   }
 
   void Store(int64_t begin, int64_t count) {
@@ -166,13 +233,29 @@ class OrderedSum {
   const int64_t n_;
   const at::ScalarType dtype_;
   const int64_t es_;
-  at::Tensor mine_, out_, acc_, zero_;
+  Spans mine_;
+  at::Tensor out_, acc_, zero_;
   const double scale_, divide_;
   const bool from_zero_;
   bool pair_ = false;          // W=2 with a kernel dtype: one pass per piece, no accumulator
   std::vector<int64_t> done_;  // elements each source has added
   int64_t finished_ = 0;
 };
+
+// Reduce-scatter of `in` (W blocks of out.numel() elements) into `out`,
+// which shares no bytes with `in` unless it is this rank's block of it.
+void ReduceScatterSpans(SharedMemoryMesh& mesh, const Spans& in, const at::Tensor& out, double scale,
+                        SteadyClock::time_point deadline) {
+  const int world = mesh.size(), rank = mesh.rank();
+  const int64_t n = out.numel();
+  std::vector<Spans::Run> runs;
+  in.ForEach(rank * n, n, [&](int64_t, uint8_t* p, int64_t k) { runs.push_back({p, k}); });
+  OrderedSum sum(world, rank, Spans(runs, out.element_size()), out, scale, 1.0, /*from_zero=*/true);
+  std::vector<SharedMemoryMesh::PeerTraffic> traffic(world);
+  for (int p = 0; p < world; ++p) traffic[p] = {in.Bytes(p * n, n), n * out.element_size()};
+  mesh.Exchange(traffic, sum.AsConsumer(), deadline);
+  sum.Finish();
+}
 
 }  // namespace
 
@@ -197,7 +280,7 @@ void MeshAllGather(SharedMemoryMesh& mesh, const at::Tensor& input, const at::Te
 
 void MeshReduceScatter(SharedMemoryMesh& mesh, const at::Tensor& input, const at::Tensor& output, double scale,
                        SteadyClock::time_point deadline) {
-  const int world = mesh.size(), rank = mesh.rank();
+  const int rank = mesh.rank();
   at::Tensor in = input.reshape(-1);
   const at::Tensor out = output.reshape(-1);
   const int64_t n = out.numel();
@@ -205,12 +288,16 @@ void MeshReduceScatter(SharedMemoryMesh& mesh, const at::Tensor& input, const at
   // scratch; any other overlap sends from a copy.
   const bool in_place = out.data_ptr() == in.narrow(0, rank * n, n).data_ptr();
   if (!in_place && at::get_overlap_status(in, out) != at::MemOverlapStatus::No) in = in.clone();
-  OrderedSum sum(world, rank, in.narrow(0, rank * n, n), out, scale, 1.0, /*from_zero=*/true);
-  std::vector<SharedMemoryMesh::PeerTraffic> traffic(world);
-  const int64_t bytes = n * in.element_size();
-  for (int p = 0; p < world; ++p) traffic[p] = {{{in.narrow(0, p * n, n).data_ptr(), bytes}}, bytes};
-  mesh.Exchange(traffic, sum.AsConsumer(), deadline);
-  sum.Finish();
+  ReduceScatterSpans(mesh, Spans::Of(in), out, scale, deadline);
+}
+
+void MeshReduceScatterPieces(SharedMemoryMesh& mesh, const std::vector<at::Tensor>& pieces, const at::Tensor& output,
+                             double scale, SteadyClock::time_point deadline) {
+  std::vector<Spans::Run> runs;
+  runs.reserve(pieces.size());
+  for (const at::Tensor& p : pieces) runs.push_back({static_cast<uint8_t*>(p.data_ptr()), p.numel()});
+  const at::Tensor out = output.reshape(-1);
+  ReduceScatterSpans(mesh, Spans(runs, out.element_size()), out, scale, deadline);
 }
 
 // Reduce-scatter of the W blocks (each rank sums its own block, in rank
@@ -225,7 +312,7 @@ void MeshAllReduce(SharedMemoryMesh& mesh, const at::Tensor& tensor, double divi
   const at::Tensor mine = block(rank);
   std::vector<SharedMemoryMesh::PeerTraffic> traffic(world);
   {
-    OrderedSum sum(world, rank, mine, mine, 1.0, divide, /*from_zero=*/false);
+    OrderedSum sum(world, rank, Spans::Of(mine), mine, 1.0, divide, /*from_zero=*/false);
     for (int p = 0; p < world; ++p) traffic[p] = {{{block(p).data_ptr(), block(p).numel() * es}}, mine.numel() * es};
     mesh.Exchange(traffic, sum.AsConsumer(), deadline);
     sum.Finish();

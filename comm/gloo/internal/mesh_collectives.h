@@ -13,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <vector>
 
 #include "comm/gloo/shared_memory_mesh.h"
 
@@ -24,6 +25,11 @@ void MeshAllGather(SharedMemoryMesh& mesh, const at::Tensor& input, const at::Te
 // Sum of the ranks' blocks of floating `input`, times `scale`, into `output`.
 void MeshReduceScatter(SharedMemoryMesh& mesh, const at::Tensor& input, const at::Tensor& output, double scale,
                        std::chrono::steady_clock::time_point deadline);
+
+// MeshReduceScatter of the concatenation of `pieces` (contiguous, of output's
+// dtype, none sharing bytes with `output`), read where they lie.
+void MeshReduceScatterPieces(SharedMemoryMesh& mesh, const std::vector<at::Tensor>& pieces, const at::Tensor& output,
+                             double scale, std::chrono::steady_clock::time_point deadline);
 
 // Sum of a floating `tensor` over the ranks, in place, then divided by `divide`.
 void MeshAllReduce(SharedMemoryMesh& mesh, const at::Tensor& tensor, double divide,
