@@ -45,7 +45,15 @@ void ShardedModel::PreBackward(ShardedUnit* u) {
 void ShardedModel::ArmGrads(ShardedUnit* u) {
   if (u->grads_armed) return;
   const auto& entries = u->flat->entries();
-  if (!u->flat_grad.defined()) {
+  if (!u->flat_grad.defined() && !no_sync_ && reduce_dtype_ == param_dtype_ && shard_group_->ReadsPiecesInPlace()) {
+    // Each gradient stays where AccumulateGrad puts it (LaunchReduce).
+    u->grads_in_place = true;
+    u->grad_written.assign(entries.size(), false);
+    for (const auto& e : entries) {
+      if (e.requires_grad) e.param.mutable_grad() = at::Tensor();
+    }
+  } else if (!u->flat_grad.defined()) {
+    u->grads_in_place = false;
     u->flat_grad = at::empty({u->flat->padded_numel()}, u->full.options().dtype(param_dtype_));
     u->grad_views = u->flat->Views(u->flat_grad);
     u->grad_written.assign(entries.size(), false);
@@ -76,6 +84,15 @@ void ShardedModel::OnGradReady(ShardedUnit* u, size_t entry) {
     at::Tensor produced = g;
     ArmGrads(u);
     if (produced.defined()) g = produced;
+  }
+  if (u->grads_in_place) {
+    if (g.defined() && !g.is_contiguous()) g = g.contiguous();
+    u->grad_written[entry] = g.defined();
+    if (--u->grads_pending == 0) {
+      u->ready = true;
+      LaunchReadyInOrder();
+    }
+    return;
   }
   at::Tensor& view = u->grad_views[entry];
   if (g.defined() && !g.is_same(view)) {
@@ -112,6 +129,11 @@ void ShardedModel::LaunchReduce(ShardedUnit* u) {
   if (options_.backward_prefetch == BackwardPrefetch::kBackwardPost) Prefetch(u, /*backward=*/true);
   u->launched = true;
   Reshard(u);
+  if (u->grads_in_place && !no_sync_) {
+    LaunchReducePieces(u);
+    return;
+  }
+  if (u->grads_in_place) MoveGradsToFlat(u);  // no_sync began after this unit was armed
   const auto& entries = u->flat->entries();
   for (size_t k = 0; k < entries.size(); ++k) {
     if (!entries[k].requires_grad || u->grad_written[k]) continue;
@@ -141,6 +163,60 @@ void ShardedModel::LaunchReduce(ShardedUnit* u) {
   FinishReduces(kMaxReducesInFlight);
 }
 
+// The unit's gradients as the pieces of its padded flat gradient, read where
+// autograd left them: each parameter's .grad, and zeros for frozen
+// parameters, parameters without a gradient this backward and the padding.
+void ShardedModel::LaunchReducePieces(ShardedUnit* u) {
+  const auto& entries = u->flat->entries();
+  const at::TensorOptions options = u->full.options().dtype(param_dtype_);
+  std::vector<at::Tensor> pieces;
+  int64_t zeros = 0;  // zeros owed before the next gradient
+  auto add_zeros = [&] {
+    if (zeros > 0) pieces.push_back(at::zeros({zeros}, options));
+    zeros = 0;
+  };
+  for (size_t k = 0; k < entries.size(); ++k) {
+    if (entries[k].requires_grad && u->grad_written[k]) {
+      add_zeros();
+      pieces.push_back(entries[k].param.grad().reshape(-1));
+    } else {
+      zeros += entries[k].numel;
+    }
+    if (entries[k].requires_grad) entries[k].param.mutable_grad() = at::Tensor();
+  }
+  zeros += u->flat->padded_numel() - u->flat->numel();
+  add_zeros();
+  u->grad_written.clear();
+  u->grads_in_place = false;
+  u->reduce_out = at::empty({u->flat->shard_numel()}, options);
+  comm::ReduceOptions ro;
+  ro.op = comm::ReduceOp::kSum;
+  ro.pre_divide = pre_divide_;
+  ro.post_divide = post_divide_;
+  {
+    Stopwatch sw(&comm_times_.reduce_issue_s);
+    u->reduce_work = shard_group_->ReduceScatterPieces(pieces, u->reduce_out, ro);
+  }
+  u->reduce_pieces = std::move(pieces);
+  reducing_.push_back(u);
+  FinishReduces(kMaxReducesInFlight);
+}
+
+// Copies gradients kept in place into a flat gradient buffer, as if they had
+// been collected there (for a no_sync accumulation that began after the unit
+// was armed).
+void ShardedModel::MoveGradsToFlat(ShardedUnit* u) {
+  const auto& entries = u->flat->entries();
+  u->flat_grad = at::zeros({u->flat->padded_numel()}, u->full.options().dtype(param_dtype_));
+  u->grad_views = u->flat->Views(u->flat_grad);
+  for (size_t k = 0; k < entries.size(); ++k) {
+    if (!entries[k].requires_grad || !u->grad_written[k]) continue;
+    u->grad_views[k].copy_(entries[k].param.grad());
+    entries[k].param.mutable_grad() = u->grad_views[k];
+  }
+  u->grads_in_place = false;
+}
+
 // Completes reduce-scatters in launch order: every finished one, and the
 // oldest ones until at most `keep` are in flight. Completing frees the unit's
 // full-size gradient (so at most `keep` of them outlive their reduce-scatter)
@@ -154,6 +230,7 @@ void ShardedModel::FinishReduces(size_t keep) {
     u->reduce_work->Wait();
     u->reduce_work.reset();
     u->reduce_in = at::Tensor();
+    u->reduce_pieces.clear();
   }
 }
 
@@ -225,6 +302,8 @@ void ShardedModel::ResetIteration() {
     }
     u->reduce_work.reset();
     u->reduce_in = u->reduce_out = at::Tensor();
+    u->reduce_pieces.clear();
+    u->grads_in_place = false;
     u->grads_armed = u->pre_backward_done = u->ready = u->launched = false;
     Reshard(u.get());
   }

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 #include <tuple>
@@ -195,7 +196,12 @@ int ShardedModel::NumUnshardedUnits() const { return static_cast<int>(UnshardedU
 
 int ShardedModel::NumFullGradients() const {
   int n = 0;
-  for (auto& u : units_) n += u->flat_grad.defined() || u->reduce_in.defined();
+  for (auto& u : units_) {
+    // Gradients kept in place (ShardedUnit::grads_in_place) count once the first one arrived.
+    const bool in_place = u->grads_in_place && std::find(u->grad_written.begin(), u->grad_written.end(), true) !=
+                                                   u->grad_written.end();
+    n += u->flat_grad.defined() || u->reduce_in.defined() || !u->reduce_pieces.empty() || in_place;
+  }
   return n;
 }
 

@@ -214,6 +214,8 @@ class ShardedModel {
   void OnGradReady(ShardedUnit* u, size_t entry);
   void LaunchReadyInOrder();
   void LaunchReduce(ShardedUnit* u);
+  void LaunchReducePieces(ShardedUnit* u);
+  void MoveGradsToFlat(ShardedUnit* u);
   void FinishReduces(size_t keep);
   void FinishBackward();
   void EnsureBackwardCallback();

@@ -58,6 +58,11 @@ class ShardedUnit {
   int trainable = 0;
 
   // Per backward.
+  // The gradients stay where autograd made them (each parameter's .grad) and
+  // are reduce-scattered from there, as pieces, when the shard group reads
+  // pieces in place (Communicator::ReadsPiecesInPlace) and they need no cast;
+  // otherwise each is copied into flat_grad.
+  bool grads_in_place = false;
   at::Tensor flat_grad;
   std::vector<at::Tensor> grad_views;
   std::vector<bool> grad_written;  // grad_views[k] holds this accumulation's gradient
@@ -68,6 +73,7 @@ class ShardedUnit {
   bool launched = false;
   comm::WorkPtr reduce_work;
   at::Tensor reduce_in;
+  std::vector<at::Tensor> reduce_pieces;  // grads_in_place: what the reduce-scatter in flight reads
   at::Tensor reduce_out;
 };
 

@@ -220,21 +220,25 @@ void ExpectClose(const std::map<std::string, at::Tensor>& a, const std::map<std:
 
 TEST(ShardedAccumulation, NoSyncAndSyncedMicroBatchesEqualTheFullBatch) {
   auto reference = PlainProbe(4, 2);
-  for (bool use_no_sync : {true, false}) {
+  // no_sync around the first micro-batch's forward and backward, around its
+  // backward only (units armed in forward already), or not at all.
+  enum class NoSync { kWhole, kBackwardOnly, kNone };
+  for (NoSync mode : {NoSync::kWhole, NoSync::kBackwardOnly, NoSync::kNone}) {
     auto got = TrainProbe(2, {}, [&](ShardedModel& sm, torch::optim::Optimizer& opt, int rank, int world, int s) {
       opt.zero_grad();
       at::Tensor x = Batch(s, 8).slice(0, rank * 4, rank * 4 + 4);
       for (int m = 0; m < 2; ++m) {
         at::Tensor xm = x.slice(0, m * 2, m * 2 + 2);
-        auto run = [&] {
-          at::Tensor out = sm.Forward([&] { return sm.module().as<ProbeNetImpl>()->forward(xm); });
-          (out.pow(2).mean() / 2).backward();
-        };
-        if (use_no_sync && m == 0) {
+        auto forward = [&] { return sm.Forward([&] { return sm.module().as<ProbeNetImpl>()->forward(xm); }); };
+        if (mode == NoSync::kWhole && m == 0) {
           auto scope = sm.no_sync();
-          run();
+          (forward().pow(2).mean() / 2).backward();
+        } else if (mode == NoSync::kBackwardOnly && m == 0) {
+          at::Tensor out = forward();
+          auto scope = sm.no_sync();
+          (out.pow(2).mean() / 2).backward();
         } else {
-          run();
+          (forward().pow(2).mean() / 2).backward();
         }
       }
       opt.step();

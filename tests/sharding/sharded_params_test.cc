@@ -65,7 +65,8 @@ class StackImpl : public torch::nn::Module {
 
 class NetImpl : public torch::nn::Module {
  public:
-  NetImpl() {
+  // `with_unused`: a root layer that only steps with use_extra set use.
+  explicit NetImpl(bool with_unused = false) {
     static std::mutex mu;  // rank threads build models concurrently: same seed, same weights
     std::lock_guard<std::mutex> lock(mu);
     at::manual_seed(11);
@@ -74,10 +75,16 @@ class NetImpl : public torch::nn::Module {
     // Frozen: a whole layer inside a unit with trainable ones, and a bias at the root.
     for (auto& p : stack->b0->aux->parameters()) p.set_requires_grad(false);
     head->bias.set_requires_grad(false);
+    if (with_unused) extra = register_module("extra", torch::nn::Linear(kWidth, 1));
   }
-  at::Tensor forward(const at::Tensor& x) { return head->forward(stack->forward(x)); }
+  at::Tensor forward(const at::Tensor& x) {
+    at::Tensor y = head->forward(stack->forward(x));
+    return extra && use_extra ? y + extra->forward(x) : y;
+  }
   std::shared_ptr<Sharded<StackImpl>> stack;
   torch::nn::Linear head{nullptr};
+  torch::nn::Linear extra{nullptr};
+  bool use_extra = true;
 };
 
 const std::set<std::string> kFrozen = {"stack.b0.aux.weight", "stack.b0.aux.bias", "head.bias"};
@@ -137,16 +144,27 @@ struct ShardedRun {
   std::vector<UnitInfo> units;
 };
 
-ShardedRun TrainSharded(int world, ShardingOptions options, Opt o, int steps) {
+// `shared_memory`: the ranks' communicators exchange through shared memory
+// (the default; gradients are then reduce-scattered where autograd left them)
+// or through Gloo's TCP (each gradient collected into a flat buffer first).
+// `with_unused`: the net has a layer that gets no gradient on odd steps.
+ShardedRun TrainSharded(int world, ShardingOptions options, Opt o, int steps, bool shared_memory = true,
+                        bool with_unused = false) {
   ShardedRun run;
   std::mutex mu;
   std::vector<std::vector<double>> rank_losses(world);
-  RunRanks(world, [&](int rank, const auto& comm) {
-    auto net = std::make_shared<NetImpl>();
+  auto gloo_options = [shared_memory](int) {
+    comm::GlooOptions g;
+    g.shared_memory = shared_memory;
+    return g;
+  };
+  shardtrain::testing::RunRanksWithOptions(world, gloo_options, [&](int rank, const auto& comm) {
+    auto net = std::make_shared<NetImpl>(with_unused);
     ShardedModel sm(net, comm, options);
     auto opt = MakeOptimizer(o, sm.parameters());
     const int64_t per = 8 / world;
     for (int s = 0; s < steps; ++s) {
+      net->use_extra = s % 2 == 0;
       opt->zero_grad();
       at::Tensor x = Batch(s).slice(0, rank * per, (rank + 1) * per);
       at::Tensor loss = sm.Forward([&] { return net->forward(x); }).pow(2).mean();
@@ -196,6 +214,27 @@ TEST(FrozenParameters, StayBitIdenticalWithEveryOptimizerAndWorldSize) {
         }
         ExpectMatchesPlain(run.full, want, 1e-5, what);
       }
+    }
+  }
+}
+
+// Gradients reduce-scattered where autograd left them (shared memory: frozen
+// parameters, a layer unused on odd steps and the padding filled with zeros
+// pieces) give the bits of gradients collected into one flat buffer and
+// reduce-scattered over TCP; the weights and the losses are identical.
+TEST(FrozenParameters, GradientsReducedInPlaceEqualThoseCollectedInAFlatBuffer) {
+  for (int world : {2, 3}) {
+    for (bool orig : {false, true}) {
+      ShardingOptions options;
+      options.use_orig_params = orig;
+      const std::string what = "W=" + std::to_string(world) + (orig ? " use_orig_params" : "");
+      const ShardedRun in_place = TrainSharded(world, options, Opt::kSgdMomentum, 4, /*shared_memory=*/true, true);
+      const ShardedRun flat = TrainSharded(world, options, Opt::kSgdMomentum, 4, /*shared_memory=*/false, true);
+      ASSERT_EQ(in_place.full.size(), flat.full.size()) << what;
+      for (const auto& [name, t] : flat.full) {
+        EXPECT_TRUE(at::equal(in_place.full.at(name), t)) << what << ": " << name;
+      }
+      EXPECT_EQ(in_place.losses, flat.losses) << what;
     }
   }
 }
