@@ -126,23 +126,31 @@ void DdpStrategy::BuildBuckets() {
 
 // Makes every trainable parameter's .grad its view in the bucket buffer,
 // keeping what was accumulated so far (gradient accumulation) and zeroing
-// what the optimizer set to none.
+// what the optimizer set to none. A bucket whose gradients are all none
+// (the optimizer's zero_grad) is left so: each gradient AccumulateGrad
+// makes is copied into its view when it is ready (OnGradReady), which moves
+// half the bytes of zeroing the buffer and adding into it; views that got no
+// gradient are zeroed when the bucket is launched (FillBucket).
 void DdpStrategy::ArmGradViews() {
   at::NoGradGuard no_grad;
   for (auto& bp : buckets_) {
     Bucket& b = *bp;
     bool all_none = true;
     for (const auto& p : b.params) all_none = all_none && !p.grad().defined();
-    if (all_none) b.flat.zero_();
-    for (size_t i = 0; i < b.params.size(); ++i) {
-      at::Tensor& g = b.params[i].mutable_grad();
-      if (g.defined() && g.is_same(b.views[i])) continue;
-      if (!all_none) {
-        if (g.defined()) b.views[i].copy_(g);
-        else b.views[i].zero_();
-      }
-      g = b.views[i];
-    }
+    if (!all_none) FillBucket(b);
+  }
+}
+
+// Before a bucket is reduced: every gradient is its view, parameters that
+// got none this backward with zeros there (another rank may have one).
+void DdpStrategy::FillBucket(Bucket& b) {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < b.params.size(); ++i) {
+    at::Tensor& g = b.params[i].mutable_grad();
+    if (g.defined() && g.is_same(b.views[i])) continue;
+    if (g.defined()) b.views[i].copy_(g);
+    else b.views[i].zero_();
+    g = b.views[i];
   }
 }
 
@@ -165,6 +173,7 @@ void DdpStrategy::LaunchInOrder(bool flush) {
   while (next_launch_ < buckets_.size() && (flush || buckets_[next_launch_]->pending == 0)) {
     Bucket& b = *buckets_[next_launch_++];
     b.pending = 0;
+    FillBucket(b);
     b.work = world_->AllReduce(b.flat, {comm::ReduceOp::kAvg});
     if (in_backward_) ++launched_during_backward_;
   }

@@ -62,6 +62,7 @@ class DdpStrategy : public Strategy {
   void OnGradReady(size_t bucket, size_t index);
   void BuildBuckets();
   void ArmGradViews();
+  void FillBucket(Bucket& b);
   void LaunchInOrder(bool flush);
   DdpOptions options_;
   std::vector<std::unique_ptr<Bucket>> buckets_;

@@ -496,6 +496,34 @@ TEST(Ddp, ParameterWithoutGradientStillSynchronizes) {
   });
 }
 
+// Gradients set to none (zero_grad) are copied into the bucket when ready;
+// what got none this step is zero there, not last step's value, whether the
+// parameter shares its bucket or has one of its own.
+TEST(Ddp, GradientsSetToNoneStartFreshEveryStep) {
+  for (double cap_mb : {1e-5, 1.0}) {
+    RunRanks(2, [cap_mb](int rank, const auto& comm) {
+      auto net = std::make_shared<torch::nn::Module>();
+      at::Tensor a = net->register_parameter("a", at::ones({4}));
+      at::Tensor b = net->register_parameter("b", at::ones({4}));
+      DdpOptions o;
+      o.bucket_cap_mb = cap_mb;
+      DdpStrategy s(o);
+      s.Setup(comm, {});
+      s.WrapModel(net);
+      for (int step = 0; step < 3; ++step) {
+        for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();  // zero_grad(set_to_none)
+        // Step 0 uses both, step 1 only a (b gets none), step 2 only b.
+        at::Tensor loss = at::zeros({}, at::kFloat);
+        if (step != 2) loss = loss + (a * static_cast<double>(rank + 1)).sum();
+        if (step != 1) loss = loss + (b * static_cast<double>(2 * rank + 3)).sum();
+        s.Backward(loss);
+        EXPECT_TRUE(at::equal(a.grad(), at::full({4}, step != 2 ? 1.5 : 0.0))) << "step " << step << " " << a.grad();
+        EXPECT_TRUE(at::equal(b.grad(), at::full({4}, step != 1 ? 4.0 : 0.0))) << "step " << step << " " << b.grad();
+      }
+    });
+  }
+}
+
 TEST(Clip, ValueClipsElementwise) {
   RunRanks(2, [](int rank, const auto& comm) {
     auto tm = shardtrain::testing::MlpWithBatchNorm();
