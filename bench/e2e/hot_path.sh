@@ -33,7 +33,7 @@ model_flags() {  # configuration name -> "W flags..."
 }
 
 WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
+trap 'cp "$WORK/log.txt" "${HOT_PATH_LOG:-/tmp/hot_path_log.txt}" 2>/dev/null; rm -rf "$WORK"' EXIT
 RESULTS="$WORK/results.jsonl"
 : > "$RESULTS"
 read -r -a CONFIG_LIST <<<"${CONFIGS:-23m 49m 200m}"
@@ -50,9 +50,16 @@ row() {  # config W label env... -- gpt_bench or torch_bench arguments
   while [[ "$1" != "--" ]]; do envs+=("$1"); shift; done
   shift
   echo "[bench/e2e/hot_path] $config $label (W=$w)" >&2
-  local line
-  line="$(env "${envs[@]+"${envs[@]}"}" "$@" 2>>"$WORK/log.txt" | grep '^{' | tail -1)" ||
-    { echo "[bench/e2e/hot_path] failed: $config $label (see the log)" >&2; tail -5 "$WORK/log.txt" >&2; return 0; }
+  local line="" try
+  # A run that fails is tried once more (PyTorch's Gloo processes were seen
+  # to abort at exit now and then on a loaded machine); both logs are kept.
+  for try in 1 2; do
+    line="$(env "${envs[@]+"${envs[@]}"}" "$@" 2>>"$WORK/log.txt" | grep '^{' | tail -1)" && break
+    line=""
+    echo "[bench/e2e/hot_path] failed (try $try of 2): $config $label; its log: ${HOT_PATH_LOG:-/tmp/hot_path_log.txt}" >&2
+    tail -5 "$WORK/log.txt" >&2
+  done
+  [[ -n "$line" ]] || return 0
   echo "{\"config\": \"$config\", \"label\": \"$label\", \"row\": $line}" >> "$RESULTS"
 }
 
