@@ -60,7 +60,7 @@ RESULTS="$WORK/results.jsonl"
 : >"$RESULTS"
 {
   echo "model: ${MODEL[*]}"
-  echo "started: $(date -u '+%Y-%m-%d %H:%M UTC'), load $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "started: $(date -u '+%Y-%m-%d %H:%M UTC') at commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'), load $(cut -d' ' -f1-3 /proc/loadavg)"
 } >"$WORK/meta.txt"
 mkdir -p "$WORK/sync"
 PORT=29500

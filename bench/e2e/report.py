@@ -2,12 +2,25 @@
 import datetime
 import json
 import platform
+import subprocess
 import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+def head_commit():
+    """The checkout's short commit, with '+' when it has uncommitted changes; '?' outside git."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True).stdout.strip()
+        return sha + ("+" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
 
 
 def median(xs):
@@ -49,7 +62,7 @@ def main(results_path, params_path, md_path, png_path, command, model_flags):
     lines = [
         "# End-to-end benchmark: ShardTrain vs PyTorch",
         "",
-        f"Produced by `{command}` on {datetime.date.today()} ({platform.machine()}, "
+        f"Produced by `{command}` on {datetime.date.today()} at commit {head_commit()} ({platform.machine()}, "
         f"{__import__('os').cpu_count()} cores, CPU only; ShardTrain's ranks exchange through shared memory (its default on one host), PyTorch's through Gloo over loopback TCP). GPT with {params / 1e6:.1f}M "
         f"parameters, flags `{model_flags}`; the same initial weights and batches for every row; AdamW, fp32. "
         f"Every W=2 configuration ran {rounds} time(s), interleaved round by round so that background load hits "
