@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/engine.h>
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "base/errors.h"
@@ -150,15 +151,20 @@ void ShardedModel::LaunchReduce(ShardedUnit* u) {
   at::Tensor in = reduce_dtype_ == u->flat_grad.scalar_type() ? u->flat_grad : u->flat_grad.to(reduce_dtype_);
   u->flat_grad = at::Tensor();
   u->reduce_out = at::empty({u->flat->shard_numel()}, in.options());
+  u->reduce_in = in;
+  IssueReduce(u, [&](const comm::ReduceOptions& ro) { return shard_group_->ReduceScatter(in, u->reduce_out, ro); });
+}
+
+void ShardedModel::IssueReduce(ShardedUnit* u,
+                               const std::function<comm::WorkPtr(const comm::ReduceOptions&)>& reduce_scatter) {
   comm::ReduceOptions ro;
   ro.op = comm::ReduceOp::kSum;
   ro.pre_divide = pre_divide_;
   ro.post_divide = post_divide_;
   {
     Stopwatch sw(&comm_times_.reduce_issue_s);
-    u->reduce_work = shard_group_->ReduceScatter(in, u->reduce_out, ro);
+    u->reduce_work = reduce_scatter(ro);
   }
-  u->reduce_in = in;
   reducing_.push_back(u);
   FinishReduces(kMaxReducesInFlight);
 }
@@ -189,17 +195,10 @@ void ShardedModel::LaunchReducePieces(ShardedUnit* u) {
   u->grad_written.clear();
   u->grads_in_place = false;
   u->reduce_out = at::empty({u->flat->shard_numel()}, options);
-  comm::ReduceOptions ro;
-  ro.op = comm::ReduceOp::kSum;
-  ro.pre_divide = pre_divide_;
-  ro.post_divide = post_divide_;
-  {
-    Stopwatch sw(&comm_times_.reduce_issue_s);
-    u->reduce_work = shard_group_->ReduceScatterPieces(pieces, u->reduce_out, ro);
-  }
   u->reduce_pieces = std::move(pieces);
-  reducing_.push_back(u);
-  FinishReduces(kMaxReducesInFlight);
+  IssueReduce(u, [&](const comm::ReduceOptions& ro) {
+    return shard_group_->ReduceScatterPieces(u->reduce_pieces, u->reduce_out, ro);
+  });
 }
 
 // Copies gradients kept in place into a flat gradient buffer, as if they had

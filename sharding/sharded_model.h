@@ -215,6 +215,9 @@ class ShardedModel {
   void LaunchReadyInOrder();
   void LaunchReduce(ShardedUnit* u);
   void LaunchReducePieces(ShardedUnit* u);
+  // Issues the unit's reduce-scatter with the core's reduce options, timed, and keeps at most
+  // kMaxReducesInFlight in flight.
+  void IssueReduce(ShardedUnit* u, const std::function<comm::WorkPtr(const comm::ReduceOptions&)>& reduce_scatter);
   void MoveGradsToFlat(ShardedUnit* u);
   void FinishReduces(size_t keep);
   void FinishBackward();
