@@ -110,12 +110,6 @@ void ShardedStrategyBase::Backward(const at::Tensor& loss, bool sync_gradients) 
   if (sync_gradients) {
     torch::autograd::backward({loss});
   } else {
-    // The sharding core's no_sync path does not accumulate correctly into the
-    // per-parameter views of use_orig_params (measured: results drift from
-    // DDP); refuse rather than train wrong.
-    ST_CHECK_ARG(!sharding_options_.use_orig_params, name(),
-                 ": gradient accumulation without sync (no_sync, accumulate_grad_batches > 1) is not supported "
-                 "with use_orig_params=true yet; use use_orig_params=false or accumulate_grad_batches=1");
     auto scope = sm_->no_sync();
     torch::autograd::backward({loss});
   }

@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/nn/module.h>
 
+#include <set>
+
 #include "base/errors.h"
 #include "sharding/grad_ready_hook.h"
 
@@ -18,8 +20,8 @@ const OptionTable<DdpOptions>& DdpOptions::Table() {
       OptionBool("broadcast_buffers", &O::broadcast_buffers,
                  "broadcast rank 0's buffers before every forward, as PyTorch DDP (default true)"),
       OptionBool("find_unused_parameters", &O::find_unused_parameters,
-                 "accepted (default false): a parameter without a gradient contributes zeros, so ranks always "
-                 "issue the same collectives"),
+                 "true: a trainable parameter that gets no gradient in a syncing backward contributes zeros; "
+                 "false (default, as PyTorch DDP): such a parameter is an error naming it"),
   });
   return table;
 }
@@ -81,6 +83,7 @@ struct DdpStrategy::Bucket {
   // accumulator weakly, and a new one would not carry the hook.
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
   size_t pending = 0;  // gradients not yet accumulated in this backward
+  std::vector<char> ready;  // ready[i]: params[i] got its gradient in this syncing backward
   comm::WorkPtr work;
 };
 
@@ -163,8 +166,9 @@ void DdpStrategy::OnGradReady(size_t bucket, size_t index) {
     b.views[index].copy_(g);
     g = b.views[index];
   }
-  if (!syncing_ || b.pending == 0) return;
-  if (--b.pending == 0) LaunchInOrder(/*flush=*/false);
+  if (!counting_ || b.ready[index]) return;
+  b.ready[index] = 1;
+  if (--b.pending == 0 && syncing_) LaunchInOrder(/*flush=*/false);
 }
 
 // Launches complete buckets in index order; with `flush`, every bucket not
@@ -183,9 +187,11 @@ void DdpStrategy::Backward(const at::Tensor& loss, bool sync_gradients) {
   CheckWrapped("Backward");
   ArmGradViews();
   syncing_ = sync_gradients && world_size() > 1;
-  if (syncing_) {
+  counting_ = sync_gradients;
+  if (counting_) {
     for (auto& b : buckets_) {
       b->pending = b->params.size();
+      b->ready.assign(b->params.size(), 0);
       b->work.reset();
     }
     next_launch_ = 0;
@@ -196,17 +202,53 @@ void DdpStrategy::Backward(const at::Tensor& loss, bool sync_gradients) {
     torch::autograd::backward({loss});
   } catch (...) {
     in_backward_ = false;
-    syncing_ = false;
+    syncing_ = counting_ = false;
     throw;
   }
   in_backward_ = false;
-  if (!syncing_) return;
+  // Every bucket is reduced even when some gradient is missing, so that all
+  // ranks issue the same collectives before any of them reports it.
+  const std::vector<std::string> unused =
+      counting_ && !options_.find_unused_parameters ? Unused() : std::vector<std::string>{};
+  counting_ = false;
+  if (!syncing_) {
+    if (!unused.empty()) ThrowUnused(unused);
+    return;
+  }
   syncing_ = false;
   LaunchInOrder(/*flush=*/true);
   for (auto& b : buckets_) {
     b->work->Wait();
     b->work.reset();
   }
+  if (!unused.empty()) ThrowUnused(unused);
+}
+
+void DdpStrategy::ThrowUnused(const std::vector<std::string>& unused) {
+  std::string names;
+  for (size_t i = 0; i < unused.size() && i < 8; ++i) names += (i ? ", " : "") + unused[i];
+  if (unused.size() > 8) names += ", ... (" + std::to_string(unused.size()) + " in all)";
+  ST_THROW(InvalidArgumentError, "ddp: these trainable parameters got no gradient in this backward: ", names,
+           ". Set the strategy option find_unused_parameters=true when parts of the model take no part in some "
+           "steps (their gradients then count as zeros), or freeze them (requires_grad false)");
+}
+
+// Names of the trainable parameters that got no gradient in this syncing
+// backward (a tied weight under its first name).
+std::vector<std::string> DdpStrategy::Unused() const {
+  std::set<const void*> missing;
+  for (const auto& b : buckets_) {
+    if (b->pending == 0) continue;
+    for (size_t i = 0; i < b->params.size(); ++i) {
+      if (!b->ready[i]) missing.insert(b->params[i].unsafeGetTensorImpl());
+    }
+  }
+  std::vector<std::string> names;
+  if (missing.empty()) return names;
+  for (const auto& [name, p] : UniqueNamedParameters(*module_)) {
+    if (missing.count(p.unsafeGetTensorImpl())) names.push_back(name);
+  }
+  return names;
 }
 
 double DdpStrategy::ClipGradNorm(double max_norm, double norm_type) {

@@ -9,7 +9,9 @@
 // overlapping the rest of backward. Buckets launch strictly in index order, so
 // every rank issues the same collectives in the same order; buckets whose
 // parameters got no gradient (unused in this forward) launch when backward
-// ends. Backward returns once every bucket's average is in place.
+// ends, and with find_unused_parameters=false (the default, as PyTorch DDP)
+// Backward then throws naming them. Backward returns once every bucket's
+// average is in place.
 //
 // String options: DdpOptions::Table() (ddp_strategy.cc), listed in
 // docs/strategy_options.md.
@@ -64,10 +66,13 @@ class DdpStrategy : public Strategy {
   void ArmGradViews();
   void FillBucket(Bucket& b);
   void LaunchInOrder(bool flush);
+  std::vector<std::string> Unused() const;
+  [[noreturn]] static void ThrowUnused(const std::vector<std::string>& unused);
   DdpOptions options_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // hooks outliving this strategy do nothing
-  bool syncing_ = false;     // inside a syncing Backward
+  bool syncing_ = false;     // inside a syncing Backward at W > 1 (buckets launch)
+  bool counting_ = false;    // inside a syncing Backward (which gradients arrive is counted)
   bool in_backward_ = false;
   size_t next_launch_ = 0;
   int launched_during_backward_ = 0;

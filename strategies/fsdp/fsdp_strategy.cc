@@ -31,7 +31,8 @@ const OptionTable<FsdpOptions>& FsdpOptions::Table() {
                  "with a CUDA accelerator, shards, gradients and the optimizer step in pinned host memory "
                  "(needs mixed_precision); on CPU it stays off"),
       OptionDouble("bucket_cap_mb", &O::bucket_cap_mb,
-                   "accepted for compatibility (default 25): each unit's gradient is reduce-scattered as one buffer"),
+                   "0 only (the default; fairscale's 0, no bucketing): each unit's gradient is reduce-scattered "
+                   "as one collective; min_num_params merges small units"),
       OptionInt("min_num_params", &O::min_num_params,
                 "0 (default): every Sharded<> wrap point is a unit; N > 0: smaller wrap points join their parent"),
       OptionBool("state_dict_to_cpu", &O::state_dict_to_cpu, "full state dicts on the CPU (default true)"),
@@ -66,7 +67,10 @@ FsdpStrategy::FsdpStrategy(FsdpOptions options, std::string name) : options_(opt
   ST_CHECK_ARG(!o.compute_dtype || o.mixed_precision || *o.compute_dtype == c10::ScalarType::Float, "strategy '",
                name_, "': compute_dtype=", option_parsing::DtypeName(*o.compute_dtype),
                " requires mixed_precision=true (without it everything is fp32)");
-  ST_CHECK_ARG(o.bucket_cap_mb >= 0, "strategy '", name_, "': bucket_cap_mb must be >= 0, got ", o.bucket_cap_mb);
+  ST_CHECK_ARG(o.bucket_cap_mb == 0, "strategy '", name_, "': bucket_cap_mb=", o.bucket_cap_mb,
+               " is not supported: ShardTrain reduce-scatters each unit's gradient as one collective, as fairscale "
+               "with bucket_cap_mb=0 (no bucketing across units); leave it out or set 0, and raise min_num_params "
+               "to make fewer, larger units");
   ST_CHECK_ARG(o.min_num_params >= 0, "strategy '", name_, "': min_num_params must be >= 0, got ",
                o.min_num_params);
   ST_CHECK_ARG(o.sharding.gradient_predivide_factor >= 0 && o.sharding.gradient_postdivide_factor >= 0,

@@ -39,7 +39,7 @@ struct FsdpOptions {
   std::optional<c10::ScalarType> buffer_dtype;   // default compute_dtype
   bool move_grads_to_cpu = false;
   bool cpu_offload = false;
-  double bucket_cap_mb = 25;
+  double bucket_cap_mb = 0;  // only 0: no bucketing across units (the core reduces each unit at once)
   int64_t min_num_params = 0;  // 0: every wrap point is a unit
   bool state_dict_to_cpu = true;
   std::vector<std::string> activation_checkpointing;  // module type names

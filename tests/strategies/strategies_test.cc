@@ -148,6 +148,10 @@ TEST(Registry, InvalidValuesAndCombinations) {
   has(ErrorOf([] { StrategyRegistry::Create("fsdp_native", {{"hybrid_shard_group_size", "2"}}); }),
       "only valid with sharding_strategy=HYBRID_SHARD");
   has(ErrorOf([] { StrategyRegistry::Create("ddp", {{"bucket_cap_mb", "-1"}}); }), "bucket_cap_mb must be > 0");
+  // fsdp has no bucketing across units: only fairscale's "no bucketing" (0) is accepted.
+  has(ErrorOf([] { StrategyRegistry::Create("fsdp", {{"bucket_cap_mb", "25"}}); }),
+      "bucket_cap_mb=25 is not supported: ShardTrain reduce-scatters each unit's gradient as one collective");
+  EXPECT_EQ(ErrorOf([] { StrategyRegistry::Create("fsdp", {{"bucket_cap_mb", "0"}}); }), "<no InvalidArgumentError>");
   // HYBRID_SHARD whose group size does not divide the world size: at Setup.
   has(ErrorOf([] {
         RunRanks(2, [](int, const auto& comm) {
@@ -420,9 +424,17 @@ TEST(Parity, UseOrigParamsMatchesDdpWithoutAccumulation) {
   ExpectSame(ddp, got, 1e-5);
 }
 
-TEST(Parity, UseOrigParamsRejectsNoSync) {
-  std::string msg = ErrorOf([] { Train("fsdp_native", {{"use_orig_params", "true"}}, 2, true, 2); });
-  EXPECT_NE(msg.find("use_orig_params"), std::string::npos) << msg;
+// use_orig_params with accumulation: the first micro-batch's backward runs
+// without sync (the core's no_sync), the second reduces the sum; weights and
+// losses equal DDP accumulating the same micro-batches (no_sync, then one
+// all-reduce), clipped alike.
+TEST(Parity, UseOrigParamsAccumulatesLikeDdp) {
+  RunResult ddp = Train("ddp", {}, 2, /*clip=*/true, /*micro=*/2);
+  for (const char* policy : {"never", "always"}) {
+    SCOPED_TRACE(policy);
+    RunResult got = Train("fsdp_native", {{"use_orig_params", "true"}, {"auto_wrap_policy", policy}}, 2, true, 2);
+    ExpectSame(ddp, got, 1e-5);
+  }
 }
 
 TEST(Parity, SingleDeviceLearns) {
@@ -482,6 +494,7 @@ TEST(Ddp, ParameterWithoutGradientStillSynchronizes) {
     at::Tensor unused = net->register_parameter("unused", at::ones({4}));
     DdpOptions o;
     o.bucket_cap_mb = 1e-5;  // one parameter per bucket
+    o.find_unused_parameters = true;
     DdpStrategy s(o);
     s.Setup(comm, {});
     s.WrapModel(net);
@@ -496,6 +509,36 @@ TEST(Ddp, ParameterWithoutGradientStillSynchronizes) {
   });
 }
 
+// find_unused_parameters=false (the default, as PyTorch DDP): a trainable
+// parameter without a gradient in a syncing backward is an error naming it
+// and the option, on every rank and at W=1, after the buckets are reduced
+// (no rank is left waiting in a collective); accumulating without sync is not
+// checked, and the next syncing backward that uses everything passes.
+TEST(Ddp, ParameterWithoutGradientIsAnErrorUnlessFindUnusedParameters) {
+  for (int world : {1, 2}) {
+    RunRanks(world, [world](int rank, const auto& comm) {
+      auto net = std::make_shared<torch::nn::Module>();
+      at::Tensor used = net->register_parameter("used", at::ones({4}));
+      at::Tensor unused = net->register_parameter("unused", at::ones({4}));
+      net->register_parameter("frozen", at::ones({4}), /*requires_grad=*/false);
+      DdpOptions o;
+      o.bucket_cap_mb = 1e-5;
+      DdpStrategy s(o);
+      s.Setup(comm, {});
+      s.WrapModel(net);
+      s.Backward((used * static_cast<double>(rank + 1)).sum(), /*sync_gradients=*/false);
+      const std::string msg = ErrorOf([&] { s.Backward((used * static_cast<double>(rank + 1)).sum()); });
+      EXPECT_NE(msg.find("got no gradient in this backward: unused."), std::string::npos) << "W=" << world << ": " << msg;
+      EXPECT_NE(msg.find("find_unused_parameters=true"), std::string::npos) << msg;
+      const double want = world == 1 ? 2.0 : 3.0;  // two backwards of the mean gradient over ranks
+      EXPECT_TRUE(at::equal(used.grad(), at::full({4}, want))) << "W=" << world << ": " << used.grad();
+      for (auto& p : net->parameters()) p.mutable_grad() = at::Tensor();
+      s.Backward((used + unused).sum());
+      EXPECT_TRUE(at::equal(unused.grad(), at::ones({4})));
+    });
+  }
+}
+
 // Gradients set to none (zero_grad) are copied into the bucket when ready;
 // what got none this step is zero there, not last step's value, whether the
 // parameter shares its bucket or has one of its own.
@@ -507,6 +550,7 @@ TEST(Ddp, GradientsSetToNoneStartFreshEveryStep) {
       at::Tensor b = net->register_parameter("b", at::ones({4}));
       DdpOptions o;
       o.bucket_cap_mb = cap_mb;
+      o.find_unused_parameters = true;
       DdpStrategy s(o);
       s.Setup(comm, {});
       s.WrapModel(net);
