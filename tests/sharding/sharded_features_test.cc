@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "base/errors.h"
 #include "sharding/flat_parameter.h"
@@ -278,10 +279,68 @@ TEST(ShardedFeatures, ActivationCheckpointingAndOrigParamsKeepParity) {
   });
   ExpectClose(got, reference, 1e-5);
 
+  // use_orig_params: the optimizer steps the original parameters (their parts
+  // of this rank's shard, by their own names), each with its gradient.
+  std::set<std::string> original;
+  for (const auto& p : std::make_shared<ProbeNetImpl>(3, 16)->named_parameters()) original.insert(p.key());
+  auto step_on_views = [&](ShardedModel& sm, torch::optim::Optimizer& opt, int rank, int world, int s) {
+    const auto views = sm.named_parameters();
+    EXPECT_FALSE(views.empty());
+    for (const auto& [name, view] : views) EXPECT_EQ(original.count(name), 1u) << "not an original parameter: " << name;
+    step(sm, opt, rank, world, s);
+    for (const auto& [name, view] : views) EXPECT_TRUE(view.grad().defined()) << name << " has no gradient";
+  };
   ShardingOptions o;
   o.use_orig_params = true;
-  auto with_views = TrainProbe(2, o, step);
+  auto with_views = TrainProbe(2, o, step_on_views);
   ExpectClose(with_views, reference, 1e-5);
+}
+
+// sync_module_states: ranks that built different weights and buffers all
+// start from rank 0's, and train as plain training from them; without it the
+// shards keep each rank's own values (what the option prevents).
+TEST(ShardedFeatures, SyncModuleStatesStartsEveryRankFromRankZero) {
+  const auto reference = PlainProbe(4, 1);
+  std::map<std::string, at::Tensor> built;
+  for (const auto& p : std::make_shared<ProbeNetImpl>(3, 16)->named_parameters()) built[p.key()] = p.value().clone();
+  for (bool sync : {true, false}) {
+    std::map<std::string, at::Tensor> start, trained;
+    std::mutex mu;
+    RunRanks(2, [&](int rank, const auto& comm) {
+      auto net = std::make_shared<ProbeNetImpl>(3, 16);
+      net->register_buffer("offset", at::full({3}, static_cast<float>(rank)));
+      {
+        at::NoGradGuard no_grad;
+        for (auto& p : net->parameters()) p.add_(0.5 * rank);  // rank 1 built other weights
+      }
+      ShardingOptions o;
+      o.sync_module_states = sync;
+      ShardedModel sm(net, comm, o);
+      auto first = sm.FullStateDict(true);
+      torch::optim::SGD opt(sm.parameters(), torch::optim::SGDOptions(0.05));
+      for (int s = 0; s < 4; ++s) {
+        opt.zero_grad();
+        at::Tensor x = Batch(s, 8).slice(0, rank * 4, rank * 4 + 4);
+        sm.Forward([&] { return sm.module().as<ProbeNetImpl>()->forward(x); }).pow(2).mean().backward();
+        opt.step();
+      }
+      auto last = sm.FullStateDict(true);
+      std::lock_guard<std::mutex> lock(mu);
+      if (rank == 0) {
+        start = first;
+        trained = last;
+      }
+    });
+    bool all_rank0 = true;
+    for (const auto& [name, w] : built) all_rank0 = all_rank0 && at::equal(start.at(name), w);
+    if (sync) {
+      EXPECT_TRUE(all_rank0) << "with sync_module_states every shard starts from rank 0's weights";
+      EXPECT_TRUE(at::equal(start.at("offset"), at::zeros({3}))) << start.at("offset");
+      ExpectClose(trained, reference, 1e-5);
+    } else {
+      EXPECT_FALSE(all_rank0) << "without sync_module_states rank 1's shards keep its own weights";
+    }
+  }
 }
 
 TEST(ShardedFeatures, OrigParamsWithNoSyncAccumulationAndClipping) {
@@ -502,6 +561,7 @@ TEST(ShardedErrors, BadInputIsAClearError) {
 
 TEST(ShardedMixedPrecision, Bf16AndFp16StayCloseToFp32) {
   auto tm = shardtrain::testing::TinyGpt();
+  std::map<at::ScalarType, int64_t> reduce_bytes;
   auto run = [&](std::optional<at::ScalarType> dtype) {
     std::vector<double> losses;
     std::vector<std::shared_ptr<torch::nn::Module>> models{tm.make(), tm.make()};
@@ -513,19 +573,28 @@ TEST(ShardedMixedPrecision, Bf16AndFp16StayCloseToFp32) {
       ShardedModel sm(models[rank], comm, o);
       torch::optim::Adam opt(sm.parameters(), torch::optim::AdamOptions(1e-2));
       std::vector<double> mine;
+      const int64_t reduced_before = comm->stats().BytesSent(comm::CommOp::kReduceScatter);
       for (int s = 0; s < 10; ++s) {
         auto [x, y] = tm.data(0, 8);  // the same batch: loss must fall
         x = x.slice(0, rank * 4, rank * 4 + 4);
         y = y.slice(0, rank * 4, rank * 4 + 4);
         opt.zero_grad();
-        at::Tensor loss = tm.loss(sm.Forward([&] { return tm.forward(sm.module(), x); }), y);
+        at::Tensor logits = sm.Forward([&] { return tm.forward(sm.module(), x); });
+        // The model computes in param_dtype: its output is in that dtype.
+        EXPECT_EQ(logits.scalar_type(), dtype.value_or(at::kFloat));
+        at::Tensor loss = tm.loss(logits.to(at::kFloat), y);
         loss.backward();
         opt.step();
         for (auto& p : sm.parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat);
         mine.push_back(loss.item<double>());
       }
+      // Gradients are reduced in reduce_dtype: half the bytes of fp32 for bf16 and fp16.
+      const int64_t reduced = comm->stats().BytesSent(comm::CommOp::kReduceScatter) - reduced_before;
       std::lock_guard<std::mutex> lock(mu);
-      if (rank == 0) losses = mine;
+      if (rank == 0) {
+        losses = mine;
+        reduce_bytes[dtype.value_or(at::kFloat)] = reduced;
+      }
     });
     return losses;
   };
@@ -535,6 +604,10 @@ TEST(ShardedMixedPrecision, Bf16AndFp16StayCloseToFp32) {
     auto low = run(dt);
     // Documented tolerance (docs/ARCHITECTURE.md, Numerics): within 2% of the fp32 loss after 10 steps.
     for (size_t i = 0; i < fp32.size(); ++i) EXPECT_NEAR(low[i], fp32[i], 0.02 * fp32[i]) << dt << " step " << i;
+    // ... and not fp32 itself: low precision changes the losses after the first step.
+    EXPECT_NE(low, fp32) << dt;
+    ASSERT_GT(reduce_bytes[at::kFloat], 0);
+    EXPECT_EQ(reduce_bytes[dt] * 2, reduce_bytes[at::kFloat]) << dt;
   }
 }
 

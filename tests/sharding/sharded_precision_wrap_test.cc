@@ -161,7 +161,7 @@ TEST(MixedPrecision, CoreComputesReducesAndKeepsBuffersInTheGivenDtypes) {
 }
 
 TEST(MixedPrecision, FsdpStrategyOptionsReachTheCore) {
-  // min_num_params=1: every block is a unit (the default 1e8 makes one root unit).
+  // min_num_params=1: every block large enough is a unit (the default 0 makes every wrap point one).
   const strategies::StrategyOptions units = {{"min_num_params", "1"}};
   auto with = [&](strategies::StrategyOptions extra) {
     extra.insert(units.begin(), units.end());

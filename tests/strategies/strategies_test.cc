@@ -404,7 +404,7 @@ TEST(Parity, EveryStrategyMatchesDdp) {
       {"fsdp_native", {{"sharding_strategy", "NO_SHARD"}}},
       {"fsdp_native", {{"auto_wrap_policy", "type:MlpBlockImpl"}, {"limit_all_gathers", "false"}}},
       {"fsdp_native_full_shard_offload", {{"forward_prefetch", "true"}}},
-      {"fsdp", {}},  // min_num_params 1e8: the whole model is one root unit
+      {"fsdp", {}},  // min_num_params 0 (the default): every wrap point is a unit
       {"fsdp", {{"min_num_params", "100"}, {"reshard_after_forward", "false"}}},
       {"ddp_fully_sharded", {{"min_num_params", "1"}}},
   };
@@ -434,6 +434,47 @@ TEST(Parity, UseOrigParamsAccumulatesLikeDdp) {
     SCOPED_TRACE(policy);
     RunResult got = Train("fsdp_native", {{"use_orig_params", "true"}, {"auto_wrap_policy", policy}}, 2, true, 2);
     ExpectSame(ddp, got, 1e-5);
+  }
+}
+
+// fsdp's gradient_predivide_factor and gradient_postdivide_factor reach the
+// reduce-scatter: the reduced gradient is the sum over ranks divided by both,
+// so factors whose product is not the world size scale it (the default splits
+// W = 2 between them: the mean).
+TEST(Fsdp, GradientDivideFactorsScaleTheReducedGradient) {
+  auto tm = shardtrain::testing::MlpWithBatchNorm();
+  auto grads = [&](const StrategyOptions& opts) {
+    std::vector<std::shared_ptr<torch::nn::Module>> models{tm.make(), tm.make()};
+    std::vector<at::Tensor> out;
+    std::mutex mu;
+    RunRanks(2, [&](int rank, const auto& comm) {
+      auto s = StrategyRegistry::Create("fsdp", opts);
+      s->Setup(comm, {});
+      s->WrapModel(models[rank]);
+      auto [x, y] = tm.data(0, 8);
+      s->Backward(tm.loss(s->Forward([&] { return tm.forward(s->module(), x.slice(0, rank * 4, rank * 4 + 4)); }),
+                          y.slice(0, rank * 4, rank * 4 + 4)));
+      if (rank != 0) return;
+      std::lock_guard<std::mutex> lock(mu);
+      for (const auto& p : s->parameters()) out.push_back(p.grad().clone());
+    });
+    return out;
+  };
+  const auto mean = grads({});
+  ASSERT_FALSE(mean.empty());
+  const std::vector<std::pair<StrategyOptions, double>> cases = {
+      {{{"gradient_predivide_factor", "1"}, {"gradient_postdivide_factor", "1"}}, 2.0},  // the sum
+      {{{"gradient_predivide_factor", "4"}, {"gradient_postdivide_factor", "1"}}, 0.5},
+      {{{"gradient_predivide_factor", "1"}, {"gradient_postdivide_factor", "4"}}, 0.5},
+      {{{"gradient_predivide_factor", "2"}}, 1.0},  // the post factor defaults to W / pre
+  };
+  for (const auto& [opts, scale] : cases) {
+    const auto got = grads(opts);
+    ASSERT_EQ(got.size(), mean.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(at::allclose(got[i], mean[i] * scale, 1e-5, 1e-7))
+          << opts.begin()->first << "=" << opts.begin()->second << " (x" << scale << "): parameter " << i;
+    }
   }
 }
 
