@@ -50,3 +50,16 @@ if [[ ! -f "$STAMP" ]]; then
   "$PREFIX/bin/python" -c "import torch; assert torch.__version__.split('+')[0] == '$TORCH_VERSION', torch.__version__"
   touch "$STAMP"
 fi
+
+# Python packages the tests compare with (reference readers and oracles),
+# pinned beside torch; the stamp names the pins, so changing one reinstalls.
+PY_ORACLE_PINS=(
+  tensorboard==2.21.0  # tests/trainer/tensorboard_reader.py: its EventFileLoader reads our event files
+)
+PINS_STAMP="$PREFIX/.shardtrain-pins-$(printf '%s\n' "${PY_ORACLE_PINS[@]}" | md5sum | cut -c1-12)"
+if [[ ! -f "$PINS_STAMP" ]]; then
+  say "installing the tests' Python references into $PREFIX: ${PY_ORACLE_PINS[*]}"
+  "$PREFIX/bin/pip" install --disable-pip-version-check -q "${PY_ORACLE_PINS[@]}" >&2
+  rm -f "$PREFIX"/.shardtrain-pins-*
+  touch "$PINS_STAMP"
+fi

@@ -31,9 +31,16 @@ elapsed() { echo $((SECONDS - T0)); }
 # Bazel 4 counts a test that exits 0 as passed, and has no run-time "skipped"
 # status; the reason goes to stdout in capitals and into the XML report as
 # <skipped>, which newer Bazel (8+) and CI report readers count as skipped.
+# Under CI=true (.ci/run) a skip is a failure: CI's machine is set up for
+# every test, so a missing privilege or tool there must turn CI red.
 cluster_skip_unless_possible() {
   local why
   why="$("$HOSTS_SH" check)" && return 0
+  if [[ "${CI:-}" == true ]]; then
+    echo "FAIL [$TEST_NAME]: CI=true: this test would be skipped (${why#skipped: }), and CI counts a skip as a" \
+      "failure (its machine is set up for every test)" >&2
+    exit 1
+  fi
   echo "=================================================================="
   echo "SKIPPED $TEST_NAME: ${why#skipped: }"
   echo "$why"
