@@ -151,7 +151,7 @@ double ShardedStrategyBase::ClipGradNorm(double max_norm, double norm_type) {
 
 std::map<std::string, at::Tensor> ShardedStrategyBase::FullStateDict() {
   CheckWrapped("FullStateDict");
-  return sm_->FullStateDict(/*rank0_only=*/true, /*to_cpu=*/state_dict_to_cpu_);
+  return sm_->FullStateDict(/*rank0_only=*/true, /*to_cpu=*/true);
 }
 
 void ShardedStrategyBase::LoadFullStateDict(const std::map<std::string, at::Tensor>& state) {

@@ -92,7 +92,6 @@ class ShardedStrategyBase : public Strategy {
   sharding::ShardingOptions sharding_options_;
   sharding::WrapPolicy policy_ = sharding::WrapPolicy::Always();
   std::function<bool(const sharding::WrapPoint&)> checkpoint_;
-  bool state_dict_to_cpu_ = true;
   // Set by a strategy whose options ask for CPU offload: the spelling the user
   // gave (e.g. "cpu_offload"), "" when not asked. With a CUDA device() it
   // becomes ShardingOptions::offload_params; on CPU the parameters already

@@ -35,7 +35,9 @@ const OptionTable<FsdpOptions>& FsdpOptions::Table() {
                    "as one collective; min_num_params merges small units"),
       OptionInt("min_num_params", &O::min_num_params,
                 "0 (default): every Sharded<> wrap point is a unit; N > 0: smaller wrap points join their parent"),
-      OptionBool("state_dict_to_cpu", &O::state_dict_to_cpu, "full state dicts on the CPU (default true)"),
+      OptionBool("state_dict_to_cpu", &O::state_dict_to_cpu,
+                 "true only (the default): full state dicts and checkpoints are gathered into host memory unit by "
+                 "unit, so the whole model never sits on the device"),
       OptionDouble("gradient_predivide_factor", Field<O, double>(&O::sharding, &Core::gradient_predivide_factor),
                    "divide gradients by this before the reduction (> 0; default: PyTorch's split of the world size)"),
       OptionDouble("gradient_postdivide_factor", Field<O, double>(&O::sharding, &Core::gradient_postdivide_factor),
@@ -82,7 +84,15 @@ FsdpStrategy::FsdpStrategy(FsdpOptions options, std::string name) : options_(opt
                  "strategy '", name_, "': dtypes must be fp16, bf16 or fp32");
   }
   policy_ = o.min_num_params > 0 ? sharding::WrapPolicy::SizeBased(o.min_num_params) : sharding::WrapPolicy::Always();
-  state_dict_to_cpu_ = o.state_dict_to_cpu;
+  if (o.auto_wrap_policy_fn.should_wrap) {
+    ST_CHECK_ARG(o.min_num_params == 0, "strategy '", name_,
+                 "': give auto_wrap_policy_fn (a C++ policy) or min_num_params=", o.min_num_params, ", not both");
+    policy_ = o.auto_wrap_policy_fn;
+  }
+  ST_CHECK_ARG(o.state_dict_to_cpu, "strategy '", name_,
+               "': state_dict_to_cpu=false is not supported: full state dicts and the Trainer's checkpoints are "
+               "gathered into host memory one unit at a time, so the whole model is never held on the device "
+               "(leave it out or set true)");
   if (o.cpu_offload) {
     offload_requested_by_ = "cpu_offload=true";
   } else if (o.move_grads_to_cpu) {

@@ -41,7 +41,11 @@ struct FsdpOptions {
   bool cpu_offload = false;
   double bucket_cap_mb = 0;  // only 0: no bucketing across units (the core reduces each unit at once)
   int64_t min_num_params = 0;  // 0: every wrap point is a unit
-  bool state_dict_to_cpu = true;
+  // C++ only (fairscale's auto_wrap_policy callable): when set, decides which
+  // wrap points become units (module type, parameter count); min_num_params
+  // must then stay 0. Give it through TrainerOptions::strategy_object.
+  sharding::WrapPolicy auto_wrap_policy_fn;
+  bool state_dict_to_cpu = true;  // only true (false is refused: state dicts are gathered to the host)
   std::vector<std::string> activation_checkpointing;  // module type names
 
   // The string options: key, values, doc, and which field each sets.

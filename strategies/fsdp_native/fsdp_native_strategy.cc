@@ -139,6 +139,11 @@ FsdpNativeStrategy::FsdpNativeStrategy(FsdpNativeOptions options, std::string na
   CheckDtype(name_, "reduce_dtype", core.mixed_precision.reduce_dtype);
   CheckDtype(name_, "buffer_dtype", core.mixed_precision.buffer_dtype);
   policy_ = ParseAutoWrapPolicy(name_, o.auto_wrap_policy);
+  if (o.auto_wrap_policy_fn.should_wrap) {
+    ST_CHECK_ARG(o.auto_wrap_policy == "always", "strategy '", name_,
+                 "': give auto_wrap_policy_fn (a C++ policy) or auto_wrap_policy=", o.auto_wrap_policy, ", not both");
+    policy_ = o.auto_wrap_policy_fn;
+  }
   ST_CHECK_ARG(o.activation_checkpointing_policy.empty() || o.activation_checkpointing.empty(), "strategy '", name_,
                "': give activation_checkpointing (a list of module types) or activation_checkpointing_policy "
                "(type:A,B), not both");

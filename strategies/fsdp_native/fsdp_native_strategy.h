@@ -34,6 +34,11 @@ struct FsdpNativeOptions {
   // activation-checkpointing policies, the checkpoint format.
   bool cpu_offload = false;  // CPUOffload(offload_params=...)
   std::string auto_wrap_policy = "always";
+  // C++ only (PyTorch's callable auto_wrap_policy): when set, decides which
+  // wrap points become units from the wrap point (its module type, or a
+  // dynamic_cast to it) and its parameter count; auto_wrap_policy must then
+  // stay "always". Give it through TrainerOptions::strategy_object.
+  sharding::WrapPolicy auto_wrap_policy_fn;
   std::string activation_checkpointing_policy;  // "" or "type:A,B"
   std::vector<std::string> activation_checkpointing;  // module type names (Lightning's list)
   std::string state_dict_type = "full";         // "full" or "sharded"

@@ -7,11 +7,15 @@
 #include <gtest/gtest.h>
 #include <torch/optim/sgd.h>
 
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
 
+#include "base/errors.h"
 #include "sharding/sharded_model.h"
+#include "strategies/fsdp/fsdp_strategy.h"
+#include "strategies/fsdp_native/fsdp_native_strategy.h"
 #include "strategies/registry.h"
 #include "strategies/sharded_strategy_base.h"
 #include "tests/sharding/option_test_models.h"
@@ -220,10 +224,10 @@ Layout CoreLayout(const WrapPolicy& policy, int world = 2) {
   return out;
 }
 
-Layout StrategyLayout(const std::string& name, const strategies::StrategyOptions& opts) {
+Layout StrategyLayout(const std::function<strategies::StrategyPtr()>& make) {
   Layout out;
   RunRanks(2, [&](int rank, const auto& comm) {
-    auto s = strategies::StrategyRegistry::Create(name, opts);
+    auto s = make();
     s->Setup(comm, {});
     s->WrapModel(std::make_shared<WrapNetImpl>());
     if (rank == 0) out = LayoutOf(dynamic_cast<strategies::ShardedStrategyBase&>(*s).sharded_model().units());
@@ -231,7 +235,31 @@ Layout StrategyLayout(const std::string& name, const strategies::StrategyOptions
   return out;
 }
 
+Layout StrategyLayout(const std::string& name, const strategies::StrategyOptions& opts) {
+  return StrategyLayout([&] { return strategies::StrategyRegistry::Create(name, opts); });
+}
+
 using Names = std::vector<std::string>;
+
+// A wrap policy written in C++ (PyTorch's callable auto_wrap_policy) reaches
+// the core through both strategies' typed options: here only wrap points of
+// fewer than 50 parameters, which no string policy selects.
+TEST(WrapPolicies, ACppPolicyThroughTypedStrategyOptions) {
+  const sharding::WrapPolicy small{[](const WrapPoint&, int64_t numel) { return numel < 50; }};
+  strategies::FsdpNativeOptions native;
+  native.auto_wrap_policy_fn = small;
+  EXPECT_EQ(StrategyLayout([&] { return std::make_shared<strategies::FsdpNativeStrategy>(native); }).names,
+            (Names{"a", ""}));
+  strategies::FsdpOptions fairscale;
+  fairscale.auto_wrap_policy_fn = small;
+  EXPECT_EQ(StrategyLayout([&] { return std::make_shared<strategies::FsdpStrategy>(fairscale); }).names,
+            (Names{"a", ""}));
+  // Not beside a string policy that would also decide.
+  native.auto_wrap_policy = "never";
+  EXPECT_THROW(strategies::FsdpNativeStrategy{native}, InvalidArgumentError);
+  fairscale.min_num_params = 100;
+  EXPECT_THROW(strategies::FsdpStrategy{fairscale}, InvalidArgumentError);
+}
 
 // WrapNet: a (9 parameters), b (110), c (its own proj: 22) holding c.inner (110), head (4).
 TEST(WrapPolicies, EachPolicyMakesItsUnits) {

@@ -79,6 +79,9 @@ TEST(OptionReference, TablesAreTheValidKeys) {
   // Each row sets its field: a boolean row of each table flips a default.
   EXPECT_TRUE(FsdpNativeOptions::FromStrings({{"offload_params", "true"}}).cpu_offload);
   EXPECT_FALSE(FsdpOptions::FromStrings({{"state_dict_to_cpu", "false"}}).state_dict_to_cpu);
+  // ... which the strategy refuses: state dicts and checkpoints are always gathered to the host.
+  const std::string to_device = ErrorOf([] { StrategyRegistry::Create("fsdp", {{"state_dict_to_cpu", "false"}}); });
+  EXPECT_NE(to_device.find("state_dict_to_cpu=false is not supported"), std::string::npos) << to_device;
   EXPECT_FALSE(DdpOptions::FromStrings({{"broadcast_buffers", "no"}}).broadcast_buffers);
   EXPECT_EQ(FsdpNativeOptions::FromStrings({{"hybrid_shard_group_size", "4"}}).sharding.hybrid_shard_group_size, 4);
 }
