@@ -117,6 +117,19 @@ void ShardedInitScope::Take(WrapPoint& point, torch::nn::Module& module) {
     taken_.insert(e.param.unsafeGetTensorImpl());
   }
   FreeStorage(base);
+  // A read or write of these parameters before a ShardedModel adopts them
+  // throws this message instead of touching freed memory (LibTorch checks
+  // the flag in every data-pointer access).
+  std::string names;
+  for (size_t i = 0; i < entries.size() && i < 6; ++i) names += (i ? ", '" : "'") + entries[i].name + "'";
+  if (entries.size() > 6) names += ", ... (" + std::to_string(entries.size()) + " in all)";
+  base.storage().unsafeGetStorageImpl()->release_data_and_set_meta_custom_data_ptr_error_msg_(
+      std::string(entries.size() > 1 ? "parameters " : "parameter ") + names + " of a Sharded<" +
+      point.WrapTypeName() + "> wrap point hold" + (entries.size() > 1 ? "" : "s") +
+      " no values: sharded construction (the strategy option sharded_construction, "
+      "TrainerOptions::sharded_construction, sharding::ShardedInitScope) kept only this rank's shard when the wrap point "
+      "was built, until the strategy wraps the model. Initialise parameters inside the wrapped module's "
+      "constructor (or load weights after the Trainer's setup), or set sharded_construction=false");
   pre->entries = std::move(entries);
   point.prebuilt_ = std::move(pre);
   ++units_built_;

@@ -24,17 +24,17 @@ class ShardedStrategyBase : public Strategy {
   // keeps float32 master shards; the message points to "bf16-mixed".
   void SetPrecision(const std::string& precision) override;
   void WrapModel(std::shared_ptr<torch::nn::Module> module) override;
-  // Sharded construction: when on, MakeConstructionScope returns a
-  // sharding::ShardedInitScope for the shard group and wrap policy WrapModel
-  // will use, so each Sharded<> wrap point keeps only this rank's shard as soon
-  // as it is built and no rank holds the whole model (sharding/sharded_init.h).
-  // Off by default: a configure_model that reads or initialises wrapped
-  // parameters after constructing them (instead of in the wrapped module's
-  // constructor) would touch freed memory. Only with a CPU device and a
-  // shard group of more than one rank; otherwise MakeConstructionScope
-  // returns nullptr and the model is built whole, as without it.
-  void set_sharded_construction(bool on) { sharded_construction_ = on; }
-  bool sharded_construction() const { return sharded_construction_; }
+  // Sharded construction (the option sharded_construction): when on,
+  // MakeConstructionScope returns a sharding::ShardedInitScope for the shard
+  // group and wrap policy WrapModel will use, so each Sharded<> wrap point
+  // keeps only this rank's shard as soon as it is built and no rank holds the
+  // whole model (sharding/sharded_init.h). A configure_model that reads or
+  // initialises wrapped parameters after constructing them (instead of in the
+  // wrapped module's constructor) then gets an exception naming them. Only
+  // with a CPU device, and not for NO_SHARD at W > 1; otherwise
+  // MakeConstructionScope returns nullptr and the model is built whole.
+  void set_sharded_construction(bool on) override { sharded_construction_ = on; }
+  bool sharded_construction() const override { return sharded_construction_; }
   std::unique_ptr<ConstructionScope> MakeConstructionScope() override;
   c10::ScalarType compute_dtype() const override;
   at::Tensor Forward(const std::function<at::Tensor()>& fn) override;

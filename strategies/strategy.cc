@@ -27,6 +27,11 @@ void CheckPrecision(const std::string& p) {
 
 Strategy::~Strategy() = default;
 
+void Strategy::set_sharded_construction(bool on) {
+  ST_CHECK_ARG(!on, "strategy '", name(), "' holds the whole model on every rank: sharded_construction=true needs a ",
+               "sharded strategy (fsdp, fsdp_native); leave it unset or false here");
+}
+
 void Strategy::Setup(comm::CommunicatorPtr world, const ClusterInfo& cluster) {
   ST_CHECK_ARG(!set_up_, name(), ": Setup called twice");
   world_ = std::move(world);

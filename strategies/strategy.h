@@ -85,6 +85,11 @@ class Strategy {
   // off (the default: replicated strategies hold the whole model anyway).
   // Call after Setup and SetDevice, on the thread that constructs the model.
   virtual std::unique_ptr<ConstructionScope> MakeConstructionScope() { return nullptr; }
+  // Whether MakeConstructionScope builds the model shard by shard (sharded
+  // strategies: ShardedStrategyBase). This default, for strategies that hold
+  // the whole model on every rank, refuses true with what is valid.
+  virtual void set_sharded_construction(bool on);
+  virtual bool sharded_construction() const { return false; }
 
   // Takes the model (built by the user, e.g. in configure_model) and wraps it.
   virtual void WrapModel(std::shared_ptr<torch::nn::Module> module) = 0;

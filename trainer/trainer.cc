@@ -86,7 +86,10 @@ Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
   } else {
     ST_CHECK_ARG(o.strategy_options.empty(), "strategy 'auto' takes no options; name the strategy");
   }
-  if (strategy_ && !strategy_->wrapped()) strategy_->SetPrecision(o.precision);  // a precision it rejects: now
+  if (strategy_ && !strategy_->wrapped()) {
+    strategy_->SetPrecision(o.precision);  // a precision it rejects: now
+    if (o.sharded_construction) strategy_->set_sharded_construction(*o.sharded_construction);  // as early
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -170,7 +173,10 @@ void Trainer::SetupProcesses() {
 void Trainer::SetupModel(TrainingModule& module) {
   if (module_ == &module && strategy_ && strategy_->wrapped()) return;
   ST_CHECK_ARG(module_ == nullptr, "this Trainer already set up another module; use one Trainer per module");
-  if (!strategy_) strategy_ = strategies::StrategyRegistry::Create(world_size() > 1 ? "ddp" : "single_device");
+  if (!strategy_) {
+    strategy_ = strategies::StrategyRegistry::Create(world_size() > 1 ? "ddp" : "single_device");
+    if (options_.sharded_construction) strategy_->set_sharded_construction(*options_.sharded_construction);
+  }
   internal::ApplyDeterminism(options_.deterministic);
   at::manual_seed(options_.seed);
   ClusterInfo cluster;

@@ -102,6 +102,11 @@ struct TrainerOptions {
   std::string strategy = "auto";
   strategies::StrategyOptions strategy_options;
   strategies::StrategyPtr strategy_object;
+  // Build the model shard by shard inside configure_model (Lightning's
+  // init_module(empty_init=True)): set, it overrides the strategy's own
+  // sharded_construction option; unset, the strategy decides. true needs a
+  // sharded strategy (fsdp, fsdp_native); see strategies/sharded_strategy_base.h.
+  std::optional<bool> sharded_construction;
   std::string precision = "32-true";  // "32-true", "bf16-mixed", "16-mixed", "bf16-true"
   // Dynamic loss scaling for "16-mixed" (trainer/grad_scaler.h): the loss is
   // scaled before backward, gradients are unscaled before clipping, steps

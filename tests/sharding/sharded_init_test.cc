@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "base/errors.h"
 #include "sharding/sharded_init.h"
 #include "sharding/sharded_model.h"
 #include "sharding/source_release.h"
@@ -332,6 +333,47 @@ TEST(ShardedInit, ShardOfFullReadsOnlyThisRanksSlice) {
   }
 }
 
+// A wrapped parameter read or written between construction and wrapping (a
+// configure_model that initialises after building) throws naming it and the
+// option, instead of touching freed memory; once wrapped, everything works.
+TEST(ShardedInit, TouchingAFreedParameterThrowsNamingIt) {
+  RunRanks(2, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
+    auto net = BuildLocked<NetImpl>(6, [&] { return std::make_unique<ShardedInitScope>(*comm, ShardingOptions{}); });
+    at::Tensor w = net->b0->inner->a->weight;
+    ASSERT_TRUE(StorageIsFreed(w));
+    const std::vector<std::pair<std::string, std::function<void()>>> touches = {
+        {"read", [&] { (void)w.sum().item<double>(); }},
+        {"write", [&] {
+           at::NoGradGuard no_grad;
+           w.copy_(at::zeros_like(w));
+         }},
+        {"init", [&] {
+           at::NoGradGuard no_grad;
+           w.normal_();
+         }},
+    };
+    for (const auto& [what, touch] : touches) {
+      std::string msg = "<no error>";
+      try {
+        touch();
+      } catch (const c10::Error& e) {
+        msg = e.what();
+      }
+      EXPECT_NE(msg.find("parameters 'a.weight', 'a.bias', 'b.weight', 'b.bias' of a Sharded<"), std::string::npos)
+          << what << ": " << msg;
+      EXPECT_NE(msg.find("set sharded_construction=false"), std::string::npos) << what << ": " << msg;
+    }
+    ShardedModel sm(net, comm, ShardingOptions{});
+    at::Tensor x = at::ones({2, 8});
+    EXPECT_TRUE(sm.Forward([&] { return net->forward(x); }).isfinite().all().item<bool>());
+    auto sd = sm.FullStateDict(true);
+    if (rank == 0) {
+      auto want = Values(*BuildLocked<NetImpl>(6, nullptr));
+      EXPECT_TRUE(at::equal(sd.at("b0.inner.a.weight"), want.at("b0.inner.a.weight")));
+    }
+  });
+}
+
 // The strategies offer the scope (off by default) for the Trainer to hold
 // around configure_model.
 // At W=1 too: the scope flattens unit by unit, so one rank never holds the
@@ -348,6 +390,8 @@ TEST(ShardedInit, StrategyConstructionScope) {
       ci.local_world_size = W;
       s->Setup(comm, ci);
       EXPECT_EQ(s->MakeConstructionScope(), nullptr) << name << ": off by default";
+      EXPECT_TRUE(strategies::StrategyRegistry::Create(name, {{"sharded_construction", "true"}})
+                      ->sharded_construction()) << name << ": the string option";
       base->set_sharded_construction(true);
       std::shared_ptr<NetImpl> net;
       {
@@ -394,9 +438,11 @@ class NetModule : public trainer::TrainingModule {
 TEST(ShardedInit, TrainerHoldsTheScopeAroundConfigureModel) {
   auto g = at::detail::createCPUGenerator(31);
   trainer::TensorDataset data(at::randn({16, 8}, g), at::randn({16}, g));
-  std::map<std::string, at::Tensor> final_state[2];
-  std::vector<double> losses[2];
-  for (int on : {0, 1}) {
+  // Off; on through the strategy's setter, through TrainerOptions, and through
+  // the strategy's string option.
+  std::map<std::string, at::Tensor> final_state[4];
+  std::vector<double> losses[4];
+  for (int on : {0, 1, 2, 3}) {
     RunRanks(2, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
       trainer::TrainerOptions o;
       o.default_root_dir = ::testing::TempDir() + "/sharded_init_trainer";
@@ -406,14 +452,20 @@ TEST(ShardedInit, TrainerHoldsTheScopeAroundConfigureModel) {
       o.enable_checkpointing = false;
       o.enable_logger = false;
       o.enable_progress_bar = false;
-      auto s = strategies::StrategyRegistry::Create("fsdp_native");
-      dynamic_cast<strategies::ShardedStrategyBase&>(*s).set_sharded_construction(on == 1);
-      o.strategy_object = s;
+      if (on <= 1) {
+        auto s = strategies::StrategyRegistry::Create("fsdp_native");
+        dynamic_cast<strategies::ShardedStrategyBase&>(*s).set_sharded_construction(on == 1);
+        o.strategy_object = s;
+      } else {
+        o.strategy = "fsdp_native";
+        if (on == 2) o.sharded_construction = true;
+        if (on == 3) o.strategy_options = {{"sharded_construction", "true"}};
+      }
       NetModule module;
       module.comm = comm;
       trainer::Trainer t(o, comm);
       t.Fit(module, data);
-      EXPECT_EQ(module.built_sharded, on == 1);
+      EXPECT_EQ(module.built_sharded, on != 0) << on;
       auto sd = t.strategy().FullStateDict();
       if (rank == 0) {
         final_state[on] = sd;
@@ -422,8 +474,24 @@ TEST(ShardedInit, TrainerHoldsTheScopeAroundConfigureModel) {
     });
   }
   EXPECT_EQ(losses[0].size(), 3u);
-  EXPECT_EQ(losses[1], losses[0]);
-  ExpectBitEqual(final_state[1], final_state[0]);
+  for (int on : {1, 2, 3}) {
+    EXPECT_EQ(losses[on], losses[0]) << on;
+    ExpectBitEqual(final_state[on], final_state[0]);
+  }
+  // A strategy that holds the whole model refuses it, naming what is valid.
+  trainer::TrainerOptions o;
+  o.strategy = "ddp";
+  o.sharded_construction = true;
+  std::string msg = "<no error>";
+  try {
+    trainer::Trainer t(o);
+  } catch (const InvalidArgumentError& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("strategy 'ddp' holds the whole model on every rank: sharded_construction=true needs a sharded "
+                     "strategy (fsdp, fsdp_native)"),
+            std::string::npos)
+      << msg;
 }
 
 }  // namespace
