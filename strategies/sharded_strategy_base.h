@@ -98,7 +98,7 @@ class ShardedStrategyBase : public Strategy {
   // live in host memory, so it stays off and WrapModel says so (rank 0).
   std::string offload_requested_by_;
   std::unique_ptr<sharding::ShardedModel> sm_;
-  bool sharded_construction_ = false;
+  bool sharded_construction_ = true;
 };
 
 // Parses a comma-separated list of module type names ("BlockImpl,MlpImpl").

@@ -45,7 +45,7 @@ struct FsdpOptions {
   // wrap points become units (module type, parameter count); min_num_params
   // must then stay 0. Give it through TrainerOptions::strategy_object.
   sharding::WrapPolicy auto_wrap_policy_fn;
-  bool sharded_construction = false;  // ShardedStrategyBase::set_sharded_construction
+  bool sharded_construction = true;  // ShardedStrategyBase::set_sharded_construction
   bool state_dict_to_cpu = true;  // only true (false is refused: state dicts are gathered to the host)
   std::vector<std::string> activation_checkpointing;  // module type names
 

@@ -42,7 +42,7 @@ struct FsdpNativeOptions {
   std::string activation_checkpointing_policy;  // "" or "type:A,B"
   std::vector<std::string> activation_checkpointing;  // module type names (Lightning's list)
   std::string state_dict_type = "full";         // "full" or "sharded"
-  bool sharded_construction = false;  // ShardedStrategyBase::set_sharded_construction
+  bool sharded_construction = true;  // ShardedStrategyBase::set_sharded_construction
 
   // The string options: key, values, doc, and which field each sets.
   static const OptionTable<FsdpNativeOptions>& Table();

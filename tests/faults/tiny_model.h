@@ -31,19 +31,31 @@ namespace shardtrain::faults {
 // Called with (point, rank, global step) at each injection point.
 using FaultHook = std::function<void(const std::string& point, int rank, int64_t step)>;
 
+// Parameters are drawn from `g` (x0.3, registration order) inside the
+// constructors: sharded construction keeps only this rank's shard of a wrap
+// point once it is built.
+inline void DrawTinyParameters(torch::nn::Module& m, at::Generator& g) {
+  at::NoGradGuard no_grad;
+  for (auto& p : m.parameters()) p.copy_(at::randn(p.sizes(), g) * 0.3);
+}
+
 class TinyBlockImpl : public torch::nn::Module {
  public:
-  TinyBlockImpl(int64_t in, int64_t out) { fc = register_module("fc", torch::nn::Linear(in, out)); }
+  TinyBlockImpl(int64_t in, int64_t out, at::Generator& g) {
+    fc = register_module("fc", torch::nn::Linear(in, out));
+    DrawTinyParameters(*this, g);
+  }
   at::Tensor forward(const at::Tensor& x) { return at::relu(fc->forward(x)); }
   torch::nn::Linear fc{nullptr};
 };
 
 class TinyNetImpl : public torch::nn::Module {
  public:
-  TinyNetImpl() {
-    b1 = register_module("b1", std::make_shared<sharding::Sharded<TinyBlockImpl>>(8, 16));
-    b2 = register_module("b2", std::make_shared<sharding::Sharded<TinyBlockImpl>>(16, 16));
+  explicit TinyNetImpl(at::Generator& g) {
+    b1 = register_module("b1", std::make_shared<sharding::Sharded<TinyBlockImpl>>(8, 16, g));
+    b2 = register_module("b2", std::make_shared<sharding::Sharded<TinyBlockImpl>>(16, 16, g));
     head = register_module("head", torch::nn::Linear(16, 3));
+    DrawTinyParameters(*head, g);
   }
   std::shared_ptr<sharding::Sharded<TinyBlockImpl>> b1, b2;
   torch::nn::Linear head{nullptr};
@@ -77,10 +89,8 @@ class TinyModule : public trainer::TrainingModule {
   int nan_rank = -1;        // ... on this rank
 
   std::shared_ptr<torch::nn::Module> configure_model() override {
-    net_ = std::make_shared<TinyNetImpl>();
     auto g = at::detail::createCPUGenerator(7);
-    at::NoGradGuard no_grad;
-    for (auto& p : net_->parameters()) p.copy_(at::randn(p.sizes(), g) * 0.3);
+    net_ = std::make_shared<TinyNetImpl>(g);
     return net_;
   }
   at::Tensor training_step(const trainer::Batch& b, int64_t) override {

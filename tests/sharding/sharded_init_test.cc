@@ -374,7 +374,7 @@ TEST(ShardedInit, TouchingAFreedParameterThrowsNamingIt) {
   });
 }
 
-// The strategies offer the scope (off by default) for the Trainer to hold
+// The strategies offer the scope (on by default) for the Trainer to hold
 // around configure_model.
 // At W=1 too: the scope flattens unit by unit, so one rank never holds the
 // model twice (construction, then the copy into the flat parameters).
@@ -389,9 +389,11 @@ TEST(ShardedInit, StrategyConstructionScope) {
       ci.world_size = W;
       ci.local_world_size = W;
       s->Setup(comm, ci);
-      EXPECT_EQ(s->MakeConstructionScope(), nullptr) << name << ": off by default";
-      EXPECT_TRUE(strategies::StrategyRegistry::Create(name, {{"sharded_construction", "true"}})
-                      ->sharded_construction()) << name << ": the string option";
+      EXPECT_TRUE(s->sharded_construction()) << name << ": on by default";
+      base->set_sharded_construction(false);
+      EXPECT_EQ(s->MakeConstructionScope(), nullptr) << name << ": off when set so";
+      EXPECT_FALSE(strategies::StrategyRegistry::Create(name, {{"sharded_construction", "false"}})
+                       ->sharded_construction()) << name << ": the string option";
       base->set_sharded_construction(true);
       std::shared_ptr<NetImpl> net;
       {

@@ -93,10 +93,8 @@ class StackModule : public TrainingModule {
  public:
   explicit StackModule(int64_t dim = kDim, MappedResidue* residue = nullptr) : dim_(dim), residue_(residue) {}
   std::shared_ptr<torch::nn::Module> configure_model() override {
-    net_ = std::make_shared<UnitStack>(kUnits, dim_, 3);
     auto g = at::detail::createCPUGenerator(7);
-    at::NoGradGuard no_grad;
-    for (auto& p : net_->parameters()) p.copy_(at::randn(p.sizes(), g) * 0.05);
+    net_ = std::make_shared<UnitStack>(kUnits, dim_, 3, &g, 0.05);
     return net_;
   }
   at::Tensor training_step(const Batch& b, int64_t) override {

@@ -28,18 +28,20 @@ using shardtrain::testing::RunRanks;
 
 // Elementwise layers only: a sample's output does not depend on which other
 // samples share its batch, so any batching gives bit-identical rows.
+// Weights drawn from `g` inside the constructor (sharded construction keeps
+// only this rank's shard once the wrap point is built).
 class ScaleImpl : public torch::nn::Module {
  public:
-  ScaleImpl() { w = register_parameter("w", at::ones({8})); }
+  explicit ScaleImpl(at::Generator& g) { w = register_parameter("w", at::randn({8}, g)); }
   at::Tensor forward(const at::Tensor& x) { return x * w; }
   at::Tensor w;
 };
 
 class ScaleNetImpl : public torch::nn::Module {
  public:
-  ScaleNetImpl() {
-    a = register_module("a", std::make_shared<sharding::Sharded<ScaleImpl>>());
-    b = register_module("b", std::make_shared<sharding::Sharded<ScaleImpl>>());
+  explicit ScaleNetImpl(at::Generator& g) {
+    a = register_module("a", std::make_shared<sharding::Sharded<ScaleImpl>>(g));
+    b = register_module("b", std::make_shared<sharding::Sharded<ScaleImpl>>(g));
     drop = register_module("drop", torch::nn::Dropout(0.5));  // eval mode must turn it off
   }
   at::Tensor forward(const at::Tensor& x) { return b->forward(drop->forward(a->forward(x))) + 0.1; }
@@ -48,11 +50,8 @@ class ScaleNetImpl : public torch::nn::Module {
 };
 
 std::shared_ptr<ScaleNetImpl> MakeNet() {
-  auto net = std::make_shared<ScaleNetImpl>();
   auto g = at::detail::createCPUGenerator(7);  // threads-as-ranks share the global generator
-  at::NoGradGuard no_grad;
-  for (auto& p : net->parameters()) p.copy_(at::randn(p.sizes(), g));
-  return net;
+  return std::make_shared<ScaleNetImpl>(g);
 }
 
 // Per-sample cross entropy over the first three outputs, and correctness, in float64.

@@ -36,19 +36,33 @@ inline std::string TmpDir(const std::string& name) {
   return p.string();
 }
 
+// Draws a module's parameters (registration order) from `g` times `scale`;
+// nothing without a generator. Called inside constructors, so that a wrapped
+// module is initialised before sharded construction keeps only its shard.
+inline void DrawParameters(torch::nn::Module& m, at::Generator* g, double scale) {
+  if (g == nullptr) return;
+  at::NoGradGuard no_grad;
+  for (auto& p : m.parameters()) p.copy_(at::randn(p.sizes(), *g) * scale);
+}
+
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(int64_t in, int64_t out) { fc = register_module("fc", torch::nn::Linear(in, out)); }
+  BlockImpl(int64_t in, int64_t out, at::Generator* g = nullptr, double scale = 0.3) {
+    fc = register_module("fc", torch::nn::Linear(in, out));
+    DrawParameters(*this, g, scale);
+  }
   at::Tensor forward(const at::Tensor& x) { return at::relu(fc->forward(x)); }
   torch::nn::Linear fc{nullptr};
 };
 
 class NetImpl : public torch::nn::Module {
  public:
-  explicit NetImpl(int64_t classes = 3) {
-    b1 = register_module("b1", std::make_shared<sharding::Sharded<BlockImpl>>(8, 16));
-    b2 = register_module("b2", std::make_shared<sharding::Sharded<BlockImpl>>(16, 16));
+  // With a generator, every parameter is drawn from it in registration order.
+  explicit NetImpl(int64_t classes = 3, at::Generator* g = nullptr) {
+    b1 = register_module("b1", std::make_shared<sharding::Sharded<BlockImpl>>(8, 16, g));
+    b2 = register_module("b2", std::make_shared<sharding::Sharded<BlockImpl>>(16, 16, g));
     head = register_module("head", torch::nn::Linear(16, classes));
+    DrawParameters(*head, g, 0.3);
   }
   at::Tensor forward(const at::Tensor& x) { return head->forward(b2->forward(b1->forward(x))); }
   std::shared_ptr<sharding::Sharded<BlockImpl>> b1, b2;
@@ -77,11 +91,10 @@ class Classifier : public TrainingModule {
  public:
   explicit Classifier(ClassifierConfig c = {}) : c_(std::move(c)) {}
   std::shared_ptr<torch::nn::Module> configure_model() override {
-    // Threads-as-ranks share the global generator, so initialize from our own.
-    net_ = std::make_shared<NetImpl>(c_.classes);
+    // Threads-as-ranks share the global generator, so initialize from our own,
+    // inside the constructors (sharded construction keeps only shards).
     auto g = at::detail::createCPUGenerator(7);
-    at::NoGradGuard no_grad;
-    for (auto& p : net_->parameters()) p.copy_(at::randn(p.sizes(), g) * 0.3);
+    net_ = std::make_shared<NetImpl>(c_.classes, &g);
     return net_;
   }
   at::Tensor training_step(const Batch& b, int64_t) override {

@@ -61,10 +61,8 @@ constexpr int64_t kSlackBytes = 256 << 10;
 class StackModule : public TrainingModule {
  public:
   std::shared_ptr<torch::nn::Module> configure_model() override {
-    net_ = std::make_shared<UnitStack>(kUnits, kDim, kClasses);
     auto g = at::detail::createCPUGenerator(11);
-    at::NoGradGuard no_grad;
-    for (auto& p : net_->parameters()) p.copy_(at::randn(p.sizes(), g) * (1.0 / std::sqrt(double(kDim))));
+    net_ = std::make_shared<UnitStack>(kUnits, kDim, kClasses, &g, 1.0 / std::sqrt(double(kDim)));
     return net_;
   }
   at::Tensor training_step(const Batch& b, int64_t) override {
@@ -235,7 +233,9 @@ constexpr bool kGlibcMalloc = true;
 class StepModule : public TrainingModule {
  public:
   std::shared_ptr<torch::nn::Module> configure_model() override {
-    net_ = std::make_shared<UnitStack>(kStepUnits, kStepDim, kClasses);
+    // Threads-as-ranks share the global generator: every rank draws its own alike.
+    auto g = at::detail::createCPUGenerator(13);
+    net_ = std::make_shared<UnitStack>(kStepUnits, kStepDim, kClasses, &g, 1.0 / std::sqrt(double(kStepDim)));
     return net_;
   }
   at::Tensor training_step(const Batch& b, int64_t) override {

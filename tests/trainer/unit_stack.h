@@ -20,11 +20,15 @@ namespace shardtrain::trainer::fixtures {
 
 class UnitStack : public torch::nn::Module {
  public:
-  UnitStack(int units, int64_t dim, int64_t classes) {
+  // With a generator, every parameter is drawn from it times `scale`, in
+  // registration order, inside the constructors (DrawParameters).
+  UnitStack(int units, int64_t dim, int64_t classes, at::Generator* g = nullptr, double scale = 1.0) {
     for (int i = 0; i < units; ++i) {
-      blocks.push_back(register_module("b" + std::to_string(i), std::make_shared<sharding::Sharded<BlockImpl>>(dim, dim)));
+      blocks.push_back(
+          register_module("b" + std::to_string(i), std::make_shared<sharding::Sharded<BlockImpl>>(dim, dim, g, scale)));
     }
     head = register_module("head", torch::nn::Linear(dim, classes));
+    DrawParameters(*head, g, scale);
   }
   at::Tensor forward(at::Tensor x) {
     for (auto& b : blocks) x = b->forward(x);
