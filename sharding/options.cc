@@ -53,10 +53,14 @@ BackwardPrefetch ParseBackwardPrefetch(const std::string& name) {
 void ValidateShardingOptions(const ShardingOptions& options) {
   ST_CHECK_ARG(options.limit_all_gathers >= 0, "limit_all_gathers must be >= 0 (0 = unlimited), got ",
                options.limit_all_gathers);
-  for (auto dt : {ParamDtype(options), ReduceDtype(options)}) {
-    ST_CHECK_ARG(dt == c10::kFloat || dt == c10::kBFloat16 || dt == c10::kHalf,
-                 "mixed_precision dtypes must be float32, bfloat16 or float16, got ", dt);
-  }
+  CheckMixedPrecisionDtype("mixed_precision.param_dtype", options.mixed_precision.param_dtype);
+  CheckMixedPrecisionDtype("mixed_precision.reduce_dtype", options.mixed_precision.reduce_dtype);
+  CheckMixedPrecisionDtype("mixed_precision.buffer_dtype", options.mixed_precision.buffer_dtype);
+}
+
+void CheckMixedPrecisionDtype(const std::string& what, const std::optional<c10::ScalarType>& dtype) {
+  ST_CHECK_ARG(!dtype || *dtype == c10::kFloat || *dtype == c10::kBFloat16 || *dtype == c10::kHalf, what,
+               " must be bf16, fp16 or fp32, got ", dtype ? c10::toString(*dtype) : "");
 }
 
 c10::ScalarType ParamDtype(const ShardingOptions& options) {
@@ -71,7 +75,8 @@ int HybridShardGroupSize(const ShardingOptions& options, int world_size, int loc
   const int s = options.hybrid_shard_group_size > 0 ? options.hybrid_shard_group_size
                 : local_world_size > 0              ? local_world_size
                                                     : world_size;
-  ST_CHECK_ARG(world_size % s == 0, "HYBRID_SHARD: shard group size ", s, " must divide the world size ", world_size);
+  ST_CHECK_ARG(s > 0 && world_size % s == 0, "HYBRID_SHARD: shard group size ", s, " does not divide the world size ",
+               world_size, "; set hybrid_shard_group_size to a divisor of ", world_size);
   return s;
 }
 

@@ -78,6 +78,10 @@ struct ShardingOptions {
 // and mixed-precision dtypes among float32, bfloat16, float16. Throws
 // InvalidArgumentError naming the option and its valid values.
 void ValidateShardingOptions(const ShardingOptions& options);
+// The dtypes the core computes, reduces and keeps buffers in: float32,
+// bfloat16, float16 (or unset). Throws InvalidArgumentError naming `what`
+// (e.g. "strategy 'fsdp': compute_dtype") and the valid dtypes otherwise.
+void CheckMixedPrecisionDtype(const std::string& what, const std::optional<c10::ScalarType>& dtype);
 // The dtype the model computes in (mixed_precision.param_dtype or float32).
 c10::ScalarType ParamDtype(const ShardingOptions& options);
 // The dtype gradients are reduced in (float32 with fp32_reduce_scatter, else
@@ -85,7 +89,7 @@ c10::ScalarType ParamDtype(const ShardingOptions& options);
 c10::ScalarType ReduceDtype(const ShardingOptions& options);
 // HYBRID_SHARD's shard group size: hybrid_shard_group_size, else
 // `local_world_size` when known (> 0), else the world size. Throws when it
-// does not divide `world_size`.
+// does not divide `world_size`, saying what to set.
 int HybridShardGroupSize(const ShardingOptions& options, int world_size, int local_world_size);
 // Gradients are divided by .first before and .second after the sum over the
 // world (PyTorch's split of the world size unless the options set them).

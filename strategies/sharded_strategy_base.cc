@@ -16,18 +16,18 @@ namespace shardtrain::strategies {
 
 ShardedStrategyBase::~ShardedStrategyBase() = default;
 
-sharding::MixedPrecision ShardedStrategyBase::PrecisionToMixed(const std::string& precision) {
+sharding::MixedPrecision ShardedStrategyBase::PrecisionToMixed(Precision precision) {
   sharding::MixedPrecision mp;
-  if (precision == "bf16-mixed") {
+  if (precision == Precision::kBf16Mixed) {
     mp.param_dtype = mp.reduce_dtype = mp.buffer_dtype = at::kBFloat16;
-  } else if (precision == "16-mixed") {
+  } else if (precision == Precision::k16Mixed) {
     mp.param_dtype = mp.reduce_dtype = mp.buffer_dtype = at::kHalf;
   }
   return mp;
 }
 
 void ShardedStrategyBase::SetPrecision(const std::string& precision) {
-  ST_CHECK_ARG(precision != "bf16-true", "strategy '", name(),
+  ST_CHECK_ARG(ParsePrecision(precision) != Precision::kBf16True, "strategy '", name(),
                "': precision 'bf16-true' would keep the parameters themselves and the optimizer state in bfloat16, "
                "with no float32 master copy; sharded strategies always keep float32 master shards, so they do not "
                "offer it. Use precision 'bf16-mixed' (bfloat16 compute and communication, float32 master shards), "

@@ -87,7 +87,7 @@ class ShardedStrategyBase : public Strategy {
   virtual void PrepareOptions(sharding::ShardingOptions& options) const {}
   // Mixed precision implied by the trainer's precision (for strategies whose
   // own mixed precision option was not given).
-  static sharding::MixedPrecision PrecisionToMixed(const std::string& precision);
+  static sharding::MixedPrecision PrecisionToMixed(Precision precision);
 
   sharding::ShardingOptions sharding_options_;
   sharding::WrapPolicy policy_ = sharding::WrapPolicy::Always();

@@ -20,10 +20,26 @@ GradClipAlgorithm ParseGradClipAlgorithm(const std::string& name) {
   ST_THROW(InvalidArgumentError, "unknown gradient_clip_algorithm '", name, "'; valid: norm, value");
 }
 
-void CheckPrecision(const std::string& p) {
-  ST_CHECK_ARG(p == "32-true" || p == "bf16-mixed" || p == "16-mixed" || p == "bf16-true", "unknown precision '", p,
-               "'; valid: 32-true, bf16-mixed, 16-mixed, bf16-true");
+const std::vector<std::string>& PrecisionNames() {
+  static const std::vector<std::string> names = {"32-true", "bf16-mixed", "16-mixed", "bf16-true"};
+  return names;
 }
+
+const char* PrecisionName(Precision precision) {
+  return PrecisionNames().at(static_cast<size_t>(precision)).c_str();
+}
+
+Precision ParsePrecision(const std::string& name) {
+  const auto& names = PrecisionNames();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == name) return static_cast<Precision>(i);
+  }
+  std::string valid;
+  for (const auto& n : names) valid += (valid.empty() ? "" : ", ") + n;
+  ST_THROW(InvalidArgumentError, "unknown precision '", name, "'; valid: ", valid);
+}
+
+void CheckPrecision(const std::string& precision) { (void)ParsePrecision(precision); }
 
 Strategy::~Strategy() = default;
 
@@ -44,9 +60,9 @@ void Strategy::Setup(comm::CommunicatorPtr world, const ClusterInfo& cluster) {
 }
 
 void Strategy::SetPrecision(const std::string& precision) {
-  CheckPrecision(precision);
+  const Precision parsed = ParsePrecision(precision);
   ST_CHECK_ARG(!wrapped(), name(), ": SetPrecision must be called before WrapModel");
-  precision_ = precision;
+  precision_ = parsed;
 }
 
 void Strategy::SetDevice(const c10::Device& device) {
@@ -92,9 +108,9 @@ double Strategy::ClipGradients(double value, GradClipAlgorithm algorithm) {
 }
 
 at::Tensor Strategy::ForwardWithPrecision(const std::function<at::Tensor()>& fn) {
-  if (precision_ != "bf16-mixed" && precision_ != "16-mixed") return fn();
+  if (precision_ != Precision::kBf16Mixed && precision_ != Precision::k16Mixed) return fn();
   // Autocast for CPU and CUDA tensors (a model on a CUDA device, accelerator=cuda).
-  const auto dtype = precision_ == "bf16-mixed" ? at::kBFloat16 : at::kHalf;
+  const auto dtype = precision_ == Precision::kBf16Mixed ? at::kBFloat16 : at::kHalf;
   struct Restore {
     bool enabled[2];
     at::ScalarType dtype[2];
@@ -116,7 +132,7 @@ at::Tensor Strategy::ForwardWithPrecision(const std::function<at::Tensor()>& fn)
 }
 
 void Strategy::ApplyTruePrecision(torch::nn::Module& module) {
-  if (precision_ != "bf16-true") return;
+  if (precision_ != Precision::kBf16True) return;
   at::NoGradGuard no_grad;
   for (auto& p : module.parameters()) {
     if (at::isFloatingType(p.scalar_type())) p.set_data(p.to(at::kBFloat16));

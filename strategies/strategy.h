@@ -46,8 +46,15 @@ enum class GradClipAlgorithm { kNorm, kValue };
 // "norm" or "value"; throws InvalidArgumentError otherwise.
 GradClipAlgorithm ParseGradClipAlgorithm(const std::string& name);
 
-// Trainer precision names (Lightning's): "32-true", "bf16-mixed", "16-mixed", "bf16-true".
-// Throws InvalidArgumentError listing them for anything else.
+// The Trainer's precisions, parsed once (TrainerOptions::precision keeps
+// Lightning's names: "32-true", "bf16-mixed", "16-mixed", "bf16-true").
+enum class Precision { k32True, kBf16Mixed, k16Mixed, kBf16True };
+// Throws InvalidArgumentError listing the valid names for anything else.
+Precision ParsePrecision(const std::string& name);
+const char* PrecisionName(Precision precision);
+// Every name, in the enum's order (flag choices, messages).
+const std::vector<std::string>& PrecisionNames();
+// ParsePrecision, for its check only.
 void CheckPrecision(const std::string& precision);
 
 class Strategy {
@@ -65,7 +72,8 @@ class Strategy {
   // applied by WrapModel. Strategies with their own mixed-precision option
   // let an explicitly set option win.
   virtual void SetPrecision(const std::string& precision);
-  const std::string& precision() const { return precision_; }
+  std::string precision() const { return PrecisionName(precision_); }
+  Precision precision_kind() const { return precision_; }
 
   // The device the model computes on: cuda:<local rank> when the Trainer's
   // accelerator is CUDA, else CPU (the default). Options that only mean
@@ -238,7 +246,7 @@ class Strategy {
 
   comm::CommunicatorPtr world_;
   ClusterInfo cluster_;
-  std::string precision_ = "32-true";
+  Precision precision_ = Precision::k32True;
   c10::Device device_{c10::kCPU};
   bool set_up_ = false;
   std::shared_ptr<torch::nn::Module> module_;

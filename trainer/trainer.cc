@@ -52,7 +52,7 @@ Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
                "devices must be >= 1 or kAutoDevices (\"auto\") and num_nodes >= 1, got devices=", o.devices,
                ", num_nodes=", o.num_nodes);
   devices_ = ResolveDevices(o.devices, accelerator_);
-  strategies::CheckPrecision(o.precision);
+  precision_ = strategies::ParsePrecision(o.precision);
   GradScaler check_scaler_options(o.grad_scaler);
   strategies::ParseGradClipAlgorithm(o.gradient_clip_algorithm);
   ST_CHECK_ARG(o.gradient_clip_val >= 0, "gradient_clip_val must be >= 0, got ", o.gradient_clip_val);
@@ -78,7 +78,7 @@ Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
   ST_CHECK_ARG(o.timeout.count() > 0, "timeout must be > 0 ms, got ", o.timeout.count(), " ms");
   comm::CheckStallOptions(o.stall_warning, o.stall_timeout, "TrainerOptions");
   CheckProfilerOptions(o.profiler, o.profiler_steps);
-  nonfinite_ = NonfiniteCheck(o.nonfinite, o.precision != "16-mixed");  // checks the option
+  nonfinite_ = NonfiniteCheck(o.nonfinite, precision_ != strategies::Precision::k16Mixed);  // checks the option
   if (o.strategy_object) {
     strategy_ = o.strategy_object;
   } else if (o.strategy != "auto") {
@@ -197,7 +197,7 @@ void Trainer::SetupModel(TrainingModule& module) {
   module.trainer_ = this;
   module_ = &module;
   scaler_.reset();
-  if (options_.precision == "16-mixed" && options_.grad_scaler.enabled) {
+  if (precision_ == strategies::Precision::k16Mixed && options_.grad_scaler.enabled) {
     scaler_ = std::make_unique<GradScaler>(options_.grad_scaler);
   }
   strategy_->SetDevice(device_);

@@ -517,6 +517,7 @@ class Trainer {
   std::optional<ClusterInfo> cluster_;  // detected by SetupProcesses (none with an injected communicator)
   comm::CommunicatorPtr world_;
   strategies::StrategyPtr strategy_;
+  strategies::Precision precision_ = strategies::Precision::k32True;  // options_.precision, parsed once
   TrainingModule* module_ = nullptr;
   OptimizerConfig opt_;
   std::vector<double> initial_lrs_;

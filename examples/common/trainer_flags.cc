@@ -99,7 +99,7 @@ void CheckTrainerFlags() {
   CheckIntFlagOr("stall_timeout_s", FLAGS_stall_timeout_s, 0, "off", 1, FLAGS_timeout_s - 1);
   CheckChoiceFlag("nonfinite", FLAGS_nonfinite, {"off", "error", "skip"});
   CheckChoiceFlag("resume", FLAGS_resume, {"never", "auto"});
-  CheckChoiceFlag("precision", FLAGS_precision, {"32-true", "bf16-mixed", "16-mixed", "bf16-true"});
+  CheckChoiceFlag("precision", FLAGS_precision, strategies::PrecisionNames());
   if (FLAGS_profiler != "" && FLAGS_profiler != "simple" && FLAGS_profiler != "pytorch") {
     FailFlag("profiler", FLAGS_profiler, "empty (off), simple or pytorch");
   }

@@ -82,11 +82,8 @@ FsdpStrategy::FsdpStrategy(FsdpOptions options, std::string name) : options_(opt
   ST_CHECK_ARG(o.sharding.gradient_predivide_factor >= 0 && o.sharding.gradient_postdivide_factor >= 0,
                "strategy '", name_,
                "': gradient pre/post divide factors must be > 0 (or 0 for the default)");
-  for (const auto& t : {o.compute_dtype, o.buffer_dtype}) {
-    ST_CHECK_ARG(!t || *t == c10::ScalarType::Float || *t == c10::ScalarType::BFloat16 ||
-                     *t == c10::ScalarType::Half,
-                 "strategy '", name_, "': dtypes must be fp16, bf16 or fp32");
-  }
+  sharding::CheckMixedPrecisionDtype("strategy '" + name_ + "': compute_dtype", o.compute_dtype);
+  sharding::CheckMixedPrecisionDtype("strategy '" + name_ + "': buffer_dtype", o.buffer_dtype);
   sharded_construction_ = o.sharded_construction;
   policy_ = o.min_num_params > 0 ? sharding::WrapPolicy::SizeBased(o.min_num_params) : sharding::WrapPolicy::Always();
   if (o.auto_wrap_policy_fn.should_wrap) {
@@ -122,7 +119,7 @@ FsdpStrategy::FsdpStrategy(FsdpOptions options, std::string name) : options_(opt
 }
 
 void FsdpStrategy::PrepareOptions(sharding::ShardingOptions& s) const {
-  if (!options_.mixed_precision && precision_ != "32-true") {
+  if (!options_.mixed_precision && precision_ != Precision::k32True) {
     // The trainer's precision picks the compute dtype (Lightning's FSDP precision plugin).
     auto mp = PrecisionToMixed(precision_);
     if (options_.buffer_dtype) mp.buffer_dtype = options_.buffer_dtype;

@@ -27,13 +27,6 @@ sharding::WrapPolicy ParseAutoWrapPolicy(const std::string& name, const std::str
            "'; valid: always, never, size:N, type:TypeA,TypeB");
 }
 
-void CheckDtype(const std::string& name, const char* field, const std::optional<c10::ScalarType>& t) {
-  if (!t) return;
-  ST_CHECK_ARG(*t == c10::ScalarType::Float || *t == c10::ScalarType::BFloat16 || *t == c10::ScalarType::Half,
-               "strategy '", name, "': mixed_precision.", field, " must be bf16, fp16 or fp32, got ",
-               c10::toString(*t));
-}
-
 }  // namespace
 
 namespace {
@@ -139,9 +132,10 @@ FsdpNativeStrategy::FsdpNativeStrategy(FsdpNativeOptions options, std::string na
   ST_CHECK_ARG(core.hybrid_shard_group_size == 0 || core.sharding_strategy == sharding::ShardingStrategy::kHybridShard,
                "strategy '", name_, "': hybrid_shard_group_size is only valid with sharding_strategy=HYBRID_SHARD, not ",
                sharding::ShardingStrategyName(core.sharding_strategy));
-  CheckDtype(name_, "param_dtype", core.mixed_precision.param_dtype);
-  CheckDtype(name_, "reduce_dtype", core.mixed_precision.reduce_dtype);
-  CheckDtype(name_, "buffer_dtype", core.mixed_precision.buffer_dtype);
+  const std::string mp = "strategy '" + name_ + "': mixed_precision.";
+  sharding::CheckMixedPrecisionDtype(mp + "param_dtype", core.mixed_precision.param_dtype);
+  sharding::CheckMixedPrecisionDtype(mp + "reduce_dtype", core.mixed_precision.reduce_dtype);
+  sharding::CheckMixedPrecisionDtype(mp + "buffer_dtype", core.mixed_precision.buffer_dtype);
   policy_ = ParseAutoWrapPolicy(name_, o.auto_wrap_policy);
   if (o.auto_wrap_policy_fn.should_wrap) {
     ST_CHECK_ARG(o.auto_wrap_policy == "always", "strategy '", name_,
@@ -179,10 +173,7 @@ void FsdpNativeStrategy::Setup(comm::CommunicatorPtr world, const ClusterInfo& c
   const int W = world_size();
   const auto& core = options_.sharding;
   if (core.sharding_strategy == sharding::ShardingStrategy::kHybridShard) {
-    int g = core.hybrid_shard_group_size > 0 ? core.hybrid_shard_group_size
-                                                  : (cluster_.local_world_size > 0 ? cluster_.local_world_size : W);
-    ST_CHECK_ARG(g > 0 && W % g == 0, "strategy '", name_, "': HYBRID_SHARD shard group size ", g,
-                 " does not divide the world size ", W, "; set hybrid_shard_group_size to a divisor of ", W);
+    sharding::HybridShardGroupSize(core, W, cluster_.local_world_size);  // throws saying what to set
   }
 }
 

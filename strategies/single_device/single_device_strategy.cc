@@ -23,7 +23,7 @@ void SingleDeviceStrategy::WrapModel(std::shared_ptr<torch::nn::Module> module) 
 }
 
 c10::ScalarType SingleDeviceStrategy::compute_dtype() const {
-  return precision_ == "bf16-true" ? c10::ScalarType::BFloat16 : c10::ScalarType::Float;
+  return precision_ == Precision::kBf16True ? c10::ScalarType::BFloat16 : c10::ScalarType::Float;
 }
 
 at::Tensor SingleDeviceStrategy::Forward(const std::function<at::Tensor()>& fn) {

@@ -166,6 +166,17 @@ TEST(Registry, InvalidValuesAndCombinations) {
       "does not divide the world size 2");
 }
 
+// The Trainer's precision names are parsed once, from one table (the example
+// flags' choices come from it too).
+TEST(Registry, PrecisionIsParsedFromOneTable) {
+  ASSERT_EQ(PrecisionNames().size(), 4u);
+  for (const auto& n : PrecisionNames()) EXPECT_EQ(PrecisionName(ParsePrecision(n)), n);
+  EXPECT_EQ(ParsePrecision("16-mixed"), Precision::k16Mixed);
+  const std::string msg = ErrorOf([] { ParsePrecision("fp8"); });
+  EXPECT_NE(msg.find("unknown precision 'fp8'; valid: 32-true, bf16-mixed, 16-mixed, bf16-true"), std::string::npos)
+      << msg;
+}
+
 TEST(Registry, TypedOptions) {
   auto o = FsdpNativeOptions::FromStrings(
       {{"mixed_precision", "bf16"}, {"reduce_dtype", "fp32"}, {"auto_wrap_policy", "type:MlpBlockImpl"}});
