@@ -1,6 +1,7 @@
 #include "examples/common/trainer_flags.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <exception>
 
@@ -103,6 +104,18 @@ void CheckTrainerFlags() {
   if (FLAGS_profiler != "" && FLAGS_profiler != "simple" && FLAGS_profiler != "pytorch") {
     FailFlag("profiler", FLAGS_profiler, "empty (off), simple or pytorch");
   }
+}
+
+double TimedFit(trainer::Trainer& trainer, trainer::TrainingModule& module, const trainer::Dataset& train,
+                const trainer::Dataset* val, const std::string& ckpt_path) {
+  const auto t0 = std::chrono::steady_clock::now();
+  trainer.Fit(module, train, val, ckpt_path);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void PrintOutputPaths(const trainer::Trainer& trainer) {
+  std::printf("logs: %s\ncheckpoint: %s\n", trainer.log_dir().c_str(), trainer.last_checkpoint_path().c_str());
+  std::fflush(stdout);
 }
 
 int RunExampleMain(int argc, char** argv, const char* usage, int (*run)(), void (*check_flags)()) {

@@ -36,6 +36,13 @@ ProcessPlan ApplyTrainerFlags(trainer::TrainerOptions& options);
 // --stall_timeout_s in [0, --timeout_s - 1]. Throws FlagError.
 void CheckTrainerFlags();
 
+// trainer.Fit(module, train, val, ckpt_path), timed: returns its wall seconds.
+double TimedFit(trainer::Trainer& trainer, trainer::TrainingModule& module, const trainer::Dataset& train,
+                const trainer::Dataset* val, const std::string& ckpt_path);
+
+// The examples' last lines (rank 0): where the logs and the last checkpoint are.
+void PrintOutputPaths(const trainer::Trainer& trainer);
+
 // An example's main(): parses the flags (with `usage`), checks them
 // (CheckTrainerFlags, then `check_flags` when given: a FlagError prints
 // "error: ..." and exits kUsageErrorExitCode before any rank starts), runs

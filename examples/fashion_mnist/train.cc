@@ -238,9 +238,7 @@ int Run() {
     if (!ckpt.empty()) std::printf("resuming from %s\n", ckpt.c_str());
     std::fflush(stdout);
   }
-  const auto t_fit = std::chrono::steady_clock::now();
-  trainer.Fit(module, train, val.size() > 0 ? &val : nullptr, ckpt);
-  const double fit_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_fit).count();
+  const double fit_secs = examples::TimedFit(trainer, module, train, val.size() > 0 ? &val : nullptr, ckpt);
 
   // test_loss and test_acc over the 10 000 test images, logged at the last step.
   const std::map<std::string, double> metrics = trainer.Test(module, test);
@@ -257,8 +255,7 @@ int Run() {
                 static_cast<long>(module.test_total()), metrics.at("test_loss"),
                 static_cast<long>(trainer.current_epoch()), static_cast<long>(trainer.global_step()), fit_secs,
                 total_secs);
-    std::printf("logs: %s\ncheckpoint: %s\n", trainer.log_dir().c_str(), trainer.last_checkpoint_path().c_str());
-    std::fflush(stdout);
+    examples::PrintOutputPaths(trainer);
   }
   return 0;
 }

@@ -374,9 +374,7 @@ int Run() {
     first_val = trainer.Validate(module, val);
     if (rank0) PrintLine("step 0 | val loss " + Fmt("%.4f", first_val));
   }
-  const auto t_fit = std::chrono::steady_clock::now();
-  trainer.Fit(module, train, &val, ckpt);
-  const double fit_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_fit).count();
+  const double fit_secs = examples::TimedFit(trainer, module, train, &val, ckpt);
   double last_val = trainer.val_losses().empty() ? std::numeric_limits<double>::quiet_NaN() : trainer.val_losses().back();
   if (printer->last_step() != trainer.global_step()) {
     last_val = trainer.Validate(module, val);
@@ -399,8 +397,7 @@ int Run() {
                 losses.empty() ? 0.0 : losses.front(), losses.empty() ? 0.0 : losses.back(),
                 static_cast<long>(losses.size()), fit_secs, total_secs);
     if (!sample.empty()) std::printf("--- sample ---\n%s\n--------------\n", sample.c_str());
-    std::printf("logs: %s\ncheckpoint: %s\n", trainer.log_dir().c_str(), trainer.last_checkpoint_path().c_str());
-    std::fflush(stdout);
+    examples::PrintOutputPaths(trainer);
   }
   return 0;
 }

@@ -33,23 +33,15 @@ DdpStrategy::DdpStrategy(DdpOptions options) : options_(options) {
 }
 
 void DdpStrategy::WrapModel(std::shared_ptr<torch::nn::Module> module) {
-  CheckSetUp("WrapModel");
-  ST_CHECK_ARG(module != nullptr, "ddp: WrapModel needs a module");
-  ST_CHECK_ARG(!module_, "ddp: WrapModel called twice");
-  ApplyTruePrecision(*module);
+  TakeModule(std::move(module));
   if (world_size() > 1) {
     at::NoGradGuard no_grad;
     std::vector<comm::WorkPtr> works;
-    for (auto& p : module->parameters()) works.push_back(world_->Broadcast(p.detach(), 0));
-    for (auto& b : module->buffers()) works.push_back(world_->Broadcast(b, 0));
+    for (auto& p : module_->parameters()) works.push_back(world_->Broadcast(p.detach(), 0));
+    for (auto& b : module_->buffers()) works.push_back(world_->Broadcast(b, 0));
     for (auto& w : works) w->Wait();
   }
-  module_ = std::move(module);
   BuildBuckets();
-}
-
-c10::ScalarType DdpStrategy::compute_dtype() const {
-  return precision_ == Precision::kBf16True ? c10::ScalarType::BFloat16 : c10::ScalarType::Float;
 }
 
 at::Tensor DdpStrategy::Forward(const std::function<at::Tensor()>& fn) {
@@ -61,16 +53,6 @@ at::Tensor DdpStrategy::Forward(const std::function<at::Tensor()>& fn) {
     for (auto& w : works) w->Wait();
   }
   return ForwardWithPrecision(fn);
-}
-
-std::vector<at::Tensor> DdpStrategy::parameters() const {
-  CheckWrapped("parameters()");
-  return UniqueParameters(*module_);
-}
-
-std::vector<std::pair<std::string, at::Tensor>> DdpStrategy::named_parameters() const {
-  CheckWrapped("named_parameters()");
-  return UniqueNamedParameters(*module_);
 }
 
 // One all-reduce's worth of gradients: a flat buffer and the parameters whose
@@ -249,21 +231,6 @@ std::vector<std::string> DdpStrategy::Unused() const {
     if (missing.count(p.unsafeGetTensorImpl())) names.push_back(name);
   }
   return names;
-}
-
-double DdpStrategy::ClipGradNorm(double max_norm, double norm_type) {
-  CheckWrapped("ClipGradNorm");
-  return ClipLocalGradNorm(parameters(), max_norm, norm_type);
-}
-
-std::map<std::string, at::Tensor> DdpStrategy::FullStateDict() {
-  CheckWrapped("FullStateDict");
-  return ModuleStateDict(*module_);
-}
-
-void DdpStrategy::LoadFullStateDict(const std::map<std::string, at::Tensor>& state) {
-  CheckWrapped("LoadFullStateDict");
-  LoadModuleStateDict(*module_, state);
 }
 
 namespace {

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "strategies/registry.h"
-#include "strategies/strategy.h"
+#include "strategies/replicated_strategy_base.h"
 
 namespace shardtrain::strategies {
 
@@ -37,19 +37,13 @@ struct DdpOptions {
   static DdpOptions FromStrings(const StrategyOptions& options);
 };
 
-class DdpStrategy : public Strategy {
+class DdpStrategy : public ReplicatedStrategyBase {
  public:
   explicit DdpStrategy(DdpOptions options = {});
   std::string name() const override { return "ddp"; }
   void WrapModel(std::shared_ptr<torch::nn::Module> module) override;
-  c10::ScalarType compute_dtype() const override;
   at::Tensor Forward(const std::function<at::Tensor()>& fn) override;
-  std::vector<at::Tensor> parameters() const override;
-  std::vector<std::pair<std::string, at::Tensor>> named_parameters() const override;
   void Backward(const at::Tensor& loss, bool sync_gradients = true) override;
-  double ClipGradNorm(double max_norm, double norm_type = 2.0) override;
-  std::map<std::string, at::Tensor> FullStateDict() override;
-  void LoadFullStateDict(const std::map<std::string, at::Tensor>& state) override;
 
   ~DdpStrategy() override;
 

@@ -2,7 +2,6 @@
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/nn/module.h>
 
 #include "base/errors.h"
 
@@ -14,50 +13,14 @@ void SingleDeviceStrategy::Setup(comm::CommunicatorPtr world, const ClusterInfo&
   Strategy::Setup(std::move(world), cluster);
 }
 
-void SingleDeviceStrategy::WrapModel(std::shared_ptr<torch::nn::Module> module) {
-  CheckSetUp("WrapModel");
-  ST_CHECK_ARG(module != nullptr, "single_device: WrapModel needs a module");
-  ST_CHECK_ARG(!module_, "single_device: WrapModel called twice");
-  ApplyTruePrecision(*module);
-  module_ = std::move(module);
-}
-
-c10::ScalarType SingleDeviceStrategy::compute_dtype() const {
-  return precision_ == Precision::kBf16True ? c10::ScalarType::BFloat16 : c10::ScalarType::Float;
-}
-
 at::Tensor SingleDeviceStrategy::Forward(const std::function<at::Tensor()>& fn) {
   CheckWrapped("Forward");
   return ForwardWithPrecision(fn);
 }
 
-std::vector<at::Tensor> SingleDeviceStrategy::parameters() const {
-  CheckWrapped("parameters()");
-  return UniqueParameters(*module_);
-}
-
-std::vector<std::pair<std::string, at::Tensor>> SingleDeviceStrategy::named_parameters() const {
-  CheckWrapped("named_parameters()");
-  return UniqueNamedParameters(*module_);
-}
-
 void SingleDeviceStrategy::Backward(const at::Tensor& loss, bool) {
   CheckWrapped("Backward");
   torch::autograd::backward({loss});
-}
-
-double SingleDeviceStrategy::ClipGradNorm(double max_norm, double norm_type) {
-  return ClipLocalGradNorm(parameters(), max_norm, norm_type);
-}
-
-std::map<std::string, at::Tensor> SingleDeviceStrategy::FullStateDict() {
-  CheckWrapped("FullStateDict");
-  return ModuleStateDict(*module_);
-}
-
-void SingleDeviceStrategy::LoadFullStateDict(const std::map<std::string, at::Tensor>& state) {
-  CheckWrapped("LoadFullStateDict");
-  LoadModuleStateDict(*module_, state);
 }
 
 namespace {
