@@ -216,96 +216,116 @@ at::Tensor RandomInput(int64_t numel, at::ScalarType dt, uint64_t seed) {
   return t.to(dt);
 }
 
-bool SelfCheck(GlooCommunicator& c) {
+// The self-check's verdicts: failures go to stderr, `ok` remembers any.
+struct Verdicts {
+  int rank = 0;
+  bool ok = true;
+  void Expect(bool cond, const std::string& what) {
+    if (!cond) std::cerr << "rank " << rank << ": SELF-CHECK FAILED: " << what << "\n";
+    ok = ok && cond;
+  }
+  // Bit equality of `got` and `ref`, with the first differing element on stderr.
+  void ExpectBitEqual(const at::Tensor& got, const at::Tensor& ref, const std::string& what) {
+    if (!BitEqual(got, ref)) {
+      const at::Tensor bad = got.to(at::kDouble).ne(ref.to(at::kDouble)).logical_or(got.signbit().ne(ref.signbit()));
+      const int64_t first = bad.nonzero().flatten()[0].item<int64_t>();
+      std::cerr << what << ": " << bad.sum().item<int64_t>() << " elements differ, first at " << first << ": got "
+                << got[first].item<double>() << ", reference " << ref[first].item<double>() << "\n";
+    }
+    Expect(BitEqual(got, ref), what);
+  }
+};
+
+// The three reductions the self-check runs: SUM, AVG with divide factors, SUM with a post-divide.
+shardtrain::comm::ReduceOptions CheckedReduction(int variant) {
   using shardtrain::comm::ReduceOp;
   using shardtrain::comm::ReduceOptions;
+  if (variant == 1) return ReduceOptions{ReduceOp::kAvg, 2.0, 3.0};
+  if (variant == 2) return ReduceOptions{ReduceOp::kSum, 1.0, 3.0};
+  return ReduceOptions{};
+}
+
+// All-gather into separate buffers, in place, and (W=2) from the peer's block.
+void CheckAllGather(GlooCommunicator& c, at::ScalarType dt, int64_t n, Verdicts& v) {
   const int w = c.size(), r = c.rank();
-  bool ok = true;
-  auto expect = [&](bool cond, const std::string& what) {
-    if (!cond) std::cerr << "rank " << r << ": SELF-CHECK FAILED: " << what << "\n";
-    ok = ok && cond;
-  };
+  const std::string what = c10::toString(dt) + std::string(" n=") + std::to_string(n);
+  std::vector<at::Tensor> shards;
+  for (int q = 0; q < w; ++q) shards.push_back(RandomInput(n, dt, 1000 + q));
+  at::Tensor expected = at::cat(shards);
+  at::Tensor full = at::full({w * n}, 7, dt);
+  c.AllGather(shards[r], full)->Wait();
+  v.Expect(BitEqual(full, expected), "all_gather " + what);
+  full.fill_(7);
+  full.narrow(0, r * n, n).copy_(shards[r]);
+  c.AllGather(full.narrow(0, r * n, n), full)->Wait();
+  v.Expect(BitEqual(full, expected), "in-place all_gather " + what);
+  if (w == 2) {  // input is the OTHER rank's block of the output
+    full.fill_(7);
+    full.narrow(0, (1 - r) * n, n).copy_(shards[r]);
+    c.AllGather(full.narrow(0, (1 - r) * n, n), full)->Wait();
+    v.Expect(BitEqual(full, expected), "all_gather from the peer's block " + what);
+  }
+}
+
+// Reduce-scatter: each reduction, into a fresh output, into a view of the
+// input's own block and into a view straddling two blocks.
+void CheckReduceScatter(GlooCommunicator& c, at::ScalarType dt, int64_t n, Verdicts& v) {
+  using shardtrain::comm::ReduceOp;
+  const int w = c.size(), r = c.rank();
+  const std::string dn = c10::toString(dt);
+  std::vector<at::Tensor> inputs;
+  for (int q = 0; q < w; ++q) inputs.push_back(RandomInput(w * n, dt, 2000 + q));
+  for (int variant = 0; variant < 3; ++variant) {
+    const auto o = CheckedReduction(variant);
+    const double scale = 1.0 / (o.pre_divide * o.post_divide * (o.op == ReduceOp::kAvg ? w : 1));
+    at::Tensor in = inputs[r].clone();
+    at::Tensor out = at::full({n}, 7, dt);
+    c.ReduceScatter(in, out, o)->Wait();
+    const std::string what = "reduce_scatter#" + std::to_string(variant) + " " + dn + " n=" + std::to_string(n);
+    v.ExpectBitEqual(out, ReferenceReduceScatter(inputs, r, scale), what);
+    v.Expect(BitEqual(in, inputs[r]), what + " left its input unchanged");
+    if (variant != 1) continue;
+    at::Tensor aliased = inputs[r].clone();
+    c.ReduceScatter(aliased, aliased.narrow(0, r * n, n), o)->Wait();
+    v.Expect(BitEqual(aliased.narrow(0, r * n, n), ReferenceReduceScatter(inputs, r, scale)),
+             "reduce_scatter into its own input block " + dn);
+    at::Tensor straddling = inputs[r].clone();  // output overlaps two blocks of the input
+    const at::Tensor view = straddling.narrow(0, n / 2, n);
+    c.ReduceScatter(straddling, view, o)->Wait();
+    v.Expect(BitEqual(view, ReferenceReduceScatter(inputs, r, scale)),
+             "reduce_scatter into a view straddling input blocks " + dn);
+  }
+}
+
+// All-reduce, each reduction. At W=2 only (the reference's summation order is
+// Gloo's there; a ring over more ranks adds in another order).
+void CheckAllReduce(GlooCommunicator& c, at::ScalarType dt, int64_t n, Verdicts& v) {
+  using shardtrain::comm::ReduceOp;
+  const int w = c.size(), r = c.rank();
+  if (w != 2) return;
+  std::vector<at::Tensor> inputs;
+  for (int q = 0; q < w; ++q) inputs.push_back(RandomInput(n, dt, 3000 + q));
+  for (int variant = 0; variant < 3; ++variant) {
+    const auto o = CheckedReduction(variant);
+    at::Tensor t = inputs[r].clone();
+    c.AllReduce(t, o)->Wait();
+    const double post = o.post_divide * (o.op == ReduceOp::kAvg ? w : 1);
+    v.ExpectBitEqual(t, ReferenceAllReduce(inputs, o.pre_divide, post),
+                     "all_reduce#" + std::to_string(variant) + " " + c10::toString(dt) + " n=" + std::to_string(n));
+  }
+}
+
+bool SelfCheck(GlooCommunicator& c) {
+  Verdicts v;
+  v.rank = c.rank();
   for (at::ScalarType dt : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble}) {
-    const std::string dn = c10::toString(dt);
     for (int64_t n : {int64_t{1}, int64_t{100003}, (int64_t{3} << 20) + 12345}) {  // the last: several RS pieces
-      // All-gather, separate buffers and in place.
-      std::vector<at::Tensor> shards;
-      for (int q = 0; q < w; ++q) shards.push_back(RandomInput(n, dt, 1000 + q));
-      at::Tensor expected = at::cat(shards);
-      at::Tensor full = at::full({w * n}, 7, dt);
-      c.AllGather(shards[r], full)->Wait();
-      expect(BitEqual(full, expected), "all_gather " + dn + " n=" + std::to_string(n));
-      full.fill_(7);
-      full.narrow(0, r * n, n).copy_(shards[r]);
-      c.AllGather(full.narrow(0, r * n, n), full)->Wait();
-      expect(BitEqual(full, expected), "in-place all_gather " + dn + " n=" + std::to_string(n));
-      if (w == 2) {  // input is the OTHER rank's block of the output
-        full.fill_(7);
-        full.narrow(0, (1 - r) * n, n).copy_(shards[r]);
-        c.AllGather(full.narrow(0, (1 - r) * n, n), full)->Wait();
-        expect(BitEqual(full, expected), "all_gather from the peer's block " + dn + " n=" + std::to_string(n));
-      }
-      // Reduce-scatter: SUM, AVG with divide factors, and into a view of the input.
-      std::vector<at::Tensor> inputs;
-      for (int q = 0; q < w; ++q) inputs.push_back(RandomInput(w * n, dt, 2000 + q));
-      for (int variant = 0; variant < 3; ++variant) {
-        ReduceOptions o;
-        if (variant == 1) o = ReduceOptions{ReduceOp::kAvg, 2.0, 3.0};
-        if (variant == 2) o = ReduceOptions{ReduceOp::kSum, 1.0, 3.0};
-        const double scale = 1.0 / (o.pre_divide * o.post_divide * (o.op == ReduceOp::kAvg ? w : 1));
-        at::Tensor in = inputs[r].clone();
-        at::Tensor out = at::full({n}, 7, dt);
-        c.ReduceScatter(in, out, o)->Wait();
-        const std::string what = "reduce_scatter#" + std::to_string(variant) + " " + dn + " n=" + std::to_string(n);
-        const at::Tensor ref = ReferenceReduceScatter(inputs, r, scale);
-        if (!BitEqual(out, ref)) {
-          const at::Tensor bad =
-              out.to(at::kDouble).ne(ref.to(at::kDouble)).logical_or(out.signbit().ne(ref.signbit()));
-          const int64_t first = bad.nonzero().flatten()[0].item<int64_t>();
-          std::cerr << what << ": " << bad.sum().item<int64_t>() << " elements differ, first at " << first << ": got "
-                    << out[first].item<double>() << ", reference " << ref[first].item<double>() << "\n";
-        }
-        expect(BitEqual(out, ref), what);
-        expect(BitEqual(in, inputs[r]), what + " left its input unchanged");
-        if (variant == 1) {
-          at::Tensor aliased = inputs[r].clone();
-          c.ReduceScatter(aliased, aliased.narrow(0, r * n, n), o)->Wait();
-          expect(BitEqual(aliased.narrow(0, r * n, n), ReferenceReduceScatter(inputs, r, scale)),
-                 "reduce_scatter into its own input block " + dn);
-          at::Tensor straddling = inputs[r].clone();  // output overlaps two blocks of the input
-          const at::Tensor view = straddling.narrow(0, n / 2, n);
-          c.ReduceScatter(straddling, view, o)->Wait();
-          expect(BitEqual(view, ReferenceReduceScatter(inputs, r, scale)),
-                 "reduce_scatter into a view straddling input blocks " + dn);
-        }
-      }
-      // All-reduce: SUM, AVG with divide factors, SUM with a post-divide. At
-      // W=2 only (the reference's summation order is Gloo's there; a ring
-      // over more ranks adds in another order).
-      if (w == 2) {
-        std::vector<at::Tensor> ar_inputs;
-        for (int q = 0; q < w; ++q) ar_inputs.push_back(RandomInput(n, dt, 3000 + q));
-        for (int variant = 0; variant < 3; ++variant) {
-          ReduceOptions o;
-          if (variant == 1) o = ReduceOptions{ReduceOp::kAvg, 2.0, 3.0};
-          if (variant == 2) o = ReduceOptions{ReduceOp::kSum, 1.0, 3.0};
-          at::Tensor t = ar_inputs[r].clone();
-          c.AllReduce(t, o)->Wait();
-          const double post = o.post_divide * (o.op == ReduceOp::kAvg ? w : 1);
-          const at::Tensor ref = ReferenceAllReduce(ar_inputs, o.pre_divide, post);
-          const std::string what = "all_reduce#" + std::to_string(variant) + " " + dn + " n=" + std::to_string(n);
-          if (!BitEqual(t, ref)) {
-            const at::Tensor bad = t.to(at::kDouble).ne(ref.to(at::kDouble)).logical_or(t.signbit().ne(ref.signbit()));
-            const int64_t first = bad.nonzero().flatten()[0].item<int64_t>();
-            std::cerr << what << ": " << bad.sum().item<int64_t>() << " elements differ, first at " << first
-                      << ": got " << t[first].item<double>() << ", reference " << ref[first].item<double>() << "\n";
-          }
-          expect(BitEqual(t, ref), what);
-        }
-      }
+      CheckAllGather(c, dt, n, v);
+      CheckReduceScatter(c, dt, n, v);
+      CheckAllReduce(c, dt, n, v);
     }
   }
-  return ok;
+  return v.ok;
 }
 
 // Times one case on `comm` and prints / writes a row named `impl`. False if

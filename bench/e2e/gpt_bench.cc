@@ -171,40 +171,35 @@ void LogHostCacheSteps(int rank, const sharding::HostCacheStats& a, const shardi
                b.peak_bytes / mib);
 }
 
-int Bench() {
-  if (!std::getenv("RANK") && FLAGS_devices > 1) {
-    LaunchOptions lo;
-    lo.num_ranks = FLAGS_devices;
-    LaunchLocalRanks(lo);
-  }
-  // The launcher sets OMP_NUM_THREADS for the ranks it starts; this process's
-  // OpenMP runtime read the environment before that, so apply it here too.
-  if (const char* t = std::getenv("OMP_NUM_THREADS")) at::set_num_threads(std::max(1, std::atoi(t)));
-  const ClusterInfo info = DetectClusterEnvironment();
-  comm::CommunicatorPtr world_comm;
-  std::shared_ptr<comm::GlooCommunicator> gloo;
-  if (info.world_size > 1) {
-    const comm::RendezvousOptions ro = RendezvousOptionsFor(info);
-    comm::GlooOptions go;
-    // One host: loopback. Across hosts (bench/cluster): the host's own address.
-    go.hostname = info.num_nodes > 1 ? "" : "127.0.0.1";
-    gloo = comm::GlooCommunicator::Create(comm::CreateStore(ro), info.rank, info.world_size, go);
-  } else {
-    gloo = comm::GlooCommunicator::Create(comm::CreateHashStore(), 0, 1);
-  }
-  world_comm = gloo;
-  const int rank = info.rank, world = info.world_size;
-  ST_CHECK_ARG(FLAGS_global_batch % world == 0, "--global_batch must be divisible by the world size");
+// Process CPU time (all threads: compute, Gloo I/O, kernel TCP work) so far.
+double CpuSeconds() {
+  struct rusage r {};
+  getrusage(RUSAGE_SELF, &r);
+  return r.ru_utime.tv_sec + r.ru_stime.tv_sec + 1e-6 * (r.ru_utime.tv_usec + r.ru_stime.tv_usec);
+}
 
-  auto init = ReadDict(FLAGS_data_dir + "/init.pt");
-  auto data = ReadDict(FLAGS_data_dir + "/data.pt");
-  auto model = std::make_shared<examples::GptImpl>(Config());
-  CheckDumpFits(init, data, *model);
-  {
-    at::NoGradGuard no_grad;
-    for (auto& p : model->named_parameters()) p.value().copy_(init.at(p.key()));
-  }
-  init.clear();  // the model holds the weights now (torch_bench.py drops its copy too)
+// Minor page faults of this process so far: fresh pages touched (memory the
+// allocator returned to the system and got back).
+double MinorFaults() {
+  struct rusage r {};
+  getrusage(RUSAGE_SELF, &r);
+  return static_cast<double>(r.ru_minflt);
+}
+
+// This rank's Gloo world: loopback on one host, the host's own address across
+// hosts (bench/cluster); a world of one without a launcher.
+std::shared_ptr<comm::GlooCommunicator> JoinWorld(const ClusterInfo& info) {
+  if (info.world_size == 1) return comm::GlooCommunicator::Create(comm::CreateHashStore(), 0, 1);
+  const comm::RendezvousOptions ro = RendezvousOptionsFor(info);
+  comm::GlooOptions go;
+  go.hostname = info.num_nodes > 1 ? "" : "127.0.0.1";
+  return comm::GlooCommunicator::Create(comm::CreateStore(ro), info.rank, info.world_size, go);
+}
+
+// The --strategy set up on `world` (or alone, for --local_compute) with the
+// model wrapped.
+strategies::StrategyPtr WrapBenchModel(const std::shared_ptr<examples::GptImpl>& model, const ClusterInfo& info,
+                                       const comm::CommunicatorPtr& world) {
   const strategies::StrategyOptions so = examples::ParseKeyValueList(FLAGS_strategy_options, "--strategy_options");
   auto strategy = strategies::StrategyRegistry::Create(FLAGS_strategy, so);
   if (FLAGS_local_compute) {
@@ -216,90 +211,87 @@ int Bench() {
     alone.local_world_size = 1;
     strategy->Setup(comm::GlooCommunicator::Create(comm::CreateHashStore(), 0, 1), alone);
   } else {
-    strategy->Setup(world_comm, info);
+    strategy->Setup(world, info);
   }
   strategy->WrapModel(model);
-  auto* sharded_base = dynamic_cast<strategies::ShardedStrategyBase*>(strategy.get());
-  sharding::ShardedModel* sharded = sharded_base ? &sharded_base->sharded_model() : nullptr;
   if (std::getenv("GPT_BENCH_RSS")) {
     struct rusage r {};
     getrusage(RUSAGE_SELF, &r);
     std::fprintf(stderr, "[gpt_bench rank %d] after WrapModel: peak RSS %.0f MiB\n", info.rank, r.ru_maxrss / 1024.0);
   }
-  torch::optim::AdamW opt(strategy->parameters(), torch::optim::AdamWOptions(FLAGS_lr).weight_decay(0.0));
-  // The steps' own peak, apart from the construction above (this harness builds
-  // the whole model first, as torch_bench.py does): VmHWM restarts here.
-  const bool step_peak_known = testing::ResetPeakRss();
+  return strategy;
+}
 
-  const int64_t per = FLAGS_global_batch / world;
-  std::vector<double> times;
-  double last_loss = 0;
-  // Process CPU time (all threads: compute, Gloo I/O, kernel TCP work) over the timed steps.
-  auto cpu_seconds = [] {
-    struct rusage r {};
-    getrusage(RUSAGE_SELF, &r);
-    return r.ru_utime.tv_sec + r.ru_stime.tv_sec + 1e-6 * (r.ru_utime.tv_usec + r.ru_stime.tv_usec);
-  };
-  double cpu_start = 0;
-  double wire_start = 0;
-  // Minor page faults of this process over the timed steps: fresh pages the
-  // step touched (memory the allocator returned to the system and got back).
-  auto minor_faults = [] {
-    struct rusage r {};
-    getrusage(RUSAGE_SELF, &r);
-    return static_cast<double>(r.ru_minflt);
-  };
-  double faults_start = 0;
+// What the timed steps measured on this rank.
+struct TimedRun {
+  std::vector<double> times;  // wall seconds per timed step
+  double last_loss = 0;       // mean over ranks
+  double cpu_start = 0, faults_start = 0, wire_start = 0;  // at the first timed step
   sharding::HostCacheStats cache_start;
-  std::vector<comm::CommunicatorPtr> groups = {world_comm};
-  if (auto* sm = sharded) groups = {world_comm, sm->shard_group(), sm->replicate_group()};
+};
+
+// --warmup untimed then --steps timed AdamW steps on the dumped batches; the
+// counters restart at the first timed step.
+TimedRun RunSteps(strategies::Strategy& strategy, examples::GptImpl& model, torch::optim::Optimizer& opt,
+                  const std::map<std::string, at::Tensor>& data, const std::shared_ptr<comm::GlooCommunicator>& gloo,
+                  const std::vector<comm::CommunicatorPtr>& groups, sharding::ShardedModel* sharded, int rank,
+                  int world) {
+  const int64_t per = FLAGS_global_batch / world;
+  TimedRun run;
   for (int s = 0; s < FLAGS_warmup + FLAGS_steps; ++s) {
     if (s == FLAGS_warmup) {
-      cpu_start = cpu_seconds();
-      faults_start = minor_faults();
-      cache_start = sharding::GetHostCacheStats();
+      run.cpu_start = CpuSeconds();
+      run.faults_start = MinorFaults();
+      run.cache_start = sharding::GetHostCacheStats();
+      if (gloo) {
+        gloo->Barrier()->Wait();
+        run.wire_start = Eth0TxBytes();
+        for (auto& g : groups)
+          if (g) g->ResetStats();
+      }
+      if (sharded) sharded->ResetCommTimes();
     }
-    if (s == FLAGS_warmup && gloo) {
-      gloo->Barrier()->Wait();
-      wire_start = Eth0TxBytes();
-      for (auto& g : groups)
-        if (g) g->ResetStats();
-    }
-    if (s == FLAGS_warmup && sharded) sharded->ResetCommTimes();
     at::Tensor x = data.at("x." + std::to_string(s)).slice(0, rank * per, (rank + 1) * per);
     at::Tensor y = data.at("y." + std::to_string(s)).slice(0, rank * per, (rank + 1) * per);
     auto t0 = std::chrono::steady_clock::now();
     opt.zero_grad();
-    at::Tensor loss = examples::GptImpl::Loss(strategy->Forward([&] { return model->forward(x); }), y);
-    strategy->Backward(loss);
+    at::Tensor loss = examples::GptImpl::Loss(strategy.Forward([&] { return model.forward(x); }), y);
+    strategy.Backward(loss);
     opt.step();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     at::Tensor l = loss.detach().reshape({1}).to(at::kDouble).clone();
     if (gloo) gloo->AllReduce(l, {comm::ReduceOp::kAvg})->Wait();
-    last_loss = l.item<double>();
-    if (s >= FLAGS_warmup) times.push_back(dt);
+    run.last_loss = l.item<double>();
+    if (s >= FLAGS_warmup) run.times.push_back(dt);
   }
-  if (gloo) gloo->Barrier()->Wait();
+  return run;
+}
+
+// Rank 0's JSON row: every figure reduced over the ranks (see run.sh's report).
+void Report(const TimedRun& run, strategies::Strategy& strategy, const std::shared_ptr<comm::GlooCommunicator>& gloo,
+            const std::vector<comm::CommunicatorPtr>& groups, sharding::ShardedModel* sharded, const ClusterInfo& info,
+            bool step_peak_known) {
+  const int rank = info.rank, world = info.world_size;
   // Per host and step: eth0 bytes (counted once per host, by local rank 0)
   // and the communicators' bytes by link class (summed over the host's ranks);
   // the sharding core's time blocked on collectives (mean over ranks).
   const auto by_class = BytesByLinkClass(groups);
   double waited = 0;
-  if (auto* sm = sharded) waited = sm->comm_times().gather_wait_s + sm->comm_times().reduce_wait_s;
-  at::Tensor link = at::tensor({info.local_rank == 0 ? Eth0TxBytes() - wire_start : 0.0, by_class[0], by_class[1],
+  if (sharded) waited = sharded->comm_times().gather_wait_s + sharded->comm_times().reduce_wait_s;
+  at::Tensor link = at::tensor({info.local_rank == 0 ? Eth0TxBytes() - run.wire_start : 0.0, by_class[0], by_class[1],
                                 waited / world},
                                at::kDouble);
   if (gloo) gloo->AllReduce(link, {comm::ReduceOp::kSum})->Wait();
-  link /= at::tensor({1.0 * std::max(1, info.num_nodes) * FLAGS_steps, 1.0 * std::max(1, info.num_nodes) * FLAGS_steps,
-                      1.0 * std::max(1, info.num_nodes) * FLAGS_steps, 1.0 * FLAGS_steps},
-                     at::kDouble);
-  at::Tensor cpu = at::tensor({(cpu_seconds() - cpu_start) / FLAGS_steps}, at::kDouble);
+  const double host_steps = 1.0 * std::max(1, info.num_nodes) * FLAGS_steps;
+  link /= at::tensor({host_steps, host_steps, host_steps, 1.0 * FLAGS_steps}, at::kDouble);
+  at::Tensor cpu = at::tensor({(CpuSeconds() - run.cpu_start) / FLAGS_steps}, at::kDouble);
   if (gloo) gloo->AllReduce(cpu, {comm::ReduceOp::kAvg})->Wait();
   // Summed over the ranks: the faults of the whole job per step, to compare
   // with single_device's on the same global batch.
-  at::Tensor faults = at::tensor({(minor_faults() - faults_start) / FLAGS_steps}, at::kDouble);
+  at::Tensor faults = at::tensor({(MinorFaults() - run.faults_start) / FLAGS_steps}, at::kDouble);
   if (gloo) gloo->AllReduce(faults, {comm::ReduceOp::kSum})->Wait();
-  LogHostCacheSteps(rank, cache_start, sharding::GetHostCacheStats());
+  LogHostCacheSteps(rank, run.cache_start, sharding::GetHostCacheStats());
+  std::vector<double> times = run.times;
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
   struct rusage ru {};
@@ -313,35 +305,67 @@ int Bench() {
   // gradient and AdamW's two moments. The FSDP bound is 1/W of the unsharded
   // total plus the largest unit's gathered parameters.
   int64_t local_numel = 0;
-  for (const auto& p : strategy->parameters()) local_numel += p.numel();
+  for (const auto& p : strategy.parameters()) local_numel += p.numel();
   const double persistent_mib = local_numel * 4.0 * 4.0 / (1 << 20);
   int64_t largest = 0;
-  if (auto* sm = sharded) {
-    for (const auto& u : sm->units()) largest = std::max(largest, u.padded_numel);
-  }
-  const double bound_mib = (Config().NumParameters() * 16.0 / world + largest * 4.0) / (1 << 20);
-  if (auto* sm = sharded) {
-    const auto& t = sm->comm_times();
+  if (sharded) {
+    for (const auto& u : sharded->units()) largest = std::max(largest, u.padded_numel);
+    const auto& t = sharded->comm_times();
     std::fprintf(stderr,
                  "[gpt_bench rank %d] per step: gather issue %.3f s, gather wait %.3f s, reduce issue %.3f s, "
                  "reduce wait %.3f s\n",
                  rank, t.gather_issue_s / FLAGS_steps, t.gather_wait_s / FLAGS_steps, t.reduce_issue_s / FLAGS_steps,
                  t.reduce_wait_s / FLAGS_steps);
   }
-  if (rank == 0) {
-    std::printf(
-        "{\"impl\": \"%s\", \"world\": %d, \"median_step_s\": %.4f, \"tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, "
-        "\"bytes_sent_per_step\": %.0f, \"final_loss\": %.6f, \"persistent_mib\": %.2f, \"fsdp_bound_mib\": %.2f, "
-        "\"cpu_s_per_step\": %.3f, \"wire_bytes_per_host_step\": %.0f, \"shm_bytes_per_host_step\": %.0f, "
-        "\"tcp_bytes_per_host_step\": %.0f, \"comm_wait_s\": %.4f, \"nodes\": %d, "
-        "\"minor_faults_per_step\": %.0f, \"step_peak_rss_mib\": %.1f}\n",
-        (FLAGS_label.empty() ? FLAGS_strategy : FLAGS_label).c_str(), world, median,
-        FLAGS_global_batch * FLAGS_block_size / median, rss[0].item<double>(), bytes, last_loss, persistent_mib,
-        largest > 0 ? bound_mib : 0.0, cpu.item<double>(), link[0].item<double>(), link[1].item<double>(),
-        link[2].item<double>(), link[3].item<double>(), info.num_nodes, faults.item<double>(),
-        rss[1].item<double>());
-    std::fflush(stdout);
+  const double bound_mib = (Config().NumParameters() * 16.0 / world + largest * 4.0) / (1 << 20);
+  if (rank != 0) return;
+  std::printf(
+      "{\"impl\": \"%s\", \"world\": %d, \"median_step_s\": %.4f, \"tokens_per_s\": %.1f, \"peak_rss_mib\": %.1f, "
+      "\"bytes_sent_per_step\": %.0f, \"final_loss\": %.6f, \"persistent_mib\": %.2f, \"fsdp_bound_mib\": %.2f, "
+      "\"cpu_s_per_step\": %.3f, \"wire_bytes_per_host_step\": %.0f, \"shm_bytes_per_host_step\": %.0f, "
+      "\"tcp_bytes_per_host_step\": %.0f, \"comm_wait_s\": %.4f, \"nodes\": %d, "
+      "\"minor_faults_per_step\": %.0f, \"step_peak_rss_mib\": %.1f}\n",
+      (FLAGS_label.empty() ? FLAGS_strategy : FLAGS_label).c_str(), world, median,
+      FLAGS_global_batch * FLAGS_block_size / median, rss[0].item<double>(), bytes, run.last_loss, persistent_mib,
+      largest > 0 ? bound_mib : 0.0, cpu.item<double>(), link[0].item<double>(), link[1].item<double>(),
+      link[2].item<double>(), link[3].item<double>(), info.num_nodes, faults.item<double>(), rss[1].item<double>());
+  std::fflush(stdout);
+}
+
+int Bench() {
+  if (!std::getenv("RANK") && FLAGS_devices > 1) {
+    LaunchOptions lo;
+    lo.num_ranks = FLAGS_devices;
+    LaunchLocalRanks(lo);
   }
+  // The launcher sets OMP_NUM_THREADS for the ranks it starts; this process's
+  // OpenMP runtime read the environment before that, so apply it here too.
+  if (const char* t = std::getenv("OMP_NUM_THREADS")) at::set_num_threads(std::max(1, std::atoi(t)));
+  const ClusterInfo info = DetectClusterEnvironment();
+  const std::shared_ptr<comm::GlooCommunicator> gloo = JoinWorld(info);  // a world of one at W=1
+  ST_CHECK_ARG(FLAGS_global_batch % info.world_size == 0, "--global_batch must be divisible by the world size");
+
+  auto init = ReadDict(FLAGS_data_dir + "/init.pt");
+  auto data = ReadDict(FLAGS_data_dir + "/data.pt");
+  auto model = std::make_shared<examples::GptImpl>(Config());
+  CheckDumpFits(init, data, *model);
+  {
+    at::NoGradGuard no_grad;
+    for (auto& p : model->named_parameters()) p.value().copy_(init.at(p.key()));
+  }
+  init.clear();  // the model holds the weights now (torch_bench.py drops its copy too)
+  strategies::StrategyPtr strategy = WrapBenchModel(model, info, gloo);
+  auto* sharded_base = dynamic_cast<strategies::ShardedStrategyBase*>(strategy.get());
+  sharding::ShardedModel* sharded = sharded_base ? &sharded_base->sharded_model() : nullptr;
+  torch::optim::AdamW opt(strategy->parameters(), torch::optim::AdamWOptions(FLAGS_lr).weight_decay(0.0));
+  // The steps' own peak, apart from the construction above (this harness builds
+  // the whole model first, as torch_bench.py does): VmHWM restarts here.
+  const bool step_peak_known = testing::ResetPeakRss();
+  std::vector<comm::CommunicatorPtr> groups = {gloo};
+  if (sharded) groups = {gloo, sharded->shard_group(), sharded->replicate_group()};
+  const TimedRun run = RunSteps(*strategy, *model, opt, data, gloo, groups, sharded, info.rank, info.world_size);
+  if (gloo) gloo->Barrier()->Wait();
+  Report(run, *strategy, gloo, groups, sharded, info, step_peak_known);
   if (gloo) gloo->Barrier()->Wait();
   return 0;
 }

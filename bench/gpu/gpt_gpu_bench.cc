@@ -114,9 +114,8 @@ std::string JsonEscape(const std::string& s) {
   return out;
 }
 
-// --name=value, --name value, and bare --checkpoint.
-Flags ParseFlags(int argc, char** argv) {
-  Flags f;
+// --name=value, --name value, and bare --checkpoint / --cpu_smoke, by name.
+std::map<std::string, std::string> FlagValues(int argc, char** argv) {
   std::map<std::string, std::string> kv;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -136,6 +135,12 @@ Flags ParseFlags(int argc, char** argv) {
       kv[a] = argv[++i];
     }
   }
+  return kv;
+}
+
+Flags ParseFlags(int argc, char** argv) {
+  Flags f;
+  std::map<std::string, std::string> kv = FlagValues(argc, argv);
   auto take_int = [&](const char* name, int64_t& out) {
     auto it = kv.find(name);
     if (it == kv.end()) return;
@@ -250,6 +255,17 @@ examples::GptConfig Config(const Flags& f) {
 
 double GiB(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
 
+// The timed loop's results: wall seconds of each timed step, and the losses.
+struct StepTimes {
+  std::vector<double> times;
+  double first_loss = 0, last_loss = 0;
+};
+StepTimes TimeSteps(const Flags& f, examples::GptImpl& model, sharding::ShardedModel& sm, torch::optim::Optimizer& opt,
+                    const at::Tensor& data, const std::function<void()>& sync);
+// The run's JSON row on stdout (step time, tokens/s, MFU, peak GPU memory).
+void PrintResult(const Flags& f, const std::string& gpu_name, const examples::GptConfig& cfg,
+                 sharding::ShardingStrategy strategy, double init_s, const StepTimes& run);
+
 int Run(const Flags& f) {
   const int gpus = f.cpu_smoke ? 0 : c10::cuda::device_count();
   if (gpus == 0 && !f.cpu_smoke) {
@@ -271,7 +287,6 @@ int Run(const Flags& f) {
   SetLogRank(0, 1);
 
   const examples::GptConfig cfg = Config(f);
-  const int64_t n_params = cfg.NumParameters();
   std::fprintf(stderr, "gpt_gpu_bench: %s on %s; batch %lld x %lld tokens, %lld+%lld steps%s\n",
                cfg.ToString().c_str(), gpu_name.c_str(), static_cast<long long>(f.batch),
                static_cast<long long>(f.block_size), static_cast<long long>(f.warmup),
@@ -311,28 +326,42 @@ int Run(const Flags& f) {
   at::Tensor data =
       at::randint(f.vocab, {total, f.batch, f.block_size + 1}, at::TensorOptions().dtype(at::kLong).device(device));
 
-  std::vector<double> times;
-  double first_loss = 0, last_loss = 0;
+  const StepTimes run = TimeSteps(f, *model, sm, opt, data, sync);
+  PrintResult(f, gpu_name, cfg, so.sharding_strategy, init_s, run);
+  return 0;
+}
+
+StepTimes TimeSteps(const Flags& f, examples::GptImpl& model, sharding::ShardedModel& sm, torch::optim::Optimizer& opt,
+                    const at::Tensor& data, const std::function<void()>& sync) {
+  const int64_t total = f.warmup + f.steps;
+  StepTimes run;
   for (int64_t s = 0; s < total; ++s) {
     at::Tensor x = data[s].slice(1, 0, f.block_size).contiguous();
     at::Tensor y = data[s].slice(1, 1).contiguous();
     sync();
     const auto t0 = std::chrono::steady_clock::now();
     opt.zero_grad();
-    at::Tensor logits = sm.Forward([&] { return model->forward(x); });
+    at::Tensor logits = sm.Forward([&] { return model.forward(x); });
     at::Tensor loss = examples::GptImpl::Loss(logits, y);
     logits = at::Tensor();
     loss.backward();
     opt.step();
     sync();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    last_loss = loss.item<double>();
-    if (s == 0) first_loss = last_loss;
-    if (!std::isfinite(last_loss)) throw std::runtime_error("loss is not finite at step " + std::to_string(s));
-    if (s >= f.warmup) times.push_back(dt);
+    run.last_loss = loss.item<double>();
+    if (s == 0) run.first_loss = run.last_loss;
+    if (!std::isfinite(run.last_loss)) throw std::runtime_error("loss is not finite at step " + std::to_string(s));
+    if (s >= f.warmup) run.times.push_back(dt);
     std::fprintf(stderr, "gpt_gpu_bench: step %lld/%lld  %.3f s  loss %.4f\n", static_cast<long long>(s + 1),
-                 static_cast<long long>(total), dt, last_loss);
+                 static_cast<long long>(total), dt, run.last_loss);
   }
+  return run;
+}
+
+void PrintResult(const Flags& f, const std::string& gpu_name, const examples::GptConfig& cfg,
+                 sharding::ShardingStrategy strategy, double init_s, const StepTimes& run) {
+  const int64_t n_params = cfg.NumParameters();
+  std::vector<double> times = run.times;
   std::sort(times.begin(), times.end());
   const double median = times.size() % 2 ? times[times.size() / 2]
                                          : 0.5 * (times[times.size() / 2 - 1] + times[times.size() / 2]);
@@ -343,7 +372,7 @@ int Run(const Flags& f) {
   const double tflops = tokens_per_s * flops_per_token / 1e12;
   double peak_alloc = 0, peak_reserved = 0;  // CUDA caching allocator, whole run
   if (!f.cpu_smoke) {
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(dev);
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(f.device));
     const auto agg = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     peak_alloc = GiB(stats.allocated_bytes[agg].peak);
     peak_reserved = GiB(stats.reserved_bytes[agg].peak);
@@ -359,15 +388,14 @@ int Run(const Flags& f) {
       "\"peak_mem_allocated_gib\": %.2f, \"peak_mem_reserved_gib\": %.2f, \"first_loss\": %.4f, "
       "\"final_loss\": %.4f}\n",
       JsonEscape(f.label).c_str(), JsonEscape(gpu_name).c_str(),
-      sharding::ShardingStrategyName(so.sharding_strategy), static_cast<long long>(n_params),
+      sharding::ShardingStrategyName(strategy), static_cast<long long>(n_params),
       static_cast<long long>(f.n_layer), static_cast<long long>(f.n_embd), static_cast<long long>(f.n_head),
       static_cast<long long>(f.block_size), static_cast<long long>(f.vocab), static_cast<long long>(f.batch),
       static_cast<long long>(f.batch * f.block_size), static_cast<long long>(f.steps),
       static_cast<long long>(f.warmup), f.checkpoint ? "true" : "false", init_s, median, times.front(),
       tokens_per_s, flops_per_token, tflops, f.peak_tflops, tflops / f.peak_tflops, peak_alloc, peak_reserved,
-      first_loss, last_loss);
+      run.first_loss, run.last_loss);
   std::fflush(stdout);
-  return 0;
 }
 }  // namespace
 

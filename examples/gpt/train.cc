@@ -40,7 +40,6 @@
 #include "examples/common/trainer_flags.h"
 #include "examples/gpt/gpt_model.h"
 #include "strategies/registry.h"
-#include "strategies/sharded_strategy_base.h"
 #include "trainer/callbacks.h"
 #include "trainer/trainer.h"
 
@@ -317,24 +316,20 @@ void CheckFlags() {
   CheckIntFlag("num_workers", FLAGS_num_workers, 0, trainer::kMaxDataLoaderWorkers);
 }
 
-int Run() {
-  const auto t_start = std::chrono::steady_clock::now();
-  trainer::TrainerOptions o;
-  const examples::ProcessPlan plan = examples::ApplyTrainerFlags(o);  // strategy, devices, accelerator, precision
-  const bool rank0 = plan.rank == 0;
-
-  Corpus corpus = Encode(ReadCorpus(examples::UserPath(FLAGS_data)), FLAGS_block_size);
-  WindowDataset train = WindowDataset::Tiled(corpus.train, FLAGS_block_size);
-  WindowDataset val = WindowDataset::Spread(corpus.val, FLAGS_block_size, FLAGS_val_samples);
-
+// The model the flags describe, for a vocabulary of `vocab` characters.
+examples::GptConfig ModelConfig(int64_t vocab) {
   examples::GptConfig cfg;
-  cfg.vocab_size = static_cast<int64_t>(corpus.chars.size());
+  cfg.vocab_size = vocab;
   cfg.block_size = FLAGS_block_size;
   cfg.n_layer = FLAGS_n_layer;
   cfg.n_head = FLAGS_n_head;
   cfg.n_embd = FLAGS_n_embd;
   cfg.dropout = FLAGS_dropout;
+  return cfg;
+}
 
+// The run's own flags into `o` (the common ones are ApplyTrainerFlags').
+void ApplyRunFlags(trainer::TrainerOptions& o) {
   o.max_epochs = -1;
   o.max_steps = FLAGS_max_steps;
   o.batch_size = FLAGS_batch_size;
@@ -345,15 +340,36 @@ int Run() {
   o.default_root_dir = FLAGS_default_root_dir.empty() ? examples::UserPath(".") : examples::UserPath(FLAGS_default_root_dir);
   o.seed = FLAGS_seed;
   o.num_workers = FLAGS_num_workers;
+  // On by default for fsdp/fsdp_native (GptImpl initialises inside each block's constructor).
+  if (!FLAGS_sharded_construction) o.sharded_construction = false;
+}
+
+// `tokens` characters generated after the validation text's first few, as text.
+std::string Sample(GptModule& module, const Corpus& corpus, int64_t block_size) {
+  at::Tensor prompt = corpus.val.slice(0, 0, std::min<int64_t>(8, block_size)).unsqueeze(0);
+  at::Tensor idx = module.Generate(prompt, FLAGS_sample_tokens, FLAGS_temperature, FLAGS_top_k, FLAGS_seed);
+  std::string sample;
+  auto a = idx[0];
+  for (int64_t i = 0; i < a.numel(); ++i) sample += corpus.chars[static_cast<size_t>(a[i].item<int64_t>())];
+  return sample;
+}
+
+int Run() {
+  const auto t_start = std::chrono::steady_clock::now();
+  trainer::TrainerOptions o;
+  const examples::ProcessPlan plan = examples::ApplyTrainerFlags(o);  // strategy, devices, accelerator, precision
+  const bool rank0 = plan.rank == 0;
+
+  Corpus corpus = Encode(ReadCorpus(examples::UserPath(FLAGS_data)), FLAGS_block_size);
+  WindowDataset train = WindowDataset::Tiled(corpus.train, FLAGS_block_size);
+  WindowDataset val = WindowDataset::Spread(corpus.val, FLAGS_block_size, FLAGS_val_samples);
+  const examples::GptConfig cfg = ModelConfig(static_cast<int64_t>(corpus.chars.size()));
+
+  ApplyRunFlags(o);
   auto printer = std::make_shared<ValLossPrinter>();
   o.callbacks = {printer};
   const std::string ckpt = examples::ResolveCheckpointPath(FLAGS_ckpt_path, o.default_root_dir, o.logger_name);
   trainer::Trainer trainer(o);  // validates strategy name, options and precision
-  if (o.strategy != "auto") {
-    if (auto* s = dynamic_cast<strategies::ShardedStrategyBase*>(&trainer.strategy())) {
-      s->set_sharded_construction(FLAGS_sharded_construction);  // GptImpl initialises inside each block's constructor
-    }
-  }
 
   GptModule module(cfg, FLAGS_lr, FLAGS_weight_decay);
   module.set_schedule(FLAGS_lr_scheduler, FLAGS_warmup_steps, FLAGS_max_steps);
@@ -382,13 +398,7 @@ int Run() {
   }
   if (std::isnan(first_val) && !trainer.val_losses().empty()) first_val = trainer.val_losses().front();
 
-  std::string sample;
-  if (FLAGS_sample_tokens > 0) {
-    at::Tensor prompt = corpus.val.slice(0, 0, std::min<int64_t>(8, cfg.block_size)).unsqueeze(0);
-    at::Tensor idx = module.Generate(prompt, FLAGS_sample_tokens, FLAGS_temperature, FLAGS_top_k, FLAGS_seed);
-    auto a = idx[0];
-    for (int64_t i = 0; i < a.numel(); ++i) sample += corpus.chars[static_cast<size_t>(a[i].item<int64_t>())];
-  }
+  const std::string sample = FLAGS_sample_tokens > 0 ? Sample(module, corpus, cfg.block_size) : "";
   if (rank0) {
     const double total_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     const auto& losses = trainer.step_losses();
