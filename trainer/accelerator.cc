@@ -13,6 +13,11 @@
 
 namespace shardtrain::trainer {
 
+const std::vector<std::string>& AcceleratorNames() {
+  static const std::vector<std::string> names = {"cpu", "cuda", "gpu", "auto"};
+  return names;
+}
+
 std::string ResolveAccelerator(const std::string& requested) {
   if (requested == "cpu") return "cpu";
   if (requested == "auto") return BuildHasCuda() && CudaDeviceCount() > 0 ? "cuda" : "cpu";

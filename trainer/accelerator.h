@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "comm/host_collectives.h"
@@ -38,6 +39,8 @@ int CudaDeviceCount();
 // "cuda"/"gpu" when CUDA is not available, saying why (no CUDA in this build,
 // or no device visible) and what is valid.
 std::string ResolveAccelerator(const std::string& requested);
+// The names ResolveAccelerator takes: cpu, cuda, gpu, auto.
+const std::vector<std::string>& AcceleratorNames();
 
 // Ranks per node for `devices` (kAutoDevices or >= 1) on the resolved
 // accelerator. Throws InvalidArgumentError for other values and for more

@@ -3,6 +3,7 @@
 
 #include <ATen/ops/isfinite.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -10,16 +11,16 @@
 
 namespace shardtrain::trainer {
 
+const std::vector<std::string>& NonfiniteModes() {
+  static const std::vector<std::string> modes = {"off", "error", "skip"};  // Mode's order
+  return modes;
+}
+
 NonfiniteCheck::NonfiniteCheck(const std::string& mode, bool check_gradients) : check_gradients_(check_gradients) {
-  if (mode == "off") {
-    mode_ = Mode::kOff;
-  } else if (mode == "error") {
-    mode_ = Mode::kError;
-  } else if (mode == "skip") {
-    mode_ = Mode::kSkip;
-  } else {
-    ST_THROW(InvalidArgumentError, "nonfinite must be \"off\", \"error\" or \"skip\", got \"", mode, "\"");
-  }
+  const auto& modes = NonfiniteModes();
+  const auto it = std::find(modes.begin(), modes.end(), mode);
+  ST_CHECK_ARG(it != modes.end(), "nonfinite must be \"off\", \"error\" or \"skip\", got \"", mode, "\"");
+  mode_ = static_cast<Mode>(it - modes.begin());
 }
 
 double NonfiniteCheck::LocalFlag(double loss,

@@ -38,6 +38,9 @@ class NonfiniteError : public Error {
   using Error::Error;
 };
 
+// TrainerOptions::nonfinite's values: off, error, skip.
+const std::vector<std::string>& NonfiniteModes();
+
 class NonfiniteCheck {
  public:
   // What each rank adds to the overflow slot when it found a non-finite value

@@ -223,8 +223,14 @@ class TorchProfiler : public Profiler {
 
 }  // namespace
 
+const std::vector<std::string>& ProfilerNames() {
+  static const std::vector<std::string> names = {"", "simple", "pytorch"};
+  return names;
+}
+
 void CheckProfilerOptions(const std::string& profiler, const std::string& profiler_steps) {
-  ST_CHECK_ARG(profiler.empty() || profiler == "simple" || profiler == "pytorch", "unknown profiler '", profiler,
+  const auto& names = ProfilerNames();
+  ST_CHECK_ARG(std::find(names.begin(), names.end(), profiler) != names.end(), "unknown profiler '", profiler,
                "'; valid: \"\" (off), \"simple\", \"pytorch\"");
   int64_t wait = 0, active = 0;
   ST_CHECK_ARG(ParseSteps(profiler_steps, &wait, &active), "profiler_steps must be \"wait:active\" (wait >= 0 ",

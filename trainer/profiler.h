@@ -102,6 +102,8 @@ class ProfileScope {
 // profiler_steps ("wait:active", wait >= 0, active >= 1); InvalidArgumentError
 // naming the valid forms.
 void CheckProfilerOptions(const std::string& profiler, const std::string& profiler_steps);
+// TrainerOptions::profiler's values: "" (off), simple, pytorch.
+const std::vector<std::string>& ProfilerNames();
 
 // The profiler for `kind` ("" -> nullptr), writing under `dir` (rank `rank`
 // of the job; the simple report only on rank 0). `cuda`: also trace CUDA.

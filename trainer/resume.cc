@@ -22,6 +22,11 @@ std::vector<std::string> RunCheckpointDirs(const std::string& root_dir, const st
   return dirs;
 }
 
+const std::vector<std::string>& ResumeModes() {
+  static const std::vector<std::string> modes = {"never", "auto"};
+  return modes;
+}
+
 std::string FindLatestCheckpoint(const std::string& root_dir, const std::string& logger_name) {
   std::string best;
   fs::file_time_type best_time;

@@ -25,6 +25,8 @@ std::vector<std::string> RunCheckpointDirs(const std::string& root_dir, const st
 // written by the newest run, whether periodic, at a preemption or at the end
 // (never an older run's last.ckpt when a newer run saved later). "" if none.
 std::string FindLatestCheckpoint(const std::string& root_dir, const std::string& logger_name);
+// TrainerOptions::resume's values: never, auto.
+const std::vector<std::string>& ResumeModes();
 
 // Removes what killed saves left in those directories (RemoveStaleTemporaries:
 // ".NAME.tmp.<pid>" files of dead processes, ".NAME.tmp-sharded" directories).

@@ -5,6 +5,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <cstdlib>
@@ -28,6 +29,7 @@
 #include "trainer/metric_log.h"
 #include "trainer/optimizer_ownership.h"
 #include "trainer/progress.h"
+#include "trainer/resume.h"
 #include "trainer/run_controls.h"
 #include "trainer/tensorboard_logger.h"
 
@@ -73,8 +75,9 @@ Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
     ST_CHECK_ARG(l == "csv" || l == "tensorboard", "unknown logger '", l, "'; valid: csv, tensorboard");
   }
   for (const auto& cb : o.callbacks) ST_CHECK_ARG(cb != nullptr, "TrainerOptions::callbacks holds a null callback");
-  ST_CHECK_ARG(o.resume == "never" || o.resume == "auto", "resume must be \"never\" or \"auto\", got \"", o.resume,
-               "\"");
+  const auto& resume_modes = ResumeModes();
+  ST_CHECK_ARG(std::find(resume_modes.begin(), resume_modes.end(), o.resume) != resume_modes.end(),
+               "resume must be \"never\" or \"auto\", got \"", o.resume, "\"");
   ST_CHECK_ARG(o.timeout.count() > 0, "timeout must be > 0 ms, got ", o.timeout.count(), " ms");
   comm::CheckStallOptions(o.stall_warning, o.stall_timeout, "TrainerOptions");
   CheckProfilerOptions(o.profiler, o.profiler_steps);

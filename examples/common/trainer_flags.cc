@@ -9,6 +9,9 @@
 #include "launch/launcher.h"
 #include "strategies/registry.h"
 #include "trainer/accelerator.h"
+#include "trainer/nonfinite.h"
+#include "trainer/profiler.h"
+#include "trainer/resume.h"
 #include "trainer/stop_signals.h"
 
 DEFINE_string(strategy, "fsdp_native", "strategy by registered name (fsdp_native, fsdp, ddp, single_device, ...)");
@@ -93,15 +96,16 @@ void CheckTrainerFlags() {
   } catch (const InvalidArgumentError&) {
     FailFlag("devices", FLAGS_devices, "auto or an integer in [1, 99999999] (ranks on this machine)");
   }
-  CheckChoiceFlag("accelerator", FLAGS_accelerator, {"cpu", "cuda", "gpu", "auto"});
+  CheckChoiceFlag("accelerator", FLAGS_accelerator, trainer::AcceleratorNames());
   CheckIntFlag("timeout_s", FLAGS_timeout_s, 1, 7 * 24 * 3600);
   // Below --timeout_s, or the collective's own timeout ends the wait first.
   CheckIntFlagOr("stall_warning_s", FLAGS_stall_warning_s, 0, "off", 1, FLAGS_timeout_s - 1);
   CheckIntFlagOr("stall_timeout_s", FLAGS_stall_timeout_s, 0, "off", 1, FLAGS_timeout_s - 1);
-  CheckChoiceFlag("nonfinite", FLAGS_nonfinite, {"off", "error", "skip"});
-  CheckChoiceFlag("resume", FLAGS_resume, {"never", "auto"});
+  CheckChoiceFlag("nonfinite", FLAGS_nonfinite, trainer::NonfiniteModes());
+  CheckChoiceFlag("resume", FLAGS_resume, trainer::ResumeModes());
   CheckChoiceFlag("precision", FLAGS_precision, strategies::PrecisionNames());
-  if (FLAGS_profiler != "" && FLAGS_profiler != "simple" && FLAGS_profiler != "pytorch") {
+  const auto& profilers = trainer::ProfilerNames();
+  if (std::find(profilers.begin(), profilers.end(), FLAGS_profiler) == profilers.end()) {
     FailFlag("profiler", FLAGS_profiler, "empty (off), simple or pytorch");
   }
 }

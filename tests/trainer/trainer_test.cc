@@ -8,6 +8,7 @@
 #include <torch/optim/adam.h>
 
 #include <cstdlib>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -22,6 +23,7 @@
 #include "trainer/csv_logger.h"
 #include "trainer/data.h"
 #include "trainer/progress.h"
+#include "trainer/resume.h"
 
 namespace shardtrain::trainer {
 namespace {
@@ -49,6 +51,32 @@ TrainerOptions BaseOptions(const std::string& root) {
   o.enable_progress_bar = false;
   o.seed = 3;
   return o;
+}
+
+// The choice lists the example flags offer come from the tables the Trainer
+// parses with: every listed value is accepted, and what is not listed is not.
+TEST(Trainer, ChoiceTablesAreWhatTheTrainerAccepts) {
+  auto accepted = [](const std::function<void(TrainerOptions&)>& set) {
+    TrainerOptions o;
+    set(o);
+    try {
+      Trainer t(o);
+      return true;
+    } catch (const InvalidArgumentError&) {
+      return false;
+    }
+  };
+  for (const auto& v : NonfiniteModes()) EXPECT_TRUE(accepted([&](TrainerOptions& o) { o.nonfinite = v; })) << v;
+  for (const auto& v : ResumeModes()) EXPECT_TRUE(accepted([&](TrainerOptions& o) { o.resume = v; })) << v;
+  for (const auto& v : ProfilerNames()) EXPECT_TRUE(accepted([&](TrainerOptions& o) { o.profiler = v; })) << v;
+  for (const auto& v : strategies::PrecisionNames()) {
+    EXPECT_TRUE(accepted([&](TrainerOptions& o) { o.precision = v; })) << v;
+  }
+  EXPECT_EQ(AcceleratorNames(), (std::vector<std::string>{"cpu", "cuda", "gpu", "auto"}));
+  EXPECT_FALSE(accepted([](TrainerOptions& o) { o.nonfinite = "warn"; }));
+  EXPECT_FALSE(accepted([](TrainerOptions& o) { o.resume = "always"; }));
+  EXPECT_FALSE(accepted([](TrainerOptions& o) { o.profiler = "advanced"; }));
+  EXPECT_FALSE(accepted([](TrainerOptions& o) { o.precision = "64-true"; }));
 }
 
 TEST(Trainer, EveryStrategyLearns) {
