@@ -60,7 +60,7 @@ void ValidateShardingOptions(const ShardingOptions& options) {
 
 void CheckMixedPrecisionDtype(const std::string& what, const std::optional<c10::ScalarType>& dtype) {
   ST_CHECK_ARG(!dtype || *dtype == c10::kFloat || *dtype == c10::kBFloat16 || *dtype == c10::kHalf, what,
-               " must be bf16, fp16 or fp32, got ", dtype ? c10::toString(*dtype) : "");
+               " must be bf16, fp16 or fp32, got ", c10::toString(*dtype));
 }
 
 c10::ScalarType ParamDtype(const ShardingOptions& options) {

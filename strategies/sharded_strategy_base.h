@@ -116,6 +116,15 @@ OptionRow<O> OptionTypeList(std::string key, std::vector<std::string> O::*field,
           }};
 }
 
+// The sharded_construction row both FSDP strategies offer (set_sharded_construction).
+template <typename O>
+OptionRow<O> OptionShardedConstruction(bool O::*field) {
+  return OptionBool("sharded_construction", field,
+                    "build each Sharded<> wrap point straight into this rank's shard while the Trainer runs "
+                    "configure_model (CPU; Lightning's init_module(empty_init=True)): no rank holds the whole model; "
+                    "a wrapped parameter read or written before the model is wrapped throws naming it (default true)");
+}
+
 }  // namespace shardtrain::strategies
 
 #endif  // SHARDTRAIN_STRATEGIES_SHARDED_STRATEGY_BASE_H_

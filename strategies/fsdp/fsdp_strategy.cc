@@ -35,10 +35,7 @@ const OptionTable<FsdpOptions>& FsdpOptions::Table() {
                    "as one collective; min_num_params merges small units"),
       OptionInt("min_num_params", &O::min_num_params,
                 "0 (default): every Sharded<> wrap point is a unit; N > 0: smaller wrap points join their parent"),
-      OptionBool("sharded_construction", &O::sharded_construction,
-                 "build each Sharded<> wrap point straight into this rank's shard while the Trainer runs "
-                 "configure_model (CPU; Lightning's init_module(empty_init=True)): no rank holds the whole model; a "
-                 "wrapped parameter read or written before the model is wrapped throws naming it (default true)"),
+      OptionShardedConstruction(&O::sharded_construction),
       OptionBool("state_dict_to_cpu", &O::state_dict_to_cpu,
                  "true only (the default): full state dicts and checkpoints are gathered into host memory unit by "
                  "unit, so the whole model never sits on the device"),

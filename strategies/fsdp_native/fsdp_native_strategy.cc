@@ -103,10 +103,7 @@ const OptionTable<FsdpNativeOptions>& FsdpNativeOptions::Table() {
                    "units of the listed module types recompute forward in backward (default none)"),
       OptionTypeList("activation_checkpointing", &O::activation_checkpointing,
                      "Lightning's spelling of the same: a list of module types (give one of the two)"),
-      OptionBool("sharded_construction", &O::sharded_construction,
-                 "build each Sharded<> wrap point straight into this rank's shard while the Trainer runs "
-                 "configure_model (CPU; Lightning's init_module(empty_init=True)): no rank holds the whole model; a "
-                 "wrapped parameter read or written before the model is wrapped throws naming it (default true)"),
+      OptionShardedConstruction(&O::sharded_construction),
       OptionString("state_dict_type", "full|sharded", &O::state_dict_type,
                    "checkpoint format: one full file (default) or one piece per rank (LOCAL is not supported)"),
   });
