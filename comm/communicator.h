@@ -29,6 +29,25 @@ namespace shardtrain::comm {
 // Default timeout of every collective (as c10d's kProcessGroupDefaultTimeout).
 inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(30);
 
+// The time limits every backend's communicator keeps: GlooOptions and
+// NcclOptions inherit them (so `options.timeout` reads as before), and the
+// Trainer fills one from TrainerOptions' fields of the same names.
+struct CommLimits {
+  // Creation and every collective; CommTimeoutError after it.
+  std::chrono::milliseconds timeout = kDefaultTimeout;
+  // While this rank is blocked in a collective, it reads its peers'
+  // heartbeats and logs a warning, once per stall, naming a peer (rank, pid,
+  // host, its last collective) that has made no progress for `stall_warning`:
+  // its heartbeat stopped (process stopped or hung) or it has not issued this
+  // collective (comm/peer_watch.h). 0 turns the warning off. Needs heartbeats
+  // (the options' heartbeat_period > 0, W > 1).
+  std::chrono::milliseconds stall_warning = std::chrono::seconds(60);
+  // If > 0: a stall that lasts this long fails the blocked collective (and the
+  // group) with CommTimeoutError naming the peer, long before `timeout`.
+  // 0 (the default): only `timeout` ends a wait.
+  std::chrono::milliseconds stall_timeout{0};
+};
+
 enum class ReduceOp { kSum, kAvg, kMax, kMin };
 const char* ReduceOpName(ReduceOp op);
 

@@ -41,9 +41,12 @@ class Work;
 
 namespace shardtrain::comm {
 
-struct GlooOptions {
+// Gloo's options; timeout, stall_warning and stall_timeout come from CommLimits
+// (comm/communicator.h). Destroying a communicator that failed by
+// stall_timeout leaves Gloo's threads still waiting on the peer to the
+// process's exit instead of joining them (which would block until `timeout`).
+struct GlooOptions : CommLimits {
   std::string name = "world";
-  std::chrono::milliseconds timeout = kDefaultTimeout;
   // Address or hostname this rank listens on; empty = $GLOO_SOCKET_IFNAME's
   // interface if set, else the address the rendezvous gives: for a TCPStore
   // the local address that reaches its host (loopback for a single-host run,
@@ -64,19 +67,6 @@ struct GlooOptions {
   // and names the dead, hung or lagging rank in the error. Zero turns it off
   // (errors then name only the operation and the group).
   std::chrono::milliseconds heartbeat_period = std::chrono::seconds(1);
-  // While this rank is blocked in a collective, it reads its peers' heartbeats
-  // (every heartbeat_period, from one period into the wait) and logs a warning,
-  // once per stall, naming a peer (rank, pid, host, its last collective) that
-  // has made no progress for `stall_warning`: its heartbeat stopped (process
-  // stopped or hung) or it has not issued this collective (see comm/peer_watch.h).
-  // 0 turns the warning off. Needs heartbeats (heartbeat_period > 0, W > 1).
-  std::chrono::milliseconds stall_warning = std::chrono::seconds(60);
-  // If > 0: a stall that lasts this long fails the blocked collective (and the
-  // group) with CommTimeoutError naming the peer, long before `timeout`.
-  // 0 (the default): only `timeout` ends a wait. Destroying a communicator
-  // that failed so leaves Gloo's threads still waiting on the peer to the
-  // process's exit instead of joining them (which would block until `timeout`).
-  std::chrono::milliseconds stall_timeout{0};
   // When all ranks of the group run on this host: move all-gathers,
   // reduce-scatters, floating SUM/AVG all-reduces and the signature check
   // through shared memory (a ring buffer of `shared_memory_ring_bytes` per pair

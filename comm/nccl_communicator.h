@@ -57,9 +57,10 @@
 
 namespace shardtrain::comm {
 
-struct NcclOptions {
+// NCCL's options; timeout, stall_warning and stall_timeout come from CommLimits
+// (comm/communicator.h).
+struct NcclOptions : CommLimits {
   std::string name = "world";
-  std::chrono::milliseconds timeout = kDefaultTimeout;
   // CUDA device of this rank; -1: the calling thread's current CUDA device.
   int device = -1;
   // false (default): Wait() orders the caller's current stream after the
@@ -71,7 +72,7 @@ struct NcclOptions {
   // How often the watchdog checks collectives in flight; 0 disables it (only
   // Wait() then enforces timeouts).
   std::chrono::milliseconds watchdog_interval = std::chrono::milliseconds(100);
-  // Stalled peers, as GlooOptions' fields of the same names (comm/stall_watch.h):
+  // Stalled peers (CommLimits' stall_warning, stall_timeout; comm/stall_watch.h):
   // with W > 1, heartbeat_period > 0 and stall_warning or stall_timeout > 0,
   // every rank publishes a heartbeat (collectives issued) to the store every
   // heartbeat_period; while a collective of this rank is in flight (issued,
@@ -81,8 +82,6 @@ struct NcclOptions {
   // CommTimeoutError naming that peer. The time counts from the enqueue,
   // including GPU work queued before the collective on this rank.
   std::chrono::milliseconds heartbeat_period = std::chrono::seconds(1);
-  std::chrono::milliseconds stall_warning = std::chrono::seconds(60);  // 0: no warning
-  std::chrono::milliseconds stall_timeout{0};                          // 0: only `timeout`
 };
 
 namespace internal {

@@ -1,4 +1,4 @@
-// Time blocked in Work::Wait, for profilers (trainer/profiler.h).
+// Time blocked in Work::Wait, for profilers (trainer/profilers/profiler.h).
 //
 // A profiler installs a WaitTimeSink on the thread that drives training; from
 // then on every Work::Wait() on that thread (Gloo, NCCL) adds the time it was

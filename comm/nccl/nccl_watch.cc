@@ -1,4 +1,4 @@
-// NcclState (comm/nccl_state.h): the fault state of an NCCL communicator and
+// NcclState (comm/nccl/internal/nccl_state.h): the fault state of an NCCL communicator and
 // its bounded waits. Every wait polls (a CUDA event, NCCL's asynchronous
 // state) against a deadline with WaitWithDeadline (comm/deadline_wait.h);
 // on expiry the communicator is marked failed, ncclCommAbort runs on a thread
@@ -9,7 +9,7 @@
 #include <cstdio>
 
 #include "comm/deadline_wait.h"
-#include "comm/nccl_state.h"
+#include "comm/nccl/internal/nccl_state.h"
 
 namespace shardtrain::comm::internal {
 

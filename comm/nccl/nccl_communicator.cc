@@ -16,9 +16,9 @@
 #include <optional>
 
 #include "base/errors.h"
-#include "comm/nccl_check.h"
 #include "comm/heartbeat_store.h"
-#include "comm/nccl_state.h"
+#include "comm/nccl/internal/nccl_check.h"
+#include "comm/nccl/internal/nccl_state.h"
 #include "comm/wait_time.h"
 
 namespace shardtrain::comm {

@@ -10,8 +10,8 @@
 // nonblocking communicators (ncclConfig_t::blocking = 0) return it for calls
 // that are still being enqueued or initialized; the caller then polls
 // ncclCommGetAsyncError (see NcclCommunicator).
-#ifndef SHARDTRAIN_COMM_NCCL_CHECK_H_
-#define SHARDTRAIN_COMM_NCCL_CHECK_H_
+#ifndef SHARDTRAIN_COMM_NCCL_INTERNAL_NCCL_CHECK_H_
+#define SHARDTRAIN_COMM_NCCL_INTERNAL_NCCL_CHECK_H_
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -55,4 +55,4 @@ namespace shardtrain::comm::internal {
     }                                                                                            \
   } while (0)
 
-#endif  // SHARDTRAIN_COMM_NCCL_CHECK_H_
+#endif  // SHARDTRAIN_COMM_NCCL_INTERNAL_NCCL_CHECK_H_

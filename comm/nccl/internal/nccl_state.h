@@ -1,8 +1,8 @@
 // Internal to //comm:nccl: the state an NcclCommunicator shares with its Work
 // handles (the NCCL communicator, its stream, the collectives in flight and
 // the fault state), and the bounded waits on it (comm/nccl_watch.cc).
-#ifndef SHARDTRAIN_COMM_NCCL_STATE_H_
-#define SHARDTRAIN_COMM_NCCL_STATE_H_
+#ifndef SHARDTRAIN_COMM_NCCL_INTERNAL_NCCL_STATE_H_
+#define SHARDTRAIN_COMM_NCCL_INTERNAL_NCCL_STATE_H_
 
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -106,4 +106,4 @@ struct NcclState {
 
 }  // namespace shardtrain::comm::internal
 
-#endif  // SHARDTRAIN_COMM_NCCL_STATE_H_
+#endif  // SHARDTRAIN_COMM_NCCL_INTERNAL_NCCL_STATE_H_
