@@ -1,4 +1,4 @@
-// One rank of tests/comm/process_test.sh: a real process that finds its place
+// One rank of tests/launch/process_test.sh: a real process that finds its place
 // in the job with DetectClusterEnvironment (torchrun, shardtrain_launch, ...),
 // joins the rendezvous store with comm::CreateStore (under torchrun's agent
 // store every rank is a TCPStore client under /worker/attempt_<restart count>),

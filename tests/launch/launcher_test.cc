@@ -40,7 +40,7 @@ std::string Runfile(const std::string& path) {
   return base + "/" + (workspace ? workspace : "shardtrain") + "/" + path;
 }
 
-std::string HelperPath() { return Runfile("tests/comm/launcher_test_helper"); }
+std::string HelperPath() { return Runfile("tests/launch/launcher_test_helper"); }
 std::string LaunchBinaryPath() { return Runfile("launch/shardtrain_launch"); }
 
 std::string ReadFile(const std::string& path) {

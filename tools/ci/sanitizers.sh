@@ -5,8 +5,8 @@
 #   tools/ci/sanitizers.sh [asan|tsan|fuzz|all] [-- BAZEL FLAGS AND TARGETS...]
 #
 #   asan  (default) --config=asan (AddressSanitizer + UndefinedBehaviorSanitizer) on
-#         //tests/comm/... and //tests/sharding/... (.ci/run runs this step)
-#   tsan  --config=tsan on every test of //tests/comm, //tests/sharding and
+#         //tests/comm/..., //tests/launch/... and //tests/sharding/... (.ci/run runs this step)
+#   tsan  --config=tsan on every test of //tests/comm, //tests/launch, //tests/sharding and
 #         //tests/trainer but $TSAN_EXCLUDED below (the process tests run their
 #         binaries built with TSan too). LibTorch and Gloo are not instrumented;
 #         tsan.supp lists the reports whose other side is inside them. Not in
@@ -40,8 +40,8 @@ TARGETS=()
 for arg in "$@"; do
   if [[ "$arg" == -* ]]; then FLAGS+=("$arg"); else TARGETS+=("$arg"); fi
 done
-ASAN_TARGETS=(//tests/comm/... //tests/sharding/...)
-TSAN_TARGETS=(//tests/comm/... //tests/sharding/... //tests/trainer/...)
+ASAN_TARGETS=(//tests/comm/... //tests/launch/... //tests/sharding/...)
+TSAN_TARGETS=(//tests/comm/... //tests/launch/... //tests/sharding/... //tests/trainer/...)
 # Left out of the default TSan run (name one after `--` to run it anyway):
 # - //tests/comm:nccl_communicator_test: CUDA only (incompatible without
 #   --config=cuda, so the pattern skips it); NCCL is not instrumented either.
