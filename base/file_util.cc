@@ -1,4 +1,4 @@
-#include "trainer/file_util.h"
+#include "base/file_util.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -11,7 +11,7 @@
 
 #include "base/errors.h"
 
-namespace shardtrain::trainer {
+namespace shardtrain {
 namespace fs = std::filesystem;
 
 namespace {
@@ -117,4 +117,4 @@ std::vector<std::string> RemoveStaleTemporaries(const std::string& dir) {
   return removed;
 }
 
-}  // namespace shardtrain::trainer
+}  // namespace shardtrain

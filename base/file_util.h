@@ -1,13 +1,13 @@
-// Small file-system helpers the trainer's writers share (plain C++, no torch):
+// Small file-system helpers the writers share (plain C++, no torch):
 // one atomic file writer (checkpoint metadata, hparams.yaml, metrics.csv) and
 // the removal of what killed writers leave behind.
-#ifndef SHARDTRAIN_TRAINER_FILE_UTIL_H_
-#define SHARDTRAIN_TRAINER_FILE_UTIL_H_
+#ifndef SHARDTRAIN_BASE_FILE_UTIL_H_
+#define SHARDTRAIN_BASE_FILE_UTIL_H_
 
 #include <string>
 #include <vector>
 
-namespace shardtrain::trainer {
+namespace shardtrain {
 
 // The temporary name an atomic writer of `path` uses: ".NAME.tmp.<pid>"
 // (".NAME.tmp.<pid>.<suffix>" with a suffix, for several writers in one
@@ -33,6 +33,6 @@ bool LinkFileAtomically(const std::string& target, const std::string& path);
 // Returns what it removed (missing `dir`: nothing). Never throws.
 std::vector<std::string> RemoveStaleTemporaries(const std::string& dir);
 
-}  // namespace shardtrain::trainer
+}  // namespace shardtrain
 
-#endif  // SHARDTRAIN_TRAINER_FILE_UTIL_H_
+#endif  // SHARDTRAIN_BASE_FILE_UTIL_H_

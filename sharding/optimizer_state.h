@@ -6,7 +6,7 @@
 // SGD's momentum_buffer, ...) are laid out like those tensors, so a unit's
 // state can be laid out like the unit's flat shard and then gathered,
 // resharded and consolidated exactly like the parameters. Which state an
-// optimizer holds is the caller's business (trainer/checkpoint_state.cc reads
+// optimizer holds is the caller's business (trainer/connectors/checkpoint_state.cc reads
 // and writes LibTorch's optimizers): these functions take and return it as
 // OptimizerStates, parallel to the optimized tensors `params` (a subset of
 // model.parameters(), in any order). Strategies reach these through the

@@ -1,7 +1,7 @@
 // SourceReleaseScope: what to do with a full tensor once this rank has read
 // its slice of it during a load.
 //
-// A full checkpoint is mapped from its file (trainer/archive.h MapArchive),
+// A full checkpoint is mapped from its file (trainer/checkpoint_io/archive.h MapArchive),
 // and each rank copies only its slice of every record into its shards
 // (FlatParameter::ShardOfFull). The pages a rank reads stay resident in its
 // process until the mapping goes, so without help a rank's resident memory

@@ -157,7 +157,7 @@ class Strategy {
   virtual bool prefers_sharded_checkpoint() const { return false; }
 
   // --- Model summary ----------------------------------------------------------
-  // One row of the Trainer's model summary (trainer/model_summary.h).
+  // One row of the Trainer's model summary (trainer/callbacks/model_summary.h).
   struct UnitSummary {
     std::string name;            // module path of the unit ("": the root)
     int64_t parameters = 0;      // parameter elements of the whole unit (a tied weight once)
@@ -174,7 +174,7 @@ class Strategy {
 
   // --- Checkpoint state -----------------------------------------------------
   // What the model's and optimizer's state are, for the Trainer's checkpoint
-  // files (trainer/checkpoint_state.cc reads and writes the files; how state
+  // files (trainer/connectors/checkpoint_state.cc reads and writes the files; how state
   // is sharded, gathered and resharded stays in the strategy and, for sharded
   // strategies, in sharding/optimizer_state.h). `params` are the tensors an
   // optimizer steps (a subset of parameters()) and `states` their state, in

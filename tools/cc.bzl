@@ -34,7 +34,7 @@ def _st_cc_link_only_impl(ctx):
 
 # Forwards only what its deps add to a link (libraries, link options), none of
 # their headers, include paths or defines. A library that implements part of its
-# API in a configuration-specific dependency (//trainer:accelerator's CUDA
+# API in a configuration-specific dependency (//trainer/plugins:accelerator's CUDA
 # backend) links it through this rule, so that its dependents' compile commands
 # stay the same in every configuration and --config=cuda reuses the CPU build's
 # compiles (docs/build.md, "CI time budget").
@@ -42,3 +42,15 @@ st_cc_link_only = rule(
     implementation = _st_cc_link_only_impl,
     attrs = {"deps": attr.label_list(providers = [CcInfo])},
 )
+
+# A library kept at its old label for one release after its code moved
+# (docs/migration.md): its header at the old path forwards to the new one, and
+# Bazel warns every dependent with `deprecation`, naming the new label.
+def st_forwarding_library(name, hdr, actual):
+    cc_library(
+        name = name,
+        hdrs = [hdr],
+        deps = [actual],
+        deprecation = "moved to %s (docs/migration.md); this label goes in the next release" % actual,
+        visibility = ["//visibility:public"],
+    )

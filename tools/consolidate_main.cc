@@ -1,6 +1,6 @@
 // consolidate: turns a sharded checkpoint directory (one file per rank,
-// trainer/sharded_checkpoint.h) into one full checkpoint file, the format the
-// Trainer writes for full checkpoints (trainer/checkpoint.h): the model's full
+// trainer/checkpoint_io/sharded_checkpoint.h) into one full checkpoint file, the format the
+// Trainer writes for full checkpoints (trainer/checkpoint_io/checkpoint.h): the model's full
 // state dict (a plain {name: tensor} dict for Python's torch.load), the
 // optimizer state by parameter name, loop state, RNG state, hyperparameters
 // and callback states. The result resumes at any world size.
@@ -15,8 +15,8 @@
 #include <iostream>
 #include <string>
 
-#include "trainer/checkpoint.h"
-#include "trainer/sharded_checkpoint.h"
+#include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/sharded_checkpoint.h"
 
 namespace {
 std::string FromUserDir(const std::string& p) {

@@ -15,7 +15,7 @@
 //   trainer.Fit(module, data);        // prepare_data, setup(kFit), train + val, teardown(kFit)
 //   trainer.Validate(module, data);   // prepare_data, setup(kValidate), val, teardown(kValidate)
 //
-// The Trainer makes the loaders (trainer/data_loader.h: its batch_size,
+// The Trainer makes the loaders (trainer/data/data_loader.h: its batch_size,
 // shuffle, drop_last, num_workers, prefetch_factor and the
 // DistributedSampler), so a DataModule gives data sets, not loaders.
 #ifndef SHARDTRAIN_TRAINER_DATA_MODULE_H_
@@ -23,7 +23,7 @@
 
 #include <string>
 
-#include "trainer/data.h"
+#include "trainer/data/data.h"
 
 namespace shardtrain::trainer {
 

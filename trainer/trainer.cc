@@ -23,15 +23,15 @@
 #include "launch/cluster_environment.h"
 #include "launch/cluster_rendezvous.h"
 #include "launch/launcher.h"
-#include "trainer/checkpoint.h"
-#include "trainer/checkpoint_state.h"
-#include "trainer/csv_logger.h"
-#include "trainer/metric_log.h"
-#include "trainer/optimizer_ownership.h"
-#include "trainer/progress.h"
-#include "trainer/resume.h"
-#include "trainer/run_controls.h"
-#include "trainer/tensorboard_logger.h"
+#include "trainer/callbacks/progress.h"
+#include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/resume.h"
+#include "trainer/connectors/internal/checkpoint_state.h"
+#include "trainer/connectors/internal/metric_log.h"
+#include "trainer/connectors/internal/optimizer_ownership.h"
+#include "trainer/loggers/csv_logger.h"
+#include "trainer/loggers/tensorboard_logger.h"
+#include "trainer/loops/run_controls.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;
@@ -126,53 +126,6 @@ std::string Trainer::optimizer_name() const {
   return kind.empty() ? "Optimizer" : kind;
 }
 
-void Trainer::SetupProcesses() {
-  if (world_) return;
-  const int W = devices_ * options_.num_nodes;
-  const bool cuda = accelerator_ == "cuda";
-  if (W == 1) {
-    if (cuda) {
-      SetCurrentDevice(RankDevice(accelerator_, 0));
-      world_ = CreateNcclCommunicator(comm::CreateHashStore(), 0, 1, 0, CommLimits{options_.timeout});
-      return;
-    }
-    comm::GlooOptions go;
-    go.hostname = "127.0.0.1";
-    go.timeout = options_.timeout;
-    world_ = comm::GlooCommunicator::Create(comm::CreateHashStore(), 0, 1, go);
-    return;
-  }
-  ClusterInfo info = DetectClusterEnvironment();
-  if (info.source == "single" && std::getenv(kLaunchedEnvVar) == nullptr) {
-    ST_CHECK_ARG(options_.num_nodes == 1, "num_nodes=", options_.num_nodes,
-                 " needs an external launcher (torchrun, srun, mpirun); none was detected");
-    LaunchOptions lo;
-    lo.num_ranks = devices_;
-    LaunchLocalRanks(lo);
-    info = DetectClusterEnvironment();
-  }
-  // The launcher gives the ranks it starts OMP_NUM_THREADS (cores split
-  // between local ranks); this process's OpenMP read the environment before.
-  if (const char* t = std::getenv("OMP_NUM_THREADS")) at::set_num_threads(std::max(1, std::atoi(t)));
-  ST_CHECK_ARG(info.world_size == W, "the job has ", info.world_size, " ranks (", info.source,
-               ") but devices * num_nodes = ", W);
-  SetLogRank(info.rank, info.world_size);
-  comm::RendezvousOptions ro = RendezvousOptionsFor(info);
-  ro.timeout = options_.timeout;
-  cluster_ = info;
-  if (cuda) {
-    SetCurrentDevice(RankDevice(accelerator_, info.local_rank));
-    world_ = CreateNcclCommunicator(comm::CreateStore(ro), info.rank, info.world_size, info.local_rank,
-                                    CommLimits{options_.timeout, options_.stall_warning, options_.stall_timeout});
-  } else {
-    comm::GlooOptions go;
-    go.timeout = options_.timeout;
-    go.stall_warning = options_.stall_warning;
-    go.stall_timeout = options_.stall_timeout;
-    world_ = comm::GlooCommunicator::Create(comm::CreateStore(ro), info.rank, info.world_size, go);
-  }
-}
-
 void Trainer::SetupModel(TrainingModule& module) {
   if (module_ == &module && strategy_ && strategy_->wrapped()) return;
   ST_CHECK_ARG(module_ == nullptr, "this Trainer already set up another module; use one Trainer per module");
@@ -211,7 +164,7 @@ void Trainer::SetupModel(TrainingModule& module) {
     model = module.configure_model();
   }
   ST_CHECK_ARG(model != nullptr, "configure_model returned no module");
-  if (options_.sync_batchnorm) {  // trainer/sync_batchnorm.h
+  if (options_.sync_batchnorm) {  // trainer/plugins/sync_batchnorm.h
     sync_bn_ = std::make_unique<SyncBatchNormConversion>(ConvertSyncBatchNorm(*model, world_));
   }
   if (device_.is_cuda()) model->to(device_);
@@ -221,7 +174,7 @@ void Trainer::SetupModel(TrainingModule& module) {
   internal::CheckOptimizerOwnsParameters(*opt_.optimizer, strategy_->parameters(), strategy_->name());
   initial_lrs_.clear();
   for (auto& g : opt_.optimizer->param_groups()) initial_lrs_.push_back(g.options().get_lr());
-  SetupLRSchedulers();  // trainer/lr_scheduler_steps.cc
+  SetupLRSchedulers();  // trainer/loops/lr_stepping.cc
 }
 
 Batch Trainer::ToDevice(Batch b) const {
@@ -277,43 +230,7 @@ void Trainer::SyncShouldStop() {
   should_stop_ = strategy_->ReduceMax(should_stop_ ? 1.0 : 0.0) > 0;
 }
 
-// RunValidation: trainer/eval_loop.cc (the evaluation loop it shares with Test and Predict).
-
-void Trainer::SetupLoggers(TrainingModule& module) {
-  if (loggers_set_up_) return;
-  const auto& o = options_;
-  loggers_.clear();
-  if (rank() == 0 && o.enable_logger) {
-    int version = -1;
-    for (const auto& name : o.loggers) {
-      if (name == "csv") {
-        auto l = std::make_shared<CsvLogger>(o.default_root_dir, o.logger_name, version);
-        version = l->version();
-        loggers_.push_back(l);
-      } else if (name == "tensorboard") {
-        auto l = std::make_shared<TensorBoardLogger>(o.default_root_dir, o.logger_name, version);
-        version = l->version();
-        loggers_.push_back(l);
-      }
-    }
-    for (const auto& l : o.logger_objects) {
-      if (l) loggers_.push_back(l);
-    }
-    auto hp = module.hparams();
-    hp.emplace("strategy", strategy_->name());
-    hp.emplace("precision", o.precision);
-    hp.emplace("accelerator", accelerator_);
-    hp.emplace("world_size", std::to_string(world_size()));
-    hp.emplace("batch_size", std::to_string(o.batch_size));
-    hp.emplace("accumulate_grad_batches", std::to_string(o.accumulate_grad_batches));
-    hp.emplace("seed", std::to_string(o.seed));
-    for (auto& l : loggers_) l->LogHyperparams(hp);
-  }
-  // Every rank must agree on the directory: rank 0 has the loggers.
-  const std::string root = BroadcastString(loggers_.empty() ? o.default_root_dir : loggers_.front()->log_dir());
-  ckpt_dir_ = (fs::path(root) / "checkpoints").string();
-  loggers_set_up_ = true;
-}
+// RunValidation: trainer/loops/eval_loop.cc (the evaluation loop it shares with Test and Predict).
 
 double Trainer::Validate(TrainingModule& module, const Dataset& val) {
   SetupProcesses();

@@ -24,12 +24,12 @@
 // synchronization (and, with "16-mixed", after the GradScaler unscaled them;
 // a step that overflowed on any rank is skipped on all); the loss is logged
 // as the rank- and micro-batch mean.
-// Checkpoints (trainer/checkpoint.h) go to <log_dir>/checkpoints/: last.ckpt at
+// Checkpoints (trainer/checkpoint_io/checkpoint.h) go to <log_dir>/checkpoints/: last.ckpt at
 // each epoch end and at the end of fit, and step=N.ckpt every
 // checkpoint_every_n_steps — or, with a ModelCheckpoint callback
 // (trainer/callbacks.h), where and when it says. A strategy that prefers
 // sharded checkpoints (fsdp_native state_dict_type=sharded) writes them as
-// directories with one file per rank (trainer/sharded_checkpoint.h).
+// directories with one file per rank (trainer/checkpoint_io/sharded_checkpoint.h).
 // Fit(..., ckpt_path) resumes exactly where the checkpoint was taken (model,
 // optimizer, loop position, CPU RNG state, callback states, the 16-mixed
 // GradScaler), from a full file or a sharded directory, at the same or (for
@@ -63,198 +63,23 @@
 #include "comm/communicator.h"
 #include "strategies/registry.h"
 #include "strategies/strategy.h"
-#include "trainer/accelerator.h"
-#include "trainer/callbacks.h"
-#include "trainer/data.h"
-#include "trainer/data_loader.h"
+#include "trainer/callbacks/callback.h"
+#include "trainer/callbacks/early_stopping.h"
+#include "trainer/callbacks/learning_rate_monitor.h"
+#include "trainer/callbacks/model_checkpoint.h"
+#include "trainer/data/data.h"
+#include "trainer/data/data_loader.h"
 #include "trainer/data_module.h"
-#include "trainer/grad_scaler.h"
-#include "trainer/logger.h"
-#include "trainer/profiler.h"
-#include "trainer/sync_batchnorm.h"
-#include "trainer/nonfinite.h"
+#include "trainer/loggers/logger.h"
+#include "trainer/loops/nonfinite.h"
+#include "trainer/optim/grad_scaler.h"
+#include "trainer/plugins/accelerator.h"
+#include "trainer/plugins/sync_batchnorm.h"
+#include "trainer/profilers/profiler.h"
+#include "trainer/trainer_options.h"
 #include "trainer/training_module.h"
 
 namespace shardtrain::trainer {
-
-// What Trainer::SaveCheckpoint writes.
-enum class CheckpointFormat {
-  kAuto,     // sharded if the strategy prefers it (fsdp_native state_dict_type=sharded), else full
-  kFull,     // one file written by rank 0 (trainer/checkpoint.h)
-  kSharded,  // a directory, one file per rank (trainer/sharded_checkpoint.h); sharded strategies only
-};
-
-// max_epochs when neither max_epochs nor max_steps is given (Lightning's).
-inline constexpr int64_t kDefaultMaxEpochs = 1000;
-
-struct TrainerOptions {
-  // "cpu", "cuda" (alias "gpu": one rank per CUDA device, cuda:<local rank>,
-  // model and batches moved there, NCCL between ranks; needs a build with
-  // --config=cuda and a visible device), or "auto" (cuda when both hold, else
-  // cpu). Checked at construction (trainer/accelerator.h).
-  std::string accelerator = "auto";
-  // Ranks per node; kAutoDevices (trainer/accelerator.h) is Lightning's
-  // devices="auto": every visible CUDA device with cuda, 1 on cpu.
-  int devices = 1;
-  int num_nodes = 1;
-  // Strategy by registered name ("auto": ddp when several ranks, else
-  // single_device) with string options, or an object (wins when set).
-  std::string strategy = "auto";
-  strategies::StrategyOptions strategy_options;
-  strategies::StrategyPtr strategy_object;
-  // Build the model shard by shard inside configure_model (Lightning's
-  // init_module(empty_init=True)): set, it overrides the strategy's own
-  // sharded_construction option; unset, the strategy decides. true needs a
-  // sharded strategy (fsdp, fsdp_native); see strategies/sharded_strategy_base.h.
-  std::optional<bool> sharded_construction;
-  std::string precision = "32-true";  // "32-true", "bf16-mixed", "16-mixed", "bf16-true"
-  // Dynamic loss scaling for "16-mixed" (trainer/grad_scaler.h): the loss is
-  // scaled before backward, gradients are unscaled before clipping, steps
-  // whose gradients overflow on any rank are skipped on every rank (the
-  // optimizer does not step; global_step and the LR schedule still advance,
-  // as in Lightning) and the scale backs off. Unused by other precisions.
-  GradScalerOptions grad_scaler;
-  // Epochs to train; -1: unlimited (needs max_steps). Unset, as Lightning's
-  // max_epochs=None: kDefaultMaxEpochs (1000) when max_steps is -1, else
-  // unlimited (max_steps alone decides).
-  std::optional<int64_t> max_epochs;
-  int64_t max_steps = -1;             // optimizer steps; -1: no limit
-  int64_t accumulate_grad_batches = 1;
-  double gradient_clip_val = 0;       // 0: no clipping
-  std::string gradient_clip_algorithm = "norm";  // "norm" or "value"
-  // When to validate during Fit, counted in training batches (micro-batches,
-  // per rank; equal to optimizer steps when accumulate_grad_batches is 1),
-  // within each epoch (the count restarts every epoch), as Lightning:
-  //   in (0, 1]  a fraction of the epoch's batches: validate after every
-  //              floor(fraction * batches) of them (1.0, the default: once,
-  //              at the end of each epoch; 0.25: four times per epoch);
-  //   > 1        every N training batches (Lightning's int N; 1 training
-  //              batch has no spelling here: use 1.0 / batches per epoch).
-  // Validation metrics are logged at the global step at which it ran.
-  double val_check_interval = 1.0;
-  // <= 1.0: fraction of the batches; > 1: number of batches (per epoch, per rank).
-  double limit_train_batches = 1.0;
-  double limit_val_batches = 1.0;
-  int64_t log_every_n_steps = 50;
-  std::string default_root_dir = ".";
-  std::string logger_name = "lightning_logs";
-  bool enable_checkpointing = true;
-  int64_t checkpoint_every_n_steps = 0;  // 0: only at epoch ends and the end of fit
-  bool enable_progress_bar = true;
-  bool enable_logger = true;
-  // Loggers by name when enable_logger: "csv" (CsvLogger) and/or
-  // "tensorboard" (TensorBoardLogger); they share one version_N directory.
-  std::vector<std::string> loggers = {"csv"};
-  // Further loggers (used on rank 0, after the named ones).
-  std::vector<std::shared_ptr<Logger>> logger_objects;
-  // Run in this order at each hook (trainer/callbacks.h). A ModelCheckpoint
-  // here replaces the built-in checkpointing (last.ckpt, checkpoint_every_n_steps).
-  std::vector<CallbackPtr> callbacks;
-  // Sampler shuffling and the CPU RNG before configure_model; 0 (not given):
-  // the seed of the last SeedEverything (trainer/run_controls.h), if any.
-  uint64_t seed = 0;
-  // Deterministic algorithms only (at::globalContext); an operation without
-  // one fails Fit with an error that names it (trainer/run_controls.h).
-  bool deterministic = false;
-  // The data loader part (Lightning keeps it in the DataLoader).
-  int64_t batch_size = 8;      // per rank
-  int64_t val_batch_size = 0;  // 0: batch_size
-  bool shuffle = true;
-  bool drop_last = false;      // drop the last partial batch; ranks are always padded to equal shares
-  // ---- Background loading (data) ----
-  // Threads per rank that prepare the training and validation batches ahead
-  // of the step (trainer/data_loader.h), in the sampler's order: the same
-  // batches, hence the same losses, at any value; 0: on the training thread.
-  // With > 0 the Dataset's get_batch runs on several threads at once.
-  // In [0, kMaxDataLoaderWorkers].
-  int num_workers = 0;
-  // Batches prepared ahead per worker (>= 1; at most num_workers *
-  // prefetch_factor wait at a time). Unused when num_workers is 0.
-  int prefetch_factor = 2;
-  // "never", or "auto": a Fit given no ckpt_path resumes from the newest
-  // complete checkpoint under default_root_dir when there is one
-  // (FindLatestCheckpoint in trainer/resume.h; as ckpt_path="last"), and
-  // starts afresh when there is none: a requeued SLURM job or a torchrun
-  // --max-restarts restart continues with the same command line.
-  std::string resume = "never";
-  // Limit on every collective and on the rendezvous (meeting the other
-  // ranks) of a Trainer that makes its own processes; PyTorch's default.
-  // Must be > 0. (An injected communicator keeps its own.)
-  std::chrono::milliseconds timeout = std::chrono::minutes(30);
-
-  // ---- Run controls (trainer/run_controls.h, trainer/model_summary.h) ----
-  // Lightning's fast_dev_run: 0 off; N > 0 (true = 1) runs N training and N
-  // validation batches (and N test/predict batches) once to find bugs:
-  // max_epochs 1, max_steps N, no sanity check, no loggers, no checkpoints
-  // (ModelCheckpoint, EarlyStopping and LearningRateMonitor callbacks are
-  // dropped). options() shows the options in effect.
-  int64_t fast_dev_run = 0;
-  // Validation batches run before the first training batch of Fit (when a
-  // validation set is given) to catch bugs in validation_step early; their
-  // results and log() calls are discarded. -1: all (limited) validation batches; 0: off.
-  int64_t num_sanity_val_steps = 2;
-  // Validate (as val_check_interval says) only in every N-th epoch (N >= 1).
-  int64_t check_val_every_n_epoch = 1;
-  // Overfit a few batches: 0 off; in (0, 1) a fraction of the training
-  // batches, >= 1 a count (1: one batch). Training runs on the first batches
-  // without shuffling, and validation (when a validation set is given) on the
-  // same batches of the training set.
-  double overfit_batches = 0;
-  // As limit_val_batches, for Test and Predict (LimitBatches in trainer/run_controls.h).
-  double limit_test_batches = 1.0;
-  double limit_predict_batches = 1.0;
-  // At the start of Fit rank 0 prints a table of the model's units:
-  // parameters, trainable, shard elements and bytes per rank (trainer/model_summary.h).
-  bool enable_model_summary = true;
-
-  // ---- Profiling and SyncBatchNorm (trainer/profiler.h, trainer/sync_batchnorm.h) ----
-  // Lightning's profiler names: "" (off: costs one null check per phase),
-  // "simple" (time per phase and hook and the communication wait: a table on
-  // rank 0 at the end of Fit, also in <log_dir>/profiler-fit.txt), "pytorch"
-  // (LibTorch's Kineto profiler: a Chrome trace per rank in
-  // <log_dir>/profiler-fit-rank<R>.pt.trace.json).
-  std::string profiler;
-  // "pytorch": "wait:active": skip `wait` training batches of the Fit, trace the next `active`.
-  std::string profiler_steps = "1:3";
-  // Replaces every BatchNorm1d/2d/3d of the model (after configure_model,
-  // before the strategy wraps it) by a SyncBatchNorm: statistics over the
-  // global batch of all ranks (trainer/sync_batchnorm.h: the model must call
-  // its BatchNorm through the module tree, ForwardBatchNorm).
-  bool sync_batchnorm = false;
-
-  // ---- Faults: non-finite values, stalled peers ----
-  // A step whose loss or a gradient is NaN/Inf on any rank: "off" (trains
-  // on), "error" (every rank throws NonfiniteError naming the step and, on
-  // the rank that found it, the loss or the first parameter), "skip" (every
-  // rank skips that optimizer step; counted). See trainer/nonfinite.h.
-  std::string nonfinite = "off";
-  // While a rank waits in a collective, it reads its peers' heartbeats (every
-  // second) and, after `stall_warning` of no progress by a peer (its
-  // heartbeat stopped: hung or SIGSTOPped; or alive but not issuing the
-  // collective), logs a warning naming that peer (rank, pid, host, its last
-  // collective), once per stall. 0: no warning. >= 0. (Gloo and NCCL
-  // communicators of a Trainer that makes its own; GlooOptions/NcclOptions::
-  // stall_warning; docs/reliability.md "Hangs".)
-  std::chrono::milliseconds stall_warning = std::chrono::seconds(60);
-  // If > 0: a collective blocked this long on a peer that makes no progress
-  // fails on every waiting rank naming that peer, long before `timeout`
-  // (GlooOptions/NcclOptions::stall_timeout). 0: only `timeout` ends a wait.
-  // >= 0; may be below stall_warning (the failure then carries the report
-  // the warning would have given).
-  std::chrono::milliseconds stall_timeout{0};
-  // ---- end Faults ----
-};
-
-// ---- Predict's options (trainer/eval_loop.cc) ----
-struct PredictOptions {
-  // true: every rank returns every sample's prediction, in dataset order
-  // (one all-gather: W times a rank's share in memory on every rank).
-  // false: no communication; each rank returns its own share, samples
-  // rank, rank + W, rank + 2W, ... < dataset size (the DistributedSampler's
-  // order without shuffling, padding duplicates dropped): for outputs too
-  // large to hold W times, e.g. to write one file per rank.
-  bool gather = true;
-};
 
 class Trainer {
  public:
@@ -294,7 +119,7 @@ class Trainer {
   // Test and Predict on test_dataset() / predict_dataset(), as above.
   std::map<std::string, double> Test(TrainingModule& module, DataModule& datamodule);
   at::Tensor Predict(TrainingModule& module, DataModule& datamodule, const PredictOptions& options = {});
-  // ---- Test and Predict (trainer/eval_loop.cc) ----
+  // ---- Test and Predict (trainer/loops/eval_loop.cc) ----
   // Lightning's trainer.test: one collective pass over `test` in
   // DistributedSampler order (no shuffling; val_batch_size, or batch_size,
   // samples per rank per batch), the model in eval mode without gradients,
@@ -368,7 +193,7 @@ class Trainer {
   // Where checkpoints go by default (<log_dir>/checkpoints, or
   // <default_root_dir>/checkpoints without logger); set by Fit.
   const std::string& checkpoint_dir() const { return ckpt_dir_; }
-  // ---- Run controls (trainer/run_controls.h) ----
+  // ---- Run controls (trainer/loops/run_controls.h) ----
   // True while Fit runs its sanity validation steps (num_sanity_val_steps).
   bool sanity_checking() const { return sanity_checking_; }
 
@@ -395,12 +220,12 @@ class Trainer {
   std::string optimizer_name() const;
   torch::optim::Optimizer* optimizer() const { return opt_.optimizer.get(); }
 
-  // ---- Profiling and SyncBatchNorm (trainer/profiler.cc, trainer/sync_batchnorm.cc) ----
+  // ---- Profiling and SyncBatchNorm (trainer/profilers/profiler.cc, trainer/plugins/sync_batchnorm.cc) ----
   // The profiler of the current or last Fit (null when TrainerOptions::profiler is "").
   const Profiler* profiler() const { return profiler_.get(); }
   // The BatchNorm layers sync_batchnorm converted (null when off).
   const SyncBatchNormConversion* sync_batchnorm() const { return sync_bn_.get(); }
-  // ---- Learning-rate schedulers (trainer/lr_scheduler.h; trainer/lr_scheduler_steps.cc) ----
+  // ---- Learning-rate schedulers (trainer/optim/lr_scheduler.h; trainer/loops/lr_stepping.cc) ----
   // Fit steps each LRSchedulerConfig of configure_optimizers: interval
   // "step" after every `frequency`-th optimizer step (global step %
   // frequency == 0, also for steps the 16-mixed scaler skipped), once the
@@ -462,10 +287,10 @@ class Trainer {
   // The callbacks' state_dict()s and (under kExtraStateKey) what the
   // on_save_checkpoint hooks write.
   std::map<std::string, std::map<std::string, std::string>> CallbackStates();
-  // ---- Run controls (trainer/run_controls.cc) ----
+  // ---- Run controls (trainer/loops/run_controls.cc) ----
   // num_sanity_val_steps validation batches, results and logs discarded.
   void RunSanityCheck(TrainingModule& module, const Dataset& val);
-  // ---- Learning-rate schedulers (trainer/lr_scheduler_steps.cc) ----
+  // ---- Learning-rate schedulers (trainer/loops/lr_stepping.cc) ----
   // Checks the configs of configure_optimizers (one optimizer, valid
   // intervals) and adds lr_lambda as a LambdaLR.
   void SetupLRSchedulers();
@@ -490,7 +315,7 @@ class Trainer {
   // This rank's index on its node.
   int LocalRank() const;
 
-  // ---- The evaluation loop of validation, Test and Predict (trainer/eval_loop.cc) ----
+  // ---- The evaluation loop of validation, Test and Predict (trainer/loops/eval_loop.cc) ----
   enum class EvalStage { kValidation, kTest };
   // One validation or test pass with its hooks; returns the metrics row
   // (the loss and what the module log()ged, reduced over batches and ranks).
@@ -543,7 +368,7 @@ class Trainer {
   // ---- Run controls ----
   bool sanity_checking_ = false;
 
-  // ---- Profiling and SyncBatchNorm (trainer/profiler.cc, trainer/sync_batchnorm.cc) ----
+  // ---- Profiling and SyncBatchNorm (trainer/profilers/profiler.cc, trainer/plugins/sync_batchnorm.cc) ----
   // Times `action` while the returned scope lives (inert when profiling is off).
   ProfileScope Profile(const char* action) { return ProfileScope(profiler_.get(), action); }
   // Held by Fit: makes the profiler (after the loggers: it writes to their
@@ -557,7 +382,7 @@ class Trainer {
   std::unique_ptr<SyncBatchNormConversion> sync_bn_;
 
   // ---- Faults ----
-  NonfiniteCheck nonfinite_;  // TrainerOptions::nonfinite (trainer/nonfinite.cc)
+  NonfiniteCheck nonfinite_;  // TrainerOptions::nonfinite (trainer/loops/nonfinite.cc)
   // ---- end Faults ----
 };
 

@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "strategies/strategy.h"
-#include "trainer/data.h"
-#include "trainer/lr_scheduler.h"
+#include "trainer/data/data.h"
+#include "trainer/optim/lr_scheduler.h"
 
 namespace torch::nn {
 class Module;
@@ -59,7 +59,7 @@ struct LogOptions {
   // training, true in validation. With on_step and on_epoch both, the names
   // logged are <name>_step and <name>_epoch (Lightning's); with one: <name>.
   std::optional<bool> on_epoch;
-  // Show the value on the progress bar (trainer/progress.h).
+  // Show the value on the progress bar (trainer/callbacks/progress.h).
   bool prog_bar = false;
   // Reduce the value over the ranks with reduce_fx (in the step's one
   // all-reduce); false: rank 0's value is logged (as Lightning's loggers do).
@@ -79,7 +79,7 @@ struct OptimizerConfig {
   // The Trainer runs it as a LambdaLR stepped every optimizer step (after
   // the schedulers below).
   std::function<double(int64_t step)> lr_lambda;
-  // Learning-rate schedulers (trainer/lr_scheduler.h), each with its
+  // Learning-rate schedulers (trainer/optim/lr_scheduler.h), each with its
   // interval ("step" / "epoch"), frequency and, for ReduceLROnPlateau, the
   // monitored metric; stepped in this order; state saved in checkpoints.
   std::vector<LRSchedulerConfig> lr_schedulers;
@@ -143,7 +143,7 @@ class TrainingModule {
   // every rank that throws, before the callbacks' on_exception, then `e`
   // propagates. An exception thrown by the hook itself is logged and dropped.
   virtual void on_exception(const std::exception& e) {}
-  // ---- Test, Predict and the evaluation epoch ends (defaults in trainer/eval_loop.cc) ----
+  // ---- Test, Predict and the evaluation epoch ends (defaults in trainer/loops/eval_loop.cc) ----
   // Trainer::Test: the mean loss of one test batch (test_loss), or
   // std::nullopt (then only what it log()s is reported). The batch holds no
   // padding duplicates, so on some ranks the last one can be smaller than
@@ -208,7 +208,7 @@ class TrainingModule {
   strategies::Strategy* strategy_ = nullptr;
   Trainer* trainer_ = nullptr;
   std::map<std::string, double> logged_;
-  // ---- Log options (trainer/metric_log.h) ----
+  // ---- Log options (trainer/connectors/internal/metric_log.h) ----
   // Log's options of each name in logged_, on_step/on_epoch resolved.
   std::map<std::string, LogOptions> log_options_;
   bool log_eval_defaults_ = false;  // unset on_step/on_epoch as in validation/test (set by the Trainer)

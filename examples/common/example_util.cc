@@ -11,7 +11,7 @@
 
 #include "base/errors.h"
 #include "launch/cluster_environment.h"
-#include "trainer/resume.h"
+#include "trainer/checkpoint_io/resume.h"
 
 namespace shardtrain::examples {
 namespace fs = std::filesystem;
@@ -89,7 +89,7 @@ std::string ResolveCheckpointPath(const std::string& flag, const std::string& ro
     ST_CHECK_ARG(fs::exists(p, ec), "--ckpt_path=", flag, ": no such checkpoint (", p, ")");
     return p;
   }
-  // The newest complete checkpoint of the newest run (periodic, preemption or end): trainer/resume.h.
+  // The newest complete checkpoint of the newest run (periodic, preemption or end): trainer/checkpoint_io/resume.h.
   const std::string found = trainer::FindLatestCheckpoint(root_dir, logger_name);
   ST_CHECK_ARG(!found.empty(), "--ckpt_path=last: no complete checkpoint under ",
                (fs::path(root_dir) / logger_name / "version_N" / "checkpoints").string(),

@@ -40,7 +40,7 @@ std::string UserPath(const std::string& path);
 
 // --ckpt_path: "" (none), a file or sharded-checkpoint directory, or "last":
 // the newest complete checkpoint of the newest run under <root>
-// (trainer/resume.h FindLatestCheckpoint; InvalidArgumentError when none).
+// (trainer/checkpoint_io/resume.h FindLatestCheckpoint; InvalidArgumentError when none).
 std::string ResolveCheckpointPath(const std::string& flag, const std::string& root_dir,
                                   const std::string& logger_name = "lightning_logs");
 

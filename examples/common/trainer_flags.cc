@@ -8,10 +8,10 @@
 #include "base/errors.h"
 #include "launch/launcher.h"
 #include "strategies/registry.h"
-#include "trainer/accelerator.h"
-#include "trainer/nonfinite.h"
-#include "trainer/profiler.h"
-#include "trainer/resume.h"
+#include "trainer/checkpoint_io/resume.h"
+#include "trainer/loops/nonfinite.h"
+#include "trainer/plugins/accelerator.h"
+#include "trainer/profilers/profiler.h"
 #include "trainer/stop_signals.h"
 
 DEFINE_string(strategy, "fsdp_native", "strategy by registered name (fsdp_native, fsdp, ddp, single_device, ...)");

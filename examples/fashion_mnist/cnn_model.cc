@@ -2,7 +2,7 @@
 
 #include <ATen/ATen.h>
 
-#include "trainer/sync_batchnorm.h"
+#include "trainer/plugins/sync_batchnorm.h"
 
 namespace shardtrain::examples {
 
@@ -12,7 +12,7 @@ ConvBlockImpl::ConvBlockImpl(int64_t in_channels, int64_t out_channels) {
 }
 
 at::Tensor ConvBlockImpl::forward(const at::Tensor& x) {
-  // Through the module tree, so that sync_batchnorm's SyncBatchNorm replaces it (trainer/sync_batchnorm.h).
+  // Through the module tree, so that sync_batchnorm's SyncBatchNorm replaces it (trainer/plugins/sync_batchnorm.h).
   return at::max_pool2d(at::relu(trainer::ForwardBatchNorm(*this, "bn", conv_->forward(x))), {2, 2});
 }
 

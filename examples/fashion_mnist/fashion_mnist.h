@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/data.h"
+#include "trainer/data/data.h"
 
 namespace shardtrain::examples {
 

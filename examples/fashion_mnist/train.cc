@@ -27,7 +27,7 @@
 #include "examples/fashion_mnist/cnn_model.h"
 #include "examples/fashion_mnist/fashion_mnist.h"
 #include "strategies/registry.h"
-#include "trainer/callbacks.h"
+#include "trainer/callbacks/callback.h"
 #include "trainer/trainer.h"
 
 DEFINE_string(data_dir, shardtrain::examples::kFashionMnistDebianDir,

@@ -40,7 +40,7 @@
 #include "examples/common/trainer_flags.h"
 #include "examples/gpt/gpt_model.h"
 #include "strategies/registry.h"
-#include "trainer/callbacks.h"
+#include "trainer/callbacks/callback.h"
 #include "trainer/trainer.h"
 
 DEFINE_string(data, "", "text file to train on (default: Debian's fortunes corpus)");

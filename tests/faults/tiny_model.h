@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "sharding/wrap_point.h"
-#include "trainer/callbacks.h"
-#include "trainer/data.h"
+#include "trainer/callbacks/callback.h"
+#include "trainer/data/data.h"
 #include "trainer/trainer.h"
 #include "trainer/training_module.h"
 

@@ -11,9 +11,9 @@
 #include <iterator>
 
 #include "base/errors.h"
-#include "trainer/archive.h"
-#include "trainer/checkpoint.h"
-#include "trainer/sharded_checkpoint.h"
+#include "trainer/checkpoint_io/archive.h"
+#include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/sharded_checkpoint.h"
 
 namespace shardtrain::fuzz {
 namespace fs = std::filesystem;

@@ -4,8 +4,8 @@
 // (checkpoint_corpus_test.cc, part of //...).
 //
 // An input's first byte picks the reader, the rest are the bytes of a file:
-//   0  MapArchive (trainer/archive.h): any torch.save-format zip archive
-//   1  LoadCheckpoint (trainer/checkpoint.h): a full checkpoint
+//   0  MapArchive (trainer/checkpoint_io/archive.h): any torch.save-format zip archive
+//   1  LoadCheckpoint (trainer/checkpoint_io/checkpoint.h): a full checkpoint
 //   2  LoadShardedCheckpoint: the bytes are <dir>/metadata.pt, next to a
 //      valid rank_0.pt and COMPLETE
 //   3  LoadShardedCheckpoint + ConsolidateShardedCheckpoint: the bytes are

@@ -1,4 +1,4 @@
-// ScanPickle (trainer/pickle_scan.h), the pass over data.pkl's opcodes that
+// ScanPickle (trainer/checkpoint_io/pickle_scan.h), the pass over data.pkl's opcodes that
 // MapArchive runs before LibTorch's Unpickler: the fuzzer's 940-byte input
 // (a valid data.pkl whose first BINUNICODE declares 2^31 bytes) is refused
 // with an error naming the file, offset, opcode and lengths, and no single
@@ -24,8 +24,8 @@
 
 #include "base/errors.h"
 #include "tests/fuzz/checkpoint_readers_fuzz.h"
-#include "trainer/archive.h"
-#include "trainer/pickle_scan.h"
+#include "trainer/checkpoint_io/archive.h"
+#include "trainer/checkpoint_io/pickle_scan.h"
 
 namespace {
 std::atomic<size_t> g_largest_new{0};  // the largest operator new request since the last reset

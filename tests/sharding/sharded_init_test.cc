@@ -19,11 +19,11 @@
 #include "sharding/sharded_init.h"
 #include "sharding/sharded_model.h"
 #include "sharding/source_release.h"
-#include "strategies/sharded_strategy_base.h"
 #include "strategies/registry.h"
+#include "strategies/sharded_strategy_base.h"
 #include "tests/testing/counting_allocator.h"
 #include "tests/testing/multi_rank.h"
-#include "trainer/data.h"
+#include "trainer/data/data.h"
 #include "trainer/trainer.h"
 #include "trainer/training_module.h"
 

@@ -1,4 +1,4 @@
-"""Python's torch.load(weights_only=True) reads what trainer/archive.h's
+"""Python's torch.load(weights_only=True) reads what trainer/checkpoint_io/archive.h's
 ArchiveWriter writes (the fixture of archive_test.cc's WriteFixture)."""
 import sys
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Python's torch.load(path, weights_only=True) reads an archive that
-# trainer/archive.h's ArchiveWriter streamed (archive_test write <path>).
+# trainer/checkpoint_io/archive.h's ArchiveWriter streamed (archive_test write <path>).
 set -euo pipefail
 writer="$1"; checker="$2"; defs="$3"
 fail() { echo "FAIL: $*" >&2; exit 1; }

@@ -1,8 +1,8 @@
-// trainer/archive.h: ArchiveWriter and MapArchive.
+// trainer/checkpoint_io/archive.h: ArchiveWriter and MapArchive.
 //
 // Also a fixture writer for archive_python_test:
 //   archive_test write <path>   writes the nested archive Python checks.
-#include "trainer/archive.h"
+#include "trainer/checkpoint_io/archive.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

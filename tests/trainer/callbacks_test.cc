@@ -1,6 +1,9 @@
 // Callbacks (ModelCheckpoint, LearningRateMonitor, EarlyStopping, a custom
 // one) and the TensorBoard logger through the Trainer, threads-as-ranks.
-#include "trainer/callbacks.h"
+#include "trainer/callbacks/callback.h"
+#include "trainer/callbacks/early_stopping.h"
+#include "trainer/callbacks/learning_rate_monitor.h"
+#include "trainer/callbacks/model_checkpoint.h"
 
 #include <gtest/gtest.h>
 
@@ -13,9 +16,9 @@
 
 #include "base/errors.h"
 #include "tests/trainer/fixtures.h"
-#include "trainer/checkpoint.h"
-#include "trainer/sharded_checkpoint.h"
-#include "trainer/tensorboard_logger.h"
+#include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/sharded_checkpoint.h"
+#include "trainer/loggers/tensorboard_logger.h"
 
 namespace shardtrain::trainer {
 namespace {

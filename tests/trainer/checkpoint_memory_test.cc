@@ -25,7 +25,7 @@
 #include "tests/testing/counting_allocator.h"
 #include "tests/trainer/fixtures.h"
 #include "tests/trainer/unit_stack.h"
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint_io/checkpoint.h"
 
 namespace shardtrain::trainer {
 namespace {

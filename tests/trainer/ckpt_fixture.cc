@@ -11,7 +11,7 @@
 #include <string>
 
 #include "tests/trainer/fixtures.h"
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint_io/checkpoint.h"
 
 namespace {
 using namespace shardtrain::trainer;

@@ -1,8 +1,8 @@
-// trainer/data_loader.h alone (no Trainer): the same batches in the same
+// trainer/data/data_loader.h alone (no Trainer): the same batches in the same
 // order at any num_workers, prefetching that overlaps with the consumer,
 // bounded look-ahead, errors naming the batch, clean destruction mid-pass,
 // option checks; and Batch's named fields.
-#include "trainer/data_loader.h"
+#include "trainer/data/data_loader.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "base/errors.h"
-#include "trainer/data.h"
+#include "trainer/data/data.h"
 
 namespace shardtrain::trainer {
 namespace {

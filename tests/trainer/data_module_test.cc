@@ -18,8 +18,8 @@
 #include "base/errors.h"
 #include "tests/testing/multi_rank.h"
 #include "tests/trainer/fixtures.h"
-#include "trainer/data.h"
-#include "trainer/data_loader.h"
+#include "trainer/data/data.h"
+#include "trainer/data/data_loader.h"
 #include "trainer/trainer.h"
 
 namespace shardtrain::trainer {

@@ -1,4 +1,4 @@
-// Trainer::Test and Trainer::Predict (trainer/eval_loop.cc), threads-as-ranks
+// Trainer::Test and Trainer::Predict (trainer/loops/eval_loop.cc), threads-as-ranks
 // over Gloo: test metrics at W=1, 2, 3 equal the single-process computation
 // over the whole set (padding duplicates not counted), predictions come back
 // once per sample in dataset order, both use the fitted (sharded) model, and
@@ -18,7 +18,7 @@
 #include "sharding/wrap_point.h"
 #include "tests/testing/multi_rank.h"
 #include "tests/trainer/fixtures.h"
-#include "trainer/logger.h"
+#include "trainer/loggers/logger.h"
 #include "trainer/trainer.h"
 #include "trainer/training_module.h"
 

@@ -21,7 +21,7 @@
 
 #include "sharding/wrap_point.h"
 #include "tests/testing/multi_rank.h"
-#include "trainer/data.h"
+#include "trainer/data/data.h"
 #include "trainer/trainer.h"
 #include "trainer/training_module.h"
 

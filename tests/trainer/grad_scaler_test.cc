@@ -1,7 +1,7 @@
 // GradScaler on its own: scaling, unscaling, inf/NaN detection (also when
 // only another rank overflowed, over real Gloo), the backoff/growth rule
 // against torch's _amp_update_scale_ semantics, state and option checks.
-#include "trainer/grad_scaler.h"
+#include "trainer/optim/grad_scaler.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -9,9 +9,9 @@
 
 #include "base/errors.h"
 #include "tests/trainer/fixtures.h"
-#include "trainer/callbacks.h"
-#include "trainer/checkpoint.h"
-#include "trainer/progress.h"
+#include "trainer/callbacks/callback.h"
+#include "trainer/callbacks/progress.h"
+#include "trainer/checkpoint_io/checkpoint.h"
 
 namespace shardtrain::trainer {
 namespace {

@@ -15,8 +15,9 @@
 
 #include "base/errors.h"
 #include "tests/trainer/fixtures.h"
-#include "trainer/accelerator.h"
-#include "trainer/callbacks.h"
+#include "trainer/callbacks/callback.h"
+#include "trainer/callbacks/early_stopping.h"
+#include "trainer/plugins/accelerator.h"
 
 namespace shardtrain::trainer {
 namespace {
@@ -74,7 +75,7 @@ TEST(Accelerator, AutoIsCpuWithoutCudaAndTrains) {
   EXPECT_EQ(r.losses.size(), 4u);
 }
 
-// The CUDA pieces of a build without --config=cuda (trainer/accelerator_cpu.cc,
+// The CUDA pieces of a build without --config=cuda (trainer/plugins/accelerator_cpu.cc,
 // linked instead of accelerator_cuda.cc): no device, and asking for one or for
 // NCCL is an error that says which build is needed.
 TEST(Accelerator, CudaPiecesOfABuildWithoutCudaThrow) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# trainer/lr_scheduler.h's schedulers against Python's torch.optim.lr_scheduler:
+# trainer/optim/lr_scheduler.h's schedulers against Python's torch.optim.lr_scheduler:
 # lr_scheduler_table prints every case's lrs (and momentums) over 50 steps,
 # lr_scheduler_check.py builds the same cases in PyTorch and compares to 1e-12.
 set -euo pipefail

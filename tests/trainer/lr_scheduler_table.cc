@@ -1,4 +1,4 @@
-// Prints the learning rates (and momentums) of trainer/lr_scheduler.h's
+// Prints the learning rates (and momentums) of trainer/optim/lr_scheduler.h's
 // schedulers over 50 steps, one line per step: "<case> <step> <values...>",
 // doubles as %.17g. lr_scheduler_check.py builds the same cases with Python's
 // torch.optim.lr_scheduler and compares (lr_scheduler_python_test).
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/lr_scheduler.h"
+#include "trainer/optim/lr_scheduler.h"
 
 using namespace shardtrain::trainer;
 

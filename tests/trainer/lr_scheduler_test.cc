@@ -16,10 +16,11 @@
 
 #include "base/errors.h"
 #include "tests/trainer/fixtures.h"
-#include "trainer/callbacks.h"
-#include "trainer/checkpoint.h"
-#include "trainer/lr_scheduler.h"
-#include "trainer/sharded_checkpoint.h"
+#include "trainer/callbacks/callback.h"
+#include "trainer/callbacks/learning_rate_monitor.h"
+#include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/sharded_checkpoint.h"
+#include "trainer/optim/lr_scheduler.h"
 
 namespace shardtrain::trainer {
 namespace {

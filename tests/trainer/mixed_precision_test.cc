@@ -12,9 +12,9 @@
 #include <sstream>
 
 #include "tests/trainer/fixtures.h"
-#include "trainer/checkpoint.h"
-#include "trainer/grad_scaler.h"
-#include "trainer/sharded_checkpoint.h"
+#include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/sharded_checkpoint.h"
+#include "trainer/optim/grad_scaler.h"
 
 namespace shardtrain::trainer {
 namespace {

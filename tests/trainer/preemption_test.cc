@@ -15,9 +15,9 @@
 #include "base/errors.h"
 #include "tests/testing/multi_rank.h"
 #include "tests/trainer/fixtures.h"
-#include "trainer/checkpoint.h"
-#include "trainer/logger.h"
-#include "trainer/resume.h"
+#include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/resume.h"
+#include "trainer/loggers/logger.h"
 #include "trainer/stop_signals.h"
 
 namespace shardtrain::trainer {

@@ -1,4 +1,4 @@
-// Profilers of Trainer::Fit (trainer/profiler.h): the simple profiler's
+// Profilers of Trainer::Fit (trainer/profilers/profiler.h): the simple profiler's
 // phases, calls and report file at W=2; the communication wait it reports
 // (comm/wait_time.h) is the time blocked in Work::Wait; profiler="pytorch"
 // writes a Chrome trace of the chosen batches; option errors; off is off.
@@ -14,7 +14,7 @@
 #include "base/errors.h"
 #include "comm/wait_time.h"
 #include "tests/trainer/fixtures.h"
-#include "trainer/profiler.h"
+#include "trainer/profilers/profiler.h"
 
 namespace shardtrain::trainer {
 namespace {

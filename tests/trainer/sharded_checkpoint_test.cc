@@ -11,8 +11,8 @@
 
 #include "base/errors.h"
 #include "tests/trainer/fixtures.h"
-#include "trainer/checkpoint.h"
-#include "trainer/sharded_checkpoint.h"
+#include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/sharded_checkpoint.h"
 
 namespace shardtrain::trainer {
 namespace {

@@ -37,7 +37,7 @@
 #include "tests/testing/proc_status.h"
 #include "tests/trainer/fixtures.h"
 #include "tests/trainer/unit_stack.h"
-#include "trainer/sharded_checkpoint.h"
+#include "trainer/checkpoint_io/sharded_checkpoint.h"
 
 namespace shardtrain::trainer {
 namespace {
@@ -50,7 +50,7 @@ constexpr int64_t kDim = 512;
 constexpr int kUnits = 8;
 constexpr int64_t kClasses = 4;
 constexpr int64_t kUnitBytes = (kDim * kDim + kDim) * 4;
-// What ArchiveWriter may buffer (trainer/archive.cc) plus small objects
+// What ArchiveWriter may buffer (trainer/checkpoint_io/archive.cc) plus small objects
 // (pickle, metadata, Gloo agreement tensors).
 constexpr int64_t kWriterBufferBytes = 1 << 20;
 constexpr int64_t kSlackBytes = 256 << 10;

@@ -1,4 +1,4 @@
-// SyncBatchNorm (trainer/sync_batchnorm.h) at W=2 threads-as-ranks against
+// SyncBatchNorm (trainer/plugins/sync_batchnorm.h) at W=2 threads-as-ranks against
 // one process normalizing the concatenated batch: the layer alone (outputs,
 // input and parameter gradients, running statistics, eval mode) and a conv +
 // BatchNorm model trained by the Trainer with sync_batchnorm; without it the
@@ -15,8 +15,8 @@
 
 #include "base/errors.h"
 #include "tests/testing/multi_rank.h"
-#include "trainer/data.h"
-#include "trainer/sync_batchnorm.h"
+#include "trainer/data/data.h"
+#include "trainer/plugins/sync_batchnorm.h"
 #include "trainer/trainer.h"
 
 namespace shardtrain::trainer {

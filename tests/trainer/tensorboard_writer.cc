@@ -7,7 +7,7 @@
 #include <map>
 #include <string>
 
-#include "trainer/tensorboard_logger.h"
+#include "trainer/loggers/tensorboard_logger.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

@@ -1,4 +1,4 @@
-// Run controls (trainer/run_controls.h, trainer/model_summary.h) through
+// Run controls (trainer/loops/run_controls.h, trainer/callbacks/model_summary.h) through
 // real Fits with threads-as-ranks over Gloo: what each control makes run,
 // counted per rank (training_step and validation_step calls, the batches
 // they saw), logged rows and files written.
@@ -16,9 +16,12 @@
 
 #include "base/errors.h"
 #include "tests/trainer/fixtures.h"
-#include "trainer/callbacks.h"
-#include "trainer/model_summary.h"
-#include "trainer/run_controls.h"
+#include "trainer/callbacks/callback.h"
+#include "trainer/callbacks/early_stopping.h"
+#include "trainer/callbacks/learning_rate_monitor.h"
+#include "trainer/callbacks/model_checkpoint.h"
+#include "trainer/callbacks/model_summary.h"
+#include "trainer/loops/run_controls.h"
 
 namespace shardtrain::trainer {
 namespace {

@@ -19,11 +19,11 @@
 #include "sharding/wrap_point.h"
 #include "tests/testing/multi_rank.h"
 #include "tests/trainer/fixtures.h"
-#include "trainer/checkpoint.h"
-#include "trainer/csv_logger.h"
-#include "trainer/data.h"
-#include "trainer/progress.h"
-#include "trainer/resume.h"
+#include "trainer/callbacks/progress.h"
+#include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/resume.h"
+#include "trainer/data/data.h"
+#include "trainer/loggers/csv_logger.h"
 
 namespace shardtrain::trainer {
 namespace {

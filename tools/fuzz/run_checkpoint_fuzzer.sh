@@ -29,8 +29,8 @@ TORCH="$(cd "$ROOT/.deps/venv/lib/"python3*/site-packages/torch && pwd)" ||
 ABI=1
 [[ "$(nm -D --defined-only "$TORCH/lib/libc10.so" | grep -c __cxx11 || true)" != 0 ]] || ABI=0
 
-SRCS=(trainer/archive.cc trainer/pickle_scan.cc trainer/checkpoint.cc trainer/grad_scaler.cc trainer/sharded_checkpoint.cc
-      trainer/file_util.cc sharding/sharded_state.cc sharding/shard_layout.cc
+SRCS=(trainer/checkpoint_io/archive.cc trainer/checkpoint_io/pickle_scan.cc trainer/checkpoint_io/checkpoint.cc trainer/optim/grad_scaler.cc trainer/checkpoint_io/sharded_checkpoint.cc
+      base/file_util.cc sharding/sharded_state.cc sharding/shard_layout.cc
       tests/fuzz/checkpoint_readers_fuzz.cc tests/fuzz/checkpoint_fuzzer_main.cc)
 FLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -D_GLIBCXX_USE_CXX11_ABI=$ABI -I"$ROOT" -isystem "$TORCH/include" -isystem "$TORCH/include/torch/csrc/api/include")

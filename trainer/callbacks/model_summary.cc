@@ -1,5 +1,5 @@
-// The model summary table (trainer/model_summary.h).
-#include "trainer/model_summary.h"
+// The model summary table (trainer/callbacks/model_summary.h).
+#include "trainer/callbacks/model_summary.h"
 
 #include <torch/optim/adagrad.h>
 #include <torch/optim/adam.h>

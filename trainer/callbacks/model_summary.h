@@ -6,8 +6,8 @@
 //
 //   ModelSummary s = SummarizeModel(trainer.strategy(), trainer.optimizer());
 //   std::cout << FormatModelSummary(s);
-#ifndef SHARDTRAIN_TRAINER_MODEL_SUMMARY_H_
-#define SHARDTRAIN_TRAINER_MODEL_SUMMARY_H_
+#ifndef SHARDTRAIN_TRAINER_CALLBACKS_MODEL_SUMMARY_H_
+#define SHARDTRAIN_TRAINER_CALLBACKS_MODEL_SUMMARY_H_
 
 #include <cstdint>
 #include <cstdio>
@@ -54,4 +54,4 @@ std::string FormatBytes(int64_t bytes);
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_MODEL_SUMMARY_H_
+#endif  // SHARDTRAIN_TRAINER_CALLBACKS_MODEL_SUMMARY_H_

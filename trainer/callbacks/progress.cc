@@ -1,4 +1,4 @@
-#include "trainer/progress.h"
+#include "trainer/callbacks/progress.h"
 
 #include <unistd.h>
 

@@ -1,8 +1,8 @@
 // Progress reporting on rank 0: a live bar redrawn with '\r' when stdout is a
 // terminal, periodic plain lines otherwise, with step, loss, throughput (it/s),
 // ETA and the metrics logged with prog_bar. Plain C++ (no torch header).
-#ifndef SHARDTRAIN_TRAINER_PROGRESS_H_
-#define SHARDTRAIN_TRAINER_PROGRESS_H_
+#ifndef SHARDTRAIN_TRAINER_CALLBACKS_PROGRESS_H_
+#define SHARDTRAIN_TRAINER_CALLBACKS_PROGRESS_H_
 
 #include <chrono>
 #include <cstdint>
@@ -38,4 +38,4 @@ class ProgressReporter {
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_PROGRESS_H_
+#endif  // SHARDTRAIN_TRAINER_CALLBACKS_PROGRESS_H_

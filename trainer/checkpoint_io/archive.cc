@@ -1,4 +1,4 @@
-#include "trainer/archive.h"
+#include "trainer/checkpoint_io/archive.h"
 
 #include <ATen/ATen.h>
 #include <caffe2/serialize/inline_container.h>
@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "base/errors.h"
-#include "trainer/file_util.h"
-#include "trainer/pickle_scan.h"
+#include "base/file_util.h"
+#include "trainer/checkpoint_io/pickle_scan.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;

@@ -11,8 +11,8 @@
 // called, so a caller can gather, add and drop tensors one at a time.
 // MapArchive maps a file and hands out tensors that are views of the mapping:
 // only the pages a reader touches are read.
-#ifndef SHARDTRAIN_TRAINER_ARCHIVE_H_
-#define SHARDTRAIN_TRAINER_ARCHIVE_H_
+#ifndef SHARDTRAIN_TRAINER_CHECKPOINT_IO_ARCHIVE_H_
+#define SHARDTRAIN_TRAINER_CHECKPOINT_IO_ARCHIVE_H_
 
 #include <ATen/core/Tensor.h>
 
@@ -80,4 +80,4 @@ c10::IValue PlainForPickle(const c10::IValue& v);
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_ARCHIVE_H_
+#endif  // SHARDTRAIN_TRAINER_CHECKPOINT_IO_ARCHIVE_H_

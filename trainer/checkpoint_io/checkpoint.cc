@@ -1,4 +1,4 @@
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint_io/checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <caffe2/serialize/inline_container.h>
@@ -11,7 +11,7 @@
 #include <filesystem>
 
 #include "base/errors.h"
-#include "trainer/archive.h"
+#include "trainer/checkpoint_io/archive.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;

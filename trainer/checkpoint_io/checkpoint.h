@@ -30,7 +30,7 @@
 //                       loadable at any world size and by any strategy
 //   "callbacks"         {callback key: {str: str}}  callback states (ModelCheckpoint, EarlyStopping)
 //   "lr_schedulers"     [{str: str}]  per lr scheduler of configure_optimizers,
-//                       in order: its state_dict() (trainer/lr_scheduler.h:
+//                       in order: its state_dict() (trainer/optim/lr_scheduler.h:
 //                       "type", "last_epoch", ...) plus "optimizer_lrs" and
 //                       "optimizer_momentums" (the optimizer's lr and
 //                       momentum/beta1 per parameter group, comma-separated;
@@ -38,13 +38,13 @@
 //   "grad_scaler"       {"scale": float, "growth_factor": float,
 //                        "backoff_factor": float, "growth_interval": int,
 //                        "_growth_tracker": int}  the loss scaler of
-//                       "16-mixed" runs (trainer/grad_scaler.h; the keys of
+//                       "16-mixed" runs (trainer/optim/grad_scaler.h; the keys of
 //                       torch.amp.GradScaler.state_dict())
 //
 // Sharded checkpoints (a directory with one file per rank) are in
-// trainer/sharded_checkpoint.h; //tools:consolidate turns one into this format.
-#ifndef SHARDTRAIN_TRAINER_CHECKPOINT_H_
-#define SHARDTRAIN_TRAINER_CHECKPOINT_H_
+// trainer/checkpoint_io/sharded_checkpoint.h; //tools:consolidate turns one into this format.
+#ifndef SHARDTRAIN_TRAINER_CHECKPOINT_IO_CHECKPOINT_H_
+#define SHARDTRAIN_TRAINER_CHECKPOINT_IO_CHECKPOINT_H_
 
 #include <ATen/core/Tensor.h>
 
@@ -54,8 +54,8 @@
 #include <string>
 #include <vector>
 
-#include "trainer/file_util.h"  // WriteFileAtomically (kept reachable from here)
-#include "trainer/grad_scaler.h"
+#include "base/file_util.h"  // WriteFileAtomically (kept reachable from here)
+#include "trainer/optim/grad_scaler.h"
 
 namespace c10 {
 struct IValue;
@@ -93,7 +93,7 @@ struct CheckpointData {
 
 // Writes atomically; throws shardtrain::Error on I/O failure (the previous file
 // at `path`, if any, is untouched then). Each tensor is written as it is
-// reached (trainer/archive.h): no copy of the whole state is made.
+// reached (trainer/checkpoint_io/archive.h): no copy of the whole state is made.
 void SaveCheckpoint(const std::string& path, const CheckpointData& data);
 
 // Adds the entries of `data` to `writer` and finishes the file. Where
@@ -130,4 +130,4 @@ std::vector<std::map<std::string, std::string>> LRSchedulerStatesFromIValue(cons
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_CHECKPOINT_H_
+#endif  // SHARDTRAIN_TRAINER_CHECKPOINT_IO_CHECKPOINT_H_

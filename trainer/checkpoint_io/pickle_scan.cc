@@ -1,4 +1,4 @@
-#include "trainer/pickle_scan.h"
+#include "trainer/checkpoint_io/pickle_scan.h"
 
 #include <caffe2/serialize/inline_container.h>
 

@@ -4,8 +4,8 @@
 // allocate 687 MB), and a memo index makes it reserve a table of that many
 // entries; this pass refuses such an input, so a corrupt or hostile
 // checkpoint costs no memory beyond its own size. No torch header.
-#ifndef SHARDTRAIN_TRAINER_PICKLE_SCAN_H_
-#define SHARDTRAIN_TRAINER_PICKLE_SCAN_H_
+#ifndef SHARDTRAIN_TRAINER_CHECKPOINT_IO_PICKLE_SCAN_H_
+#define SHARDTRAIN_TRAINER_CHECKPOINT_IO_PICKLE_SCAN_H_
 
 #include <cstddef>
 #include <string>
@@ -31,4 +31,4 @@ void ScanPickleArchive(const std::vector<char>& zip, const std::string& file);
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_PICKLE_SCAN_H_
+#endif  // SHARDTRAIN_TRAINER_CHECKPOINT_IO_PICKLE_SCAN_H_

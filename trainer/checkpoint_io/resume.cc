@@ -1,8 +1,8 @@
-#include "trainer/resume.h"
+#include "trainer/checkpoint_io/resume.h"
 
 #include <filesystem>
 
-#include "trainer/file_util.h"
+#include "base/file_util.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;

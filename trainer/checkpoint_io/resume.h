@@ -1,8 +1,8 @@
 // Where the runs under a root directory keep their checkpoints, which one is
 // the newest, and cleaning up after killed saves. Used by Trainer::Fit for
 // ckpt_path="last", TrainerOptions::resume="auto" and at every start.
-#ifndef SHARDTRAIN_TRAINER_RESUME_H_
-#define SHARDTRAIN_TRAINER_RESUME_H_
+#ifndef SHARDTRAIN_TRAINER_CHECKPOINT_IO_RESUME_H_
+#define SHARDTRAIN_TRAINER_CHECKPOINT_IO_RESUME_H_
 
 #include <string>
 #include <vector>
@@ -10,7 +10,7 @@
 namespace shardtrain::trainer {
 
 // The file that marks a sharded checkpoint directory complete (equal to
-// kShardedCompleteMarker of trainer/sharded_checkpoint.h; this header stays
+// kShardedCompleteMarker of trainer/checkpoint_io/sharded_checkpoint.h; this header stays
 // free of torch).
 inline constexpr const char* kCompleteMarkerName = "COMPLETE";
 
@@ -35,4 +35,4 @@ std::vector<std::string> RemoveCheckpointLitter(const std::string& root_dir, con
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_RESUME_H_
+#endif  // SHARDTRAIN_TRAINER_CHECKPOINT_IO_RESUME_H_

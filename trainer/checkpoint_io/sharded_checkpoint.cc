@@ -1,4 +1,4 @@
-#include "trainer/sharded_checkpoint.h"
+#include "trainer/checkpoint_io/sharded_checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <fcntl.h>
@@ -17,8 +17,8 @@
 
 #include "base/errors.h"
 #include "sharding/sharded_state.h"
-#include "trainer/archive.h"
-#include "trainer/pickle_scan.h"
+#include "trainer/checkpoint_io/archive.h"
+#include "trainer/checkpoint_io/pickle_scan.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;

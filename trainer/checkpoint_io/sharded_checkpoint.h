@@ -7,7 +7,7 @@
 //                       "batch_in_epoch", "strategy", "rng_state", "hparams",
 //                       "callbacks", "files" (the rank files, by rank) and,
 //                       for "16-mixed" runs, "grad_scaler" (as in full
-//                       checkpoints, trainer/checkpoint.h)
+//                       checkpoints, trainer/checkpoint_io/checkpoint.h)
 //   <dir>/rank_<r>.pt   rank r's piece (ShardedPiece below):
 //       "rank", "world_size", "shard_rank", "shard_world"   ints
 //       "units"    [{"name", "param_names": [str], "param_shapes": [[int]],
@@ -26,13 +26,13 @@
 // ("archive"), which only loads at the same world size.
 //
 // Every file is a torch.save-format archive without container type tags
-// (PickleSavePlain, trainer/checkpoint.h): Python's torch.load(f) reads it
+// (PickleSavePlain, trainer/checkpoint_io/checkpoint.h): Python's torch.load(f) reads it
 // with the default weights_only=True. A rank file is streamed
-// (trainer/archive.h ArchiveWriter): each tensor's bytes go to the file from
+// (trainer/checkpoint_io/archive.h ArchiveWriter): each tensor's bytes go to the file from
 // the live tensor, one at a time, so a save holds no copy of the shards or of
 // the file. LoadShardedCheckpoint maps the rank files (MapArchive): its
 // tensors are views of the files, read only where touched, so a rank that
-// loads (Trainer, trainer/checkpoint_state.h PrepareShardedLoad) reads only
+// loads (Trainer, trainer/connectors/internal/checkpoint_state.h PrepareShardedLoad) reads only
 // the byte ranges of the source shards that overlap its own new shards
 // (sharding/shard_layout.h), copies each range straight into its shard or
 // optimizer state, and drops the source record's pages from the process right
@@ -44,8 +44,8 @@
 // file system lacks it), so an interrupted save never destroys the previous
 // checkpoint at the same path. With several processes the directory must be
 // on a file system every rank sees (rank 0 checks the other ranks' files).
-#ifndef SHARDTRAIN_TRAINER_SHARDED_CHECKPOINT_H_
-#define SHARDTRAIN_TRAINER_SHARDED_CHECKPOINT_H_
+#ifndef SHARDTRAIN_TRAINER_CHECKPOINT_IO_SHARDED_CHECKPOINT_H_
+#define SHARDTRAIN_TRAINER_CHECKPOINT_IO_SHARDED_CHECKPOINT_H_
 
 #include <ATen/core/Tensor.h>
 
@@ -55,7 +55,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint_io/checkpoint.h"
 
 namespace shardtrain::trainer {
 
@@ -137,4 +137,4 @@ CheckpointData ConsolidateShardedCheckpoint(const ShardedCheckpoint& ckpt);
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_SHARDED_CHECKPOINT_H_
+#endif  // SHARDTRAIN_TRAINER_CHECKPOINT_IO_SHARDED_CHECKPOINT_H_

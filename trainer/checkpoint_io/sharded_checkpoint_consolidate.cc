@@ -1,4 +1,4 @@
-// Sharded checkpoint -> full state (trainer/sharded_checkpoint.h): every
+// Sharded checkpoint -> full state (trainer/checkpoint_io/sharded_checkpoint.h): every
 // unit's shards, in shard-rank order, joined by the sharding core's
 // model-free ConsolidateUnit; the optimizer's state likewise.
 #include <ATen/ATen.h>
@@ -10,7 +10,7 @@
 
 #include "base/errors.h"
 #include "sharding/sharded_state.h"
-#include "trainer/sharded_checkpoint.h"
+#include "trainer/checkpoint_io/sharded_checkpoint.h"
 
 namespace shardtrain::trainer {
 namespace {

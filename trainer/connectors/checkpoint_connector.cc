@@ -14,11 +14,11 @@
 #include "base/logging.h"
 #include "sharding/host_memory.h"
 #include "sharding/source_release.h"
-#include "trainer/archive.h"
-#include "trainer/checkpoint.h"
-#include "trainer/checkpoint_state.h"
-#include "trainer/optimizer_ownership.h"
-#include "trainer/sharded_checkpoint.h"
+#include "trainer/checkpoint_io/archive.h"
+#include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/sharded_checkpoint.h"
+#include "trainer/connectors/internal/checkpoint_state.h"
+#include "trainer/connectors/internal/optimizer_ownership.h"
 #include "trainer/trainer.h"
 
 namespace shardtrain::trainer {

@@ -2,7 +2,7 @@
 // structures. The strategy says what the state is (strategies/strategy.h,
 // "Checkpoint state": full tensors by name, shards, resharding); this file
 // reads LibTorch's optimizers and fills the checkpoint structures.
-#include "trainer/checkpoint_state.h"
+#include "trainer/connectors/internal/checkpoint_state.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>

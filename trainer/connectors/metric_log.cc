@@ -1,4 +1,4 @@
-#include "trainer/metric_log.h"
+#include "trainer/connectors/internal/metric_log.h"
 
 #include <ATen/ATen.h>
 

@@ -1,4 +1,4 @@
-#include "trainer/optimizer_ownership.h"
+#include "trainer/connectors/internal/optimizer_ownership.h"
 
 #include <torch/optim/optimizer.h>
 

@@ -1,4 +1,4 @@
-// Trainer::ProfilingScope: the profiler of one Fit (trainer/profiler.h).
+// Trainer::ProfilingScope: the profiler of one Fit (trainer/profilers/profiler.h).
 #include <filesystem>
 
 #include "trainer/trainer.h"

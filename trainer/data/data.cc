@@ -1,4 +1,4 @@
-#include "trainer/data.h"
+#include "trainer/data/data.h"
 
 #include <ATen/ATen.h>
 

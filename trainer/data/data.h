@@ -1,7 +1,7 @@
 // Data for the Trainer: Batch (inputs, targets and any further named
 // tensors), an abstract Dataset that returns whole batches, a TensorDataset
 // over row-aligned tensors, and DistributedSampler, which gives each rank its
-// share of the indices. (trainer/data_loader.h prepares the batches on
+// share of the indices. (trainer/data/data_loader.h prepares the batches on
 // background threads; trainer/data_module.h groups the data sets of a run.)
 //
 // DistributedSampler follows torch.utils.data.DistributedSampler: with
@@ -10,8 +10,8 @@
 // does not divide evenly is dropped; otherwise indices from the start are
 // repeated to pad. Either way every rank gets the same number of samples, so
 // every rank runs the same number of steps (collectives stay matched).
-#ifndef SHARDTRAIN_TRAINER_DATA_H_
-#define SHARDTRAIN_TRAINER_DATA_H_
+#ifndef SHARDTRAIN_TRAINER_DATA_DATA_H_
+#define SHARDTRAIN_TRAINER_DATA_DATA_H_
 
 #include <ATen/core/Tensor.h>
 
@@ -49,7 +49,7 @@ class Dataset {
   virtual int64_t size() const = 0;
   // The samples at `indices` stacked along dimension 0. With the Trainer's
   // num_workers > 0 it is called from several background threads at once
-  // (trainer/data_loader.h): it must not change shared state, and should not
+  // (trainer/data/data_loader.h): it must not change shared state, and should not
   // draw from the global random generator (the order of draws would vary).
   virtual Batch get_batch(const std::vector<int64_t>& indices) const = 0;
 };
@@ -93,4 +93,4 @@ std::vector<std::vector<int64_t>> MakeBatches(const std::vector<int64_t>& indice
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_DATA_H_
+#endif  // SHARDTRAIN_TRAINER_DATA_DATA_H_

@@ -1,4 +1,4 @@
-#include "trainer/data_loader.h"
+#include "trainer/data/data_loader.h"
 
 #include <algorithm>
 #include <condition_variable>

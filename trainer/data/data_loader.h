@@ -19,8 +19,8 @@
 // its first sample indices. Destruction (also mid-pass, after an exception,
 // with workers blocked on a full queue or inside get_batch) stops the
 // workers and joins them: it waits at most for the get_batch calls running.
-#ifndef SHARDTRAIN_TRAINER_DATA_LOADER_H_
-#define SHARDTRAIN_TRAINER_DATA_LOADER_H_
+#ifndef SHARDTRAIN_TRAINER_DATA_DATA_LOADER_H_
+#define SHARDTRAIN_TRAINER_DATA_DATA_LOADER_H_
 
 #include <cstdint>
 #include <exception>
@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "base/errors.h"
-#include "trainer/data.h"
+#include "trainer/data/data.h"
 
 namespace shardtrain::trainer {
 
@@ -95,4 +95,4 @@ class DataLoader {
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_DATA_LOADER_H_
+#endif  // SHARDTRAIN_TRAINER_DATA_DATA_LOADER_H_

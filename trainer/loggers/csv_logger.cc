@@ -1,4 +1,4 @@
-#include "trainer/csv_logger.h"
+#include "trainer/loggers/csv_logger.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "base/errors.h"
-#include "trainer/file_util.h"
+#include "base/file_util.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;

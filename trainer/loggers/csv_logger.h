@@ -5,15 +5,15 @@
 //                                           cells where a row lacks a key
 //   <root>/<name>/version_<N>/hparams.yaml  "key: value" lines
 // N is the next free version number unless given. Plain C++ (no torch header).
-#ifndef SHARDTRAIN_TRAINER_CSV_LOGGER_H_
-#define SHARDTRAIN_TRAINER_CSV_LOGGER_H_
+#ifndef SHARDTRAIN_TRAINER_LOGGERS_CSV_LOGGER_H_
+#define SHARDTRAIN_TRAINER_LOGGERS_CSV_LOGGER_H_
 
 #include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
 
-#include "trainer/logger.h"
+#include "trainer/loggers/logger.h"
 
 namespace shardtrain::trainer {
 
@@ -39,4 +39,4 @@ class CsvLogger : public Logger {
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_CSV_LOGGER_H_
+#endif  // SHARDTRAIN_TRAINER_LOGGERS_CSV_LOGGER_H_

@@ -1,12 +1,12 @@
-#include "trainer/logger.h"
+#include "trainer/loggers/logger.h"
 
 #include <algorithm>
 #include <filesystem>
 #include <sstream>
 
 #include "base/errors.h"
+#include "base/file_util.h"
 #include "base/numbers.h"
-#include "trainer/file_util.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;

@@ -1,9 +1,9 @@
 // Logger: where the Trainer sends metrics and hyperparameters (rank 0 only).
-// Implementations: CsvLogger (trainer/csv_logger.h, Lightning's CSVLogger
-// layout) and TensorBoardLogger (trainer/tensorboard_logger.h, event files
+// Implementations: CsvLogger (trainer/loggers/csv_logger.h, Lightning's CSVLogger
+// layout) and TensorBoardLogger (trainer/loggers/tensorboard_logger.h, event files
 // TensorBoard reads). Plain C++ (no torch header).
-#ifndef SHARDTRAIN_TRAINER_LOGGER_H_
-#define SHARDTRAIN_TRAINER_LOGGER_H_
+#ifndef SHARDTRAIN_TRAINER_LOGGERS_LOGGER_H_
+#define SHARDTRAIN_TRAINER_LOGGERS_LOGGER_H_
 
 #include <cstdint>
 #include <map>
@@ -40,4 +40,4 @@ std::string HparamValue(double value);
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_LOGGER_H_
+#endif  // SHARDTRAIN_TRAINER_LOGGERS_LOGGER_H_

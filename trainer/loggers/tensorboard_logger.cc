@@ -1,4 +1,4 @@
-#include "trainer/tensorboard_logger.h"
+#include "trainer/loggers/tensorboard_logger.h"
 
 #include <unistd.h>
 

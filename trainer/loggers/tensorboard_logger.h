@@ -12,8 +12,8 @@
 //   Value   { string tag = 1; float simple_value = 2; }
 // The first record carries file_version "brain.Event:2"; then one Event per
 // LogMetrics call with one Value per metric.
-#ifndef SHARDTRAIN_TRAINER_TENSORBOARD_LOGGER_H_
-#define SHARDTRAIN_TRAINER_TENSORBOARD_LOGGER_H_
+#ifndef SHARDTRAIN_TRAINER_LOGGERS_TENSORBOARD_LOGGER_H_
+#define SHARDTRAIN_TRAINER_LOGGERS_TENSORBOARD_LOGGER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-#include "trainer/logger.h"
+#include "trainer/loggers/logger.h"
 
 namespace shardtrain::trainer {
 
@@ -70,4 +70,4 @@ std::string ScalarsEvent(double wall_time, int64_t step, const std::vector<std::
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_TENSORBOARD_LOGGER_H_
+#endif  // SHARDTRAIN_TRAINER_LOGGERS_TENSORBOARD_LOGGER_H_

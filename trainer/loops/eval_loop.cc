@@ -12,10 +12,10 @@
 
 #include "base/errors.h"
 #include "comm/host_collectives.h"
-#include "trainer/data_loader.h"
-#include "trainer/metric_log.h"
-#include "trainer/profiler.h"
-#include "trainer/run_controls.h"
+#include "trainer/connectors/internal/metric_log.h"
+#include "trainer/data/data_loader.h"
+#include "trainer/loops/run_controls.h"
+#include "trainer/profilers/profiler.h"
 #include "trainer/trainer.h"
 
 namespace shardtrain::trainer {

@@ -18,15 +18,15 @@
 #include <tuple>
 
 #include "base/errors.h"
+#include "base/file_util.h"
 #include "base/logging.h"
 #include "sharding/host_memory.h"
-#include "trainer/file_util.h"
-#include "trainer/metric_log.h"
-#include "trainer/model_summary.h"
-#include "trainer/progress.h"
-#include "trainer/resume.h"
-#include "trainer/run_controls.h"
-#include "trainer/sharded_checkpoint.h"
+#include "trainer/callbacks/model_summary.h"
+#include "trainer/callbacks/progress.h"
+#include "trainer/checkpoint_io/resume.h"
+#include "trainer/checkpoint_io/sharded_checkpoint.h"
+#include "trainer/connectors/internal/metric_log.h"
+#include "trainer/loops/run_controls.h"
 #include "trainer/stop_signals.h"
 #include "trainer/trainer.h"
 
@@ -34,7 +34,7 @@ namespace shardtrain::trainer {
 namespace fs = std::filesystem;
 
 static_assert(std::string_view(kCompleteMarkerName) == std::string_view(kShardedCompleteMarker),
-              "trainer/resume.h must recognize complete sharded checkpoints");
+              "trainer/checkpoint_io/resume.h must recognize complete sharded checkpoints");
 
 // ---- Fit, step by step (the order of Lightning's fit loop) ------------------
 
@@ -64,7 +64,7 @@ struct Trainer::FitLoop {
   // only): a discarded step puts it back, so the checkpoint written at the
   // stop holds the state an uninterrupted run would have had there.
   at::Tensor rng_at_step_start;
-  internal::MetricCollector metrics;    // what the module Log()s (trainer/metric_log.h)
+  internal::MetricCollector metrics;    // what the module Log()s (trainer/connectors/internal/metric_log.h)
   // The state the last checkpoint written by this Fit holds (SaveLast links instead of writing it again).
   std::tuple<int64_t, int64_t, int64_t> saved_at{-1, -1, -1};
   std::string saved_path;
@@ -110,7 +110,7 @@ void Trainer::RunFit(TrainingModule& module, const Dataset& train, const Dataset
     sharding::ReleaseHostBlockCache();  // what the load read is not what the steps need
   }
   SetupLoggers(module);
-  ProfilingScope profiling(*this);  // profiler="simple"/"pytorch" (trainer/profiler.h)
+  ProfilingScope profiling(*this);  // profiler="simple"/"pytorch" (trainer/profilers/profiler.h)
   step_losses_.clear();
   val_losses_.clear();
   const Dataset* val_set = internal::FitValidationSet(o, train, val);  // overfit_batches: the training set
@@ -151,7 +151,7 @@ void Trainer::RunFit(TrainingModule& module, const Dataset& train, const Dataset
 std::string Trainer::ResolveCheckpointPath(const std::string& ckpt_path) {
   const auto& o = options_;
   const bool find = ckpt_path == "last" || (ckpt_path.empty() && o.resume == "auto");
-  // "best": ModelCheckpoint's best (trainer/run_controls.h), the same on every rank.
+  // "best": ModelCheckpoint's best (trainer/loops/run_controls.h), the same on every rank.
   std::string path = ckpt_path == "best" ? BestCheckpointPath(o.callbacks) : ckpt_path;
   if (rank() == 0) {
     for (const auto& r : RemoveCheckpointLitter(o.default_root_dir, o.logger_name)) {
@@ -197,7 +197,7 @@ void Trainer::RunEpoch(FitLoop& loop) {
     const at::Tensor loss = TrainStep(loop, std::move(next), i);
     if (sync) {
       // 16-mixed: the overflow flag joins the step's one collective (Unscale's reduce callback);
-      // so does the non-finite check's flag (trainer/nonfinite.h; 0 when off).
+      // so does the non-finite check's flag (trainer/loops/nonfinite.h; 0 when off).
       const double bad =
           nonfinite_.enabled() ? nonfinite_.LocalFlag(loop.acc_loss / loop.acc_n, strategy_->named_parameters()) : 0;
       double slot = 0;
@@ -261,9 +261,9 @@ at::Tensor Trainer::TrainStep(FitLoop& loop, Batch batch, int64_t i) {
 
 // The step's one collective: [loss, overflow, stop before the step, stop,
 // SIGTERM, SIGINT, SIGUSR1] and what the module Log()ged in the step
-// (trainer/metric_log.h) summed over the ranks. Sets the agreed loss,
+// (trainer/connectors/internal/metric_log.h) summed over the ranks. Sets the agreed loss,
 // metrics, stop flags and stop signal in `loop`; returns the overflow slot's
-// sum (> 0: some rank overflowed or found a non-finite value, trainer/nonfinite.h).
+// sum (> 0: some rank overflowed or found a non-finite value, trainer/loops/nonfinite.h).
 double Trainer::SyncStep(FitLoop& loop, double overflow) {
   constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
   const int received = ReceivedStopSignal();
@@ -340,7 +340,7 @@ void Trainer::OnStepEnd(FitLoop& loop) {
     LogMetrics(row, global_step_);
   }
   if (loop.progress) loop.progress->Update(epoch_, global_step_, l, loop.metrics.prog_bar());
-  StepLRSchedulers("step", global_step_);  // interval "step" (trainer/lr_scheduler_steps.cc)
+  StepLRSchedulers("step", global_step_);  // interval "step" (trainer/loops/lr_stepping.cc)
   if (loop.builtin_checkpoints && o.checkpoint_every_n_steps > 0 && global_step_ % o.checkpoint_every_n_steps == 0) {
     loop.saved_path = (fs::path(ckpt_dir_) / ("step=" + std::to_string(global_step_) + ".ckpt")).string();
     SaveCheckpoint(loop.saved_path);

@@ -1,5 +1,5 @@
 // TrainerOptions::nonfinite: the local check and the shared decision.
-#include "trainer/nonfinite.h"
+#include "trainer/loops/nonfinite.h"
 
 #include <ATen/ops/isfinite.h>
 

@@ -18,8 +18,8 @@
 // counts kFlag per rank, so the sum tells both apart and how many ranks
 // found one). With "16-mixed" the scaler owns gradient overflows (they are
 // expected while it searches for its scale), so only the loss is checked.
-#ifndef SHARDTRAIN_TRAINER_NONFINITE_H_
-#define SHARDTRAIN_TRAINER_NONFINITE_H_
+#ifndef SHARDTRAIN_TRAINER_LOOPS_NONFINITE_H_
+#define SHARDTRAIN_TRAINER_LOOPS_NONFINITE_H_
 
 #include <ATen/core/Tensor.h>
 
@@ -75,4 +75,4 @@ class NonfiniteCheck {
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_NONFINITE_H_
+#endif  // SHARDTRAIN_TRAINER_LOOPS_NONFINITE_H_

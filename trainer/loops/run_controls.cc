@@ -1,5 +1,5 @@
-// Run controls (trainer/run_controls.h) and the Trainer's sanity check.
-#include "trainer/run_controls.h"
+// Run controls (trainer/loops/run_controls.h) and the Trainer's sanity check.
+#include "trainer/loops/run_controls.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -11,7 +11,10 @@
 #include <mutex>
 
 #include "base/errors.h"
-#include "trainer/callbacks.h"
+#include "trainer/callbacks/callback.h"
+#include "trainer/callbacks/early_stopping.h"
+#include "trainer/callbacks/learning_rate_monitor.h"
+#include "trainer/callbacks/model_checkpoint.h"
 #include "trainer/trainer.h"
 
 namespace shardtrain::trainer {

@@ -12,8 +12,8 @@
 //
 // The Trainer applies these through the functions below (Fit's loop calls
 // them at a few points); Test/Predict loops use LimitBatches.
-#ifndef SHARDTRAIN_TRAINER_RUN_CONTROLS_H_
-#define SHARDTRAIN_TRAINER_RUN_CONTROLS_H_
+#ifndef SHARDTRAIN_TRAINER_LOOPS_RUN_CONTROLS_H_
+#define SHARDTRAIN_TRAINER_LOOPS_RUN_CONTROLS_H_
 
 #include <cstdint>
 #include <functional>
@@ -81,4 +81,4 @@ void RunExplainingNondeterminism(bool deterministic, const std::function<void()>
 }  // namespace internal
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_RUN_CONTROLS_H_
+#endif  // SHARDTRAIN_TRAINER_LOOPS_RUN_CONTROLS_H_

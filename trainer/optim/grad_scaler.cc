@@ -1,4 +1,4 @@
-#include "trainer/grad_scaler.h"
+#include "trainer/optim/grad_scaler.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>

@@ -22,8 +22,8 @@
 // The Trainer uses one with precision "16-mixed" (TrainerOptions::grad_scaler)
 // and checkpoints state() under "grad_scaler", with the keys of
 // torch.amp.GradScaler.state_dict().
-#ifndef SHARDTRAIN_TRAINER_GRAD_SCALER_H_
-#define SHARDTRAIN_TRAINER_GRAD_SCALER_H_
+#ifndef SHARDTRAIN_TRAINER_OPTIM_GRAD_SCALER_H_
+#define SHARDTRAIN_TRAINER_OPTIM_GRAD_SCALER_H_
 
 #include <ATen/core/Tensor.h>
 
@@ -88,4 +88,4 @@ class GradScaler {
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_GRAD_SCALER_H_
+#endif  // SHARDTRAIN_TRAINER_OPTIM_GRAD_SCALER_H_

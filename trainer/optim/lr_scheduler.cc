@@ -2,7 +2,7 @@
 // pinned torch), written from their documented formulas: the chainable
 // get_lr forms, the closed forms SequentialLR uses at milestones, and the
 // construction order (initial lrs registered once per optimizer).
-#include "trainer/lr_scheduler.h"
+#include "trainer/optim/lr_scheduler.h"
 
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -19,7 +19,7 @@
 #include <utility>
 
 #include "base/errors.h"
-#include "trainer/internal/lr_scheduler_util.h"
+#include "trainer/optim/internal/lr_scheduler_util.h"
 
 namespace shardtrain::trainer {
 namespace {

@@ -15,8 +15,8 @@
 // without the Trainer calls step() after optimizer.step() as in PyTorch.
 // Tested against Python's torch.optim.lr_scheduler (tests/trainer
 // lr_scheduler_python_test: every scheduler's lrs over 50 steps within 1e-12).
-#ifndef SHARDTRAIN_TRAINER_LR_SCHEDULER_H_
-#define SHARDTRAIN_TRAINER_LR_SCHEDULER_H_
+#ifndef SHARDTRAIN_TRAINER_OPTIM_LR_SCHEDULER_H_
+#define SHARDTRAIN_TRAINER_OPTIM_LR_SCHEDULER_H_
 
 #include <cstdint>
 #include <functional>
@@ -279,4 +279,4 @@ std::vector<double> DoublesFromString(const std::string& s);
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_LR_SCHEDULER_H_
+#endif  // SHARDTRAIN_TRAINER_OPTIM_LR_SCHEDULER_H_

@@ -10,8 +10,8 @@
 #include <utility>
 
 #include "base/errors.h"
-#include "trainer/internal/lr_scheduler_util.h"
-#include "trainer/lr_scheduler.h"
+#include "trainer/optim/internal/lr_scheduler_util.h"
+#include "trainer/optim/lr_scheduler.h"
 
 namespace shardtrain::trainer {
 

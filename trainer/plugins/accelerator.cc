@@ -1,4 +1,4 @@
-#include "trainer/accelerator.h"
+#include "trainer/plugins/accelerator.h"
 
 #include <ATen/ATen.h>
 

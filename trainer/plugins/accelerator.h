@@ -8,8 +8,8 @@
 // shardtrain_cuda=1, which links //comm:nccl and LibTorch's CUDA library).
 // Without it, or without a visible CUDA device, asking for "cuda" is an
 // InvalidArgumentError that says which of the two is missing.
-#ifndef SHARDTRAIN_TRAINER_ACCELERATOR_H_
-#define SHARDTRAIN_TRAINER_ACCELERATOR_H_
+#ifndef SHARDTRAIN_TRAINER_PLUGINS_ACCELERATOR_H_
+#define SHARDTRAIN_TRAINER_PLUGINS_ACCELERATOR_H_
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -57,12 +57,8 @@ c10::Device RankDevice(const std::string& resolved_accelerator, int local_rank);
 // Makes `device` the calling thread's current CUDA device (no-op for CPU).
 void SetCurrentDevice(const c10::Device& device);
 
-// The time limits of a Trainer's communicator (TrainerOptions' fields of the same names).
-struct CommLimits {
-  std::chrono::milliseconds timeout;                // its creation and every collective
-  std::chrono::milliseconds stall_warning{0};       // stalled-peer warning (0: none)
-  std::chrono::milliseconds stall_timeout{0};       // stalled-peer failure (0: none)
-};
+// The time limits of a communicator: one struct for every backend (comm/communicator.h).
+using comm::CommLimits;
 
 // The NCCL communicator of the job for a rank on CUDA device `device_index`,
 // with `limits` (NcclOptions' timeout, stall_warning, stall_timeout).
@@ -76,4 +72,4 @@ using comm::HostAllReduce;
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_ACCELERATOR_H_
+#endif  // SHARDTRAIN_TRAINER_PLUGINS_ACCELERATOR_H_

@@ -5,7 +5,7 @@
 #include <chrono>
 
 #include "base/errors.h"
-#include "trainer/accelerator.h"
+#include "trainer/plugins/accelerator.h"
 
 namespace shardtrain::trainer {
 

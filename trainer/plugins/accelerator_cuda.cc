@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "comm/nccl_communicator.h"
-#include "trainer/accelerator.h"
+#include "trainer/plugins/accelerator.h"
 
 namespace shardtrain::trainer {
 
@@ -25,9 +25,7 @@ comm::CommunicatorPtr CreateNcclCommunicator(c10::intrusive_ptr<c10d::Store> sto
                                              int device_index, const CommLimits& limits) {
   comm::NcclOptions o;
   o.device = device_index;
-  o.timeout = limits.timeout;
-  o.stall_warning = limits.stall_warning;
-  o.stall_timeout = limits.stall_timeout;
+  static_cast<comm::CommLimits&>(o) = limits;
   return comm::NcclCommunicator::Create(std::move(store), rank, size, o);
 }
 

@@ -1,4 +1,4 @@
-#include "trainer/sync_batchnorm.h"
+#include "trainer/plugins/sync_batchnorm.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -214,7 +214,7 @@ void SyncBatchNormConversion::CheckNotBypassed() const {
                  names_[i],
                  "' through its own member (e.g. torch::nn::BatchNorm2d bn_; bn_->forward(x)), which still holds the "
                  "original module, not through the module tree: that layer would not be synchronized. Call it with "
-                 "ForwardBatchNorm(*this, \"<child name>\", x) (trainer/sync_batchnorm.h), or set sync_batchnorm "
+                 "ForwardBatchNorm(*this, \"<child name>\", x) (trainer/plugins/sync_batchnorm.h), or set sync_batchnorm "
                  "to false");
   }
 }

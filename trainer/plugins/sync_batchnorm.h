@@ -17,8 +17,8 @@
 // first training batch (InvalidArgumentError naming the layer). Models meant
 // for sync_batchnorm call their BatchNorm through the module tree with
 // ForwardBatchNorm(*this, "bn", x).
-#ifndef SHARDTRAIN_TRAINER_SYNC_BATCHNORM_H_
-#define SHARDTRAIN_TRAINER_SYNC_BATCHNORM_H_
+#ifndef SHARDTRAIN_TRAINER_PLUGINS_SYNC_BATCHNORM_H_
+#define SHARDTRAIN_TRAINER_PLUGINS_SYNC_BATCHNORM_H_
 
 #include <torch/nn/module.h>
 #include <torch/nn/options/batchnorm.h>
@@ -86,4 +86,4 @@ at::Tensor ForwardBatchNorm(torch::nn::Module& parent, const std::string& name, 
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_SYNC_BATCHNORM_H_
+#endif  // SHARDTRAIN_TRAINER_PLUGINS_SYNC_BATCHNORM_H_

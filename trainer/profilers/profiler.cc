@@ -1,4 +1,4 @@
-#include "trainer/profiler.h"
+#include "trainer/profilers/profiler.h"
 
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
@@ -16,9 +16,9 @@
 #include <string_view>
 
 #include "base/errors.h"
+#include "base/file_util.h"
 #include "base/logging.h"
 #include "comm/wait_time.h"
-#include "trainer/file_util.h"
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;

@@ -22,8 +22,8 @@
 // (profiler_steps "wait:active", counted from the first batch of this Fit),
 // with each phase above as a user range, and writes a Chrome trace per rank:
 // <log_dir>/profiler-fit-rank<R>.pt.trace.json (chrome://tracing, Perfetto).
-#ifndef SHARDTRAIN_TRAINER_PROFILER_H_
-#define SHARDTRAIN_TRAINER_PROFILER_H_
+#ifndef SHARDTRAIN_TRAINER_PROFILERS_PROFILER_H_
+#define SHARDTRAIN_TRAINER_PROFILERS_PROFILER_H_
 
 #include <cstdint>
 #include <memory>
@@ -112,4 +112,4 @@ std::unique_ptr<Profiler> MakeProfiler(const std::string& kind, const std::strin
 
 }  // namespace shardtrain::trainer
 
-#endif  // SHARDTRAIN_TRAINER_PROFILER_H_
+#endif  // SHARDTRAIN_TRAINER_PROFILERS_PROFILER_H_

@@ -1,5 +1,5 @@
 // Internal to //trainer: moving model and optimizer state between a strategy
-// and checkpoint structures (trainer/checkpoint.h, trainer/sharded_checkpoint.h).
+// and checkpoint structures (trainer/checkpoint_io/checkpoint.h, trainer/checkpoint_io/sharded_checkpoint.h).
 //
 // Optimizer state is handled generically for Adam, AdamW and SGD: per
 // optimized tensor, the state tensors shaped like it (exp_avg, exp_avg_sq,
@@ -8,8 +8,8 @@
 // reshards it (for sharded strategies it is laid out like the units' flat
 // parameters). Other optimizers are saved as their LibTorch archive (same
 // world size only).
-#ifndef SHARDTRAIN_TRAINER_CHECKPOINT_STATE_H_
-#define SHARDTRAIN_TRAINER_CHECKPOINT_STATE_H_
+#ifndef SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_CHECKPOINT_STATE_H_
+#define SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_CHECKPOINT_STATE_H_
 
 #include <functional>
 #include <string>
@@ -17,9 +17,9 @@
 #include <ATen/core/ivalue.h>
 
 #include "strategies/strategy.h"
-#include "trainer/archive.h"
-#include "trainer/checkpoint.h"
-#include "trainer/sharded_checkpoint.h"
+#include "trainer/checkpoint_io/archive.h"
+#include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/sharded_checkpoint.h"
 
 namespace torch::optim {
 class Optimizer;
@@ -76,4 +76,4 @@ std::function<void()> PrepareOptimizerLoad(strategies::Strategy& strategy, torch
 
 }  // namespace shardtrain::trainer::internal
 
-#endif  // SHARDTRAIN_TRAINER_CHECKPOINT_STATE_H_
+#endif  // SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_CHECKPOINT_STATE_H_

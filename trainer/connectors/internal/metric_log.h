@@ -15,8 +15,8 @@
 // rank 0's value is taken. ReduceEpoch does the same for the aggregates at
 // the end of an epoch or validation run (a fingerprint all-reduce, then the
 // values).
-#ifndef SHARDTRAIN_TRAINER_METRIC_LOG_H_
-#define SHARDTRAIN_TRAINER_METRIC_LOG_H_
+#ifndef SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_METRIC_LOG_H_
+#define SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_METRIC_LOG_H_
 
 #include <cstdint>
 #include <functional>
@@ -98,4 +98,4 @@ class MetricCollector {
 
 }  // namespace shardtrain::trainer::internal
 
-#endif  // SHARDTRAIN_TRAINER_METRIC_LOG_H_
+#endif  // SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_METRIC_LOG_H_

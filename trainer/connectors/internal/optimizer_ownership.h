@@ -3,8 +3,8 @@
 // original parameters, so an optimizer built over module->parameters()
 // captured before WrapModel (or over unrelated tensors) would step tensors
 // no gradient ever reaches: training would silently do nothing.
-#ifndef SHARDTRAIN_TRAINER_OPTIMIZER_OWNERSHIP_H_
-#define SHARDTRAIN_TRAINER_OPTIMIZER_OWNERSHIP_H_
+#ifndef SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_OPTIMIZER_OWNERSHIP_H_
+#define SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_OPTIMIZER_OWNERSHIP_H_
 
 #include <ATen/core/Tensor.h>
 
@@ -27,4 +27,4 @@ void CheckOptimizerOwnsParameters(const torch::optim::Optimizer& opt, const std:
 
 }  // namespace shardtrain::trainer::internal
 
-#endif  // SHARDTRAIN_TRAINER_OPTIMIZER_OWNERSHIP_H_
+#endif  // SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_OPTIMIZER_OWNERSHIP_H_

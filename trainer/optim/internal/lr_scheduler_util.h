@@ -1,15 +1,15 @@
-// What trainer/lr_scheduler.cc and lr_scheduler_stateful.cc share: the
+// What trainer/optim/lr_scheduler.cc and lr_scheduler_stateful.cc share: the
 // optimizer's registered initial learning rates (PyTorch's
 // param_group["initial_lr"]) and typed reads of a scheduler's string state.
 // Private to //trainer:lr_scheduler.
-#ifndef SHARDTRAIN_TRAINER_INTERNAL_LR_SCHEDULER_UTIL_H_
-#define SHARDTRAIN_TRAINER_INTERNAL_LR_SCHEDULER_UTIL_H_
+#ifndef SHARDTRAIN_TRAINER_OPTIM_INTERNAL_LR_SCHEDULER_UTIL_H_
+#define SHARDTRAIN_TRAINER_OPTIM_INTERNAL_LR_SCHEDULER_UTIL_H_
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "trainer/lr_scheduler.h"
+#include "trainer/optim/lr_scheduler.h"
 
 namespace shardtrain::trainer::internal {
 
@@ -28,4 +28,4 @@ double GetDouble(const SchedulerState& s, const std::string& key, const std::str
 
 }  // namespace shardtrain::trainer::internal
 
-#endif  // SHARDTRAIN_TRAINER_INTERNAL_LR_SCHEDULER_UTIL_H_
+#endif  // SHARDTRAIN_TRAINER_OPTIM_INTERNAL_LR_SCHEDULER_UTIL_H_
