@@ -75,19 +75,19 @@ trainer::ShardedCheckpoint SmallShardedCheckpoint() {
   ck.meta.optimizer_full = {};
   ck.meta.world_size = 1;
   trainer::ShardedPiece p;
-  trainer::SavedUnit u;
+  sharding::UnitInfo u;
   u.name = "";
   u.param_names = {"fc.weight", "fc.bias"};
-  u.param_shapes = {{2, 3}, {2}};
   u.numel = 8;
   u.padded_numel = 8;
   u.shard_numel = 8;
-  p.units = {u};
-  p.shards = {at::arange(8, at::kFloat)};
-  p.buffers = {{"bn.running_mean", at::zeros({3})}};
+  p.state.units = {u};
+  p.state.param_shapes = {{{2, 3}, {2}}};
+  p.state.shards = {at::arange(8, at::kFloat)};
+  p.state.buffers = {{"bn.running_mean", at::zeros({3})}};
   p.optimizer_kind = "Adam";
-  p.optimizer_units = {{{"exp_avg", at::zeros({8})}, {"exp_avg_sq", at::ones({8})}}};
-  p.optimizer_steps = {12};
+  p.optimizer.units = {{{"exp_avg", at::zeros({8})}, {"exp_avg_sq", at::ones({8})}}};
+  p.optimizer.steps = {12};
   ck.pieces = {p};
   return ck;
 }

@@ -82,8 +82,8 @@ TEST(ShardedCheckpoint, LoadsIntoAnotherWrapping) {
   const std::string again = (fs::path(TmpDir("wrap_again")) / "ckpt").string();
   Fit(4, load, a.last_ckpt, {}, [&](int, Trainer& t, Classifier&) { t.SaveCheckpoint(again, CheckpointFormat::kSharded); });
   const ShardedCheckpoint before = LoadShardedCheckpoint(a.last_ckpt), after = LoadShardedCheckpoint(again);
-  EXPECT_EQ(before.pieces.front().units.size(), 3u);
-  EXPECT_EQ(after.pieces.front().units.size(), 1u);
+  EXPECT_EQ(before.pieces.front().state.units.size(), 3u);
+  EXPECT_EQ(after.pieces.front().state.units.size(), 1u);
   const auto pb = ConsolidateParameters(before), pa = ConsolidateParameters(after);
   ASSERT_EQ(pb.size(), pa.size());
   for (const auto& [k, v] : pb) EXPECT_TRUE(v.equal(pa.at(k))) << k;

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <limits>
 #include <set>
 
 #include "base/errors.h"
@@ -100,17 +101,18 @@ c10::IValue PieceToIValue(const ShardedPiece& p, const std::function<at::Tensor(
   auto d = NewDict();
   d.insert("rank", p.rank);
   d.insert("world_size", p.world_size);
-  d.insert("shard_rank", p.shard_rank);
-  d.insert("shard_world", p.shard_world);
+  d.insert("shard_rank", static_cast<int64_t>(p.state.shard_rank));
+  d.insert("shard_world", static_cast<int64_t>(p.state.shard_world));
   c10::impl::GenericList units(c10::AnyType::get());
-  for (const auto& u : p.units) {
+  for (size_t i = 0; i < p.state.units.size(); ++i) {
+    const auto& u = p.state.units[i];
     auto ud = NewDict();
     ud.insert("name", u.name);
     c10::List<std::string> names;
     for (const auto& n : u.param_names) names.push_back(n);
     ud.insert("param_names", names);
     c10::impl::GenericList shapes(c10::ListType::ofInts());
-    for (const auto& s : u.param_shapes) shapes.push_back(c10::IValue(s));
+    for (const auto& s : p.state.param_shapes.at(i)) shapes.push_back(c10::IValue(s));
     ud.insert("param_shapes", shapes);
     ud.insert("numel", u.numel);
     ud.insert("padded_numel", u.padded_numel);
@@ -119,25 +121,25 @@ c10::IValue PieceToIValue(const ShardedPiece& p, const std::function<at::Tensor(
   }
   d.insert("units", units);
   c10::List<at::Tensor> shards;
-  for (const auto& s : p.shards) shards.push_back(add(s.detach()));
+  for (const auto& s : p.state.shards) shards.push_back(add(s.detach()));
   d.insert("shards", shards);
   c10::Dict<std::string, at::Tensor> buffers;
-  for (const auto& [k, v] : p.buffers) buffers.insert(k, add(v.detach()));
+  for (const auto& [k, v] : p.state.buffers) buffers.insert(k, add(v.detach()));
   d.insert("buffers", buffers);
   auto od = NewDict();
   od.insert("kind", p.optimizer_kind);
   c10::impl::GenericList ounits(c10::AnyType::get());
-  const size_t n_units = p.optimizer_unit_source ? p.units.size() : p.optimizer_units.size();
+  const size_t n_units = p.optimizer_unit_source ? p.state.units.size() : p.optimizer.units.size();
   for (size_t i = 0; i < n_units; ++i) {
     // From the source: this unit's state lives only until its tensors are written.
     const std::map<std::string, at::Tensor> m =
-        p.optimizer_unit_source ? p.optimizer_unit_source(i) : p.optimizer_units[i];
+        p.optimizer_unit_source ? p.optimizer_unit_source(i) : p.optimizer.units[i];
     c10::Dict<std::string, at::Tensor> md;
     for (const auto& [k, v] : m) md.insert(k, add(v.detach()));
     ounits.push_back(md);
   }
   od.insert("units", ounits);
-  od.insert("steps", c10::IValue(p.optimizer_steps));
+  od.insert("steps", c10::IValue(p.optimizer.steps));
   od.insert("archive", add(BytesTensor(p.optimizer_archive)));
   d.insert("optimizer", od);
   return d;
@@ -152,29 +154,38 @@ ShardedPiece PieceFromDict(const c10::impl::GenericDict& d, const std::string& p
   try {
     p.rank = need(d, "rank").toInt();
     p.world_size = need(d, "world_size").toInt();
-    p.shard_rank = need(d, "shard_rank").toInt();
-    p.shard_world = need(d, "shard_world").toInt();
+    const int64_t shard_rank = need(d, "shard_rank").toInt();
+    const int64_t shard_world = need(d, "shard_world").toInt();
+    if (shard_world < 1 || shard_world > std::numeric_limits<int>::max() || shard_rank < 0 || shard_rank >= shard_world) {
+      ST_THROW(Error, "sharded checkpoint file '", path, "': shard rank ", shard_rank, " outside [0, ", shard_world, ")");
+    }
+    p.state.shard_rank = static_cast<int>(shard_rank);
+    p.state.shard_world = static_cast<int>(shard_world);
     for (const auto& uv : need(d, "units").toListRef()) {
       auto ud = uv.toGenericDict();
-      SavedUnit u;
+      sharding::UnitInfo u;
+      std::vector<std::vector<int64_t>> shapes;
       u.name = need(ud, "name").toStringRef();
       for (const auto& n : need(ud, "param_names").toListRef()) u.param_names.push_back(n.toStringRef());
-      for (const auto& s : need(ud, "param_shapes").toListRef()) u.param_shapes.push_back(IntList(s));
+      for (const auto& s : need(ud, "param_shapes").toListRef()) shapes.push_back(IntList(s));
       u.numel = need(ud, "numel").toInt();
       u.padded_numel = need(ud, "padded_numel").toInt();
       u.shard_numel = need(ud, "shard_numel").toInt();
-      p.units.push_back(std::move(u));
+      p.state.units.push_back(std::move(u));
+      p.state.param_shapes.push_back(std::move(shapes));
     }
-    for (const auto& t : need(d, "shards").toListRef()) p.shards.push_back(t.toTensor());
-    for (const auto& e : need(d, "buffers").toGenericDict()) p.buffers[e.key().toStringRef()] = e.value().toTensor();
+    for (const auto& t : need(d, "shards").toListRef()) p.state.shards.push_back(t.toTensor());
+    for (const auto& e : need(d, "buffers").toGenericDict()) {
+      p.state.buffers[e.key().toStringRef()] = e.value().toTensor();
+    }
     auto od = need(d, "optimizer").toGenericDict();
     p.optimizer_kind = need(od, "kind").toStringRef();
     for (const auto& mv : need(od, "units").toListRef()) {
       std::map<std::string, at::Tensor> m;
       for (const auto& e : mv.toGenericDict()) m[e.key().toStringRef()] = e.value().toTensor();
-      p.optimizer_units.push_back(std::move(m));
+      p.optimizer.units.push_back(std::move(m));
     }
-    p.optimizer_steps = IntList(need(od, "steps"));
+    p.optimizer.steps = IntList(need(od, "steps"));
     p.optimizer_archive = TensorBytes(need(od, "archive").toTensor());
   } catch (const c10::Error& e) {
     std::string what = e.what();
@@ -183,11 +194,14 @@ ShardedPiece PieceFromDict(const c10::impl::GenericDict& d, const std::string& p
   return p;
 }
 
-bool SameUnits(const std::vector<SavedUnit>& a, const std::vector<SavedUnit>& b) {
-  if (a.size() != b.size()) return false;
+// The same units with the same saved shapes (the shards themselves differ).
+bool SameUnits(const sharding::ShardedStateDict& sa, const sharding::ShardedStateDict& sb) {
+  const auto& a = sa.units;
+  const auto& b = sb.units;
+  if (a.size() != b.size() || sa.param_shapes != sb.param_shapes) return false;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i].name != b[i].name || a[i].param_names != b[i].param_names || a[i].param_shapes != b[i].param_shapes ||
-        a[i].numel != b[i].numel || a[i].padded_numel != b[i].padded_numel || a[i].shard_numel != b[i].shard_numel) {
+    if (a[i].name != b[i].name || a[i].param_names != b[i].param_names || a[i].numel != b[i].numel ||
+        a[i].padded_numel != b[i].padded_numel || a[i].shard_numel != b[i].shard_numel) {
       return false;
     }
   }
@@ -349,36 +363,36 @@ void CheckPiece(const ShardedPiece& p, int64_t r, int64_t W, const ShardedPiece*
   if (p.rank != r || p.world_size != W) {
     bad("holds rank ", p.rank, " of ", p.world_size, ", expected rank ", r, " of ", W);
   }
-  if (p.shard_world < 1 || p.shard_rank < 0 || p.shard_rank >= p.shard_world) {
-    bad("shard rank ", p.shard_rank, " outside [0, ", p.shard_world, ")");
-  }
-  if (p.shards.size() != p.units.size()) bad(p.shards.size(), " unit shards for ", p.units.size(), " units");
-  for (size_t i = 0; i < p.units.size(); ++i) {
-    const auto& u = p.units[i];
-    if (u.param_names.size() != u.param_shapes.size()) bad("unit '", u.name, "' names and shapes disagree");
+  const sharding::ShardedStateDict& s = p.state;  // shard rank and world checked when read
+  if (s.shards.size() != s.units.size()) bad(s.shards.size(), " unit shards for ", s.units.size(), " units");
+  for (size_t i = 0; i < s.units.size(); ++i) {
+    const auto& u = s.units[i];
+    const auto& shapes = s.param_shapes[i];  // read with the unit
+    if (u.param_names.size() != shapes.size()) bad("unit '", u.name, "' names and shapes disagree");
     int64_t n = 0;
-    for (const auto& s : u.param_shapes) n += c10::multiply_integers(s);
-    if (n != u.numel || u.shard_numel * p.shard_world != u.padded_numel || u.padded_numel < u.numel) {
+    for (const auto& shape : shapes) n += c10::multiply_integers(shape);
+    if (n != u.numel || u.shard_numel * s.shard_world != u.padded_numel || u.padded_numel < u.numel) {
       bad("unit '", u.name, "' has inconsistent sizes");
     }
-    if (p.shards[i].numel() != u.shard_numel) {
-      bad("unit '", u.name, "' shard has ", p.shards[i].numel(), " elements, expected ", u.shard_numel);
+    if (s.shards[i].numel() != u.shard_numel) {
+      bad("unit '", u.name, "' shard has ", s.shards[i].numel(), " elements, expected ", u.shard_numel);
     }
   }
-  if (!p.optimizer_units.empty()) {
-    if (p.optimizer_units.size() != p.units.size() || p.optimizer_steps.size() != p.units.size()) {
-      bad("optimizer state for ", p.optimizer_units.size(), " units, expected ", p.units.size());
+  const auto& o = p.optimizer;
+  if (!o.units.empty()) {
+    if (o.units.size() != s.units.size() || o.steps.size() != s.units.size()) {
+      bad("optimizer state for ", o.units.size(), " units, expected ", s.units.size());
     }
-    for (size_t i = 0; i < p.units.size(); ++i) {
-      for (const auto& [k, t] : p.optimizer_units[i]) {
-        if (t.numel() != p.units[i].shard_numel) {
-          bad("optimizer state '", k, "' of unit '", p.units[i].name, "' has the wrong size");
+    for (size_t i = 0; i < s.units.size(); ++i) {
+      for (const auto& [k, t] : o.units[i]) {
+        if (t.numel() != s.units[i].shard_numel) {
+          bad("optimizer state '", k, "' of unit '", s.units[i].name, "' has the wrong size");
         }
       }
     }
   }
   if (first) {
-    if (p.shard_world != first->shard_world || !SameUnits(p.units, first->units)) {
+    if (s.shard_world != first->state.shard_world || !SameUnits(s, first->state)) {
       bad("its units or shard group disagree with rank 0's file");
     }
     if (p.optimizer_kind != first->optimizer_kind) {
@@ -424,8 +438,8 @@ ShardedCheckpoint LoadShardedCheckpoint(const std::string& path) {
     CheckPiece(p, r, W, ck.pieces.empty() ? nullptr : &ck.pieces.front(), f);
     ck.pieces.push_back(std::move(p));
   }
-  std::vector<bool> seen(ck.pieces.front().shard_world, false);
-  for (const auto& p : ck.pieces) seen[p.shard_rank] = true;
+  std::vector<bool> seen(ck.pieces.front().state.shard_world, false);
+  for (const auto& p : ck.pieces) seen[p.state.shard_rank] = true;
   for (size_t s = 0; s < seen.size(); ++s) {
     if (!seen[s]) ST_THROW(Error, "sharded checkpoint '", path, "' has no file holding shard rank ", s);
   }

@@ -55,6 +55,7 @@
 #include <string>
 #include <vector>
 
+#include "sharding/sharded_state.h"
 #include "trainer/checkpoint_io/checkpoint.h"
 
 namespace shardtrain::trainer {
@@ -63,33 +64,25 @@ inline constexpr int64_t kShardedCheckpointFormatVersion = 1;
 inline constexpr const char* kShardedMetadataFile = "metadata.pt";
 inline constexpr const char* kShardedCompleteMarker = "COMPLETE";
 
-// One unit (FSDP wrap point) as saved.
-struct SavedUnit {
-  std::string name;
-  std::vector<std::string> param_names;
-  std::vector<std::vector<int64_t>> param_shapes;
-  int64_t numel = 0;
-  int64_t padded_numel = 0;
-  int64_t shard_numel = 0;
-};
-
-// One rank's file.
+// One rank's file: its piece of the sharding core's own state
+// (sharding/sharded_state.h), as the core gives it on save and takes it on load.
 struct ShardedPiece {
   int64_t rank = 0;
   int64_t world_size = 1;
-  int64_t shard_rank = 0;   // rank in the shard group (HYBRID_SHARD: several ranks share one)
-  int64_t shard_world = 1;
-  std::vector<SavedUnit> units;
-  std::vector<at::Tensor> shards;              // per unit, shard_numel float32 elements
-  std::map<std::string, at::Tensor> buffers;   // full (replicated)
-  std::string optimizer_kind;                  // "Adam", "AdamW", "SGD", or "" (none / archive)
-  std::vector<std::map<std::string, at::Tensor>> optimizer_units;  // per unit; empty map: no state
-  std::vector<int64_t> optimizer_steps;        // per unit; -1: none
+  // The shard group (shard_rank, shard_world: HYBRID_SHARD replicas share a
+  // shard rank), the units (FSDP wrap points) with their saved parameter
+  // shapes (param_shapes: one list per unit, always filled), the unit shards
+  // (shard_numel float32 elements each) and the full (replicated) buffers.
+  sharding::ShardedStateDict state;
+  std::string optimizer_kind;  // "Adam", "AdamW", "SGD", or "" (none / archive)
+  // Per unit, state tensors shaped like its shard by key (empty map: none) and
+  // its step (-1: none).
+  sharding::ShardedOptimizerState optimizer;
   // When set (a save), WriteShardedPiece takes each unit's optimizer state
-  // from here, one unit at a time, instead of from optimizer_units: state
+  // from here, one unit at a time, instead of from optimizer.units: state
   // that must be copied into the shard layout is never all alive at once.
   std::function<std::map<std::string, at::Tensor>(size_t unit)> optimizer_unit_source;
-  std::string optimizer_archive;               // serialized LibTorch optimizer (unsupported kinds)
+  std::string optimizer_archive;  // serialized LibTorch optimizer (unsupported kinds)
 };
 
 struct ShardedCheckpoint {

@@ -17,22 +17,11 @@ namespace {
 
 // The piece holding each shard rank (HYBRID_SHARD replicas hold equal shards: the first is used).
 std::vector<const ShardedPiece*> ByShardRank(const ShardedCheckpoint& ck) {
-  std::vector<const ShardedPiece*> out(ck.pieces.front().shard_world, nullptr);
+  std::vector<const ShardedPiece*> out(ck.pieces.front().state.shard_world, nullptr);
   for (const auto& p : ck.pieces) {
-    if (!out[p.shard_rank]) out[p.shard_rank] = &p;
+    if (!out[p.state.shard_rank]) out[p.state.shard_rank] = &p;
   }
   return out;
-}
-
-// The saved unit as the sharding core's model-free helpers take it.
-sharding::UnitInfo InfoOf(const SavedUnit& u) {
-  sharding::UnitInfo info;
-  info.name = u.name;
-  info.param_names = u.param_names;
-  info.numel = u.numel;
-  info.padded_numel = u.padded_numel;
-  info.shard_numel = u.shard_numel;
-  return info;
 }
 
 }  // namespace
@@ -41,11 +30,11 @@ std::map<std::string, at::Tensor> ConsolidateParameters(const ShardedCheckpoint&
   ST_CHECK_ARG(!ck.pieces.empty(), "sharded checkpoint without pieces");
   auto by = ByShardRank(ck);
   std::map<std::string, at::Tensor> out;
-  const auto& units = ck.pieces.front().units;
-  for (size_t i = 0; i < units.size(); ++i) {
+  const auto& first = ck.pieces.front().state;
+  for (size_t i = 0; i < first.units.size(); ++i) {
     std::vector<at::Tensor> parts;
-    for (const auto* p : by) parts.push_back(p->shards[i]);
-    out.merge(sharding::ConsolidateUnit(InfoOf(units[i]), units[i].param_shapes, parts));
+    for (const auto* p : by) parts.push_back(p->state.shards[i]);
+    out.merge(sharding::ConsolidateUnit(first.units[i], first.param_shapes[i], parts));
   }
   return out;
 }
@@ -54,25 +43,27 @@ FullOptimizerState ConsolidateOptimizerState(const ShardedCheckpoint& ck) {
   FullOptimizerState out;
   ST_CHECK_ARG(!ck.pieces.empty(), "sharded checkpoint without pieces");
   const auto& first = ck.pieces.front();
-  if (first.optimizer_kind.empty() || first.optimizer_units.empty()) return out;
+  if (first.optimizer_kind.empty() || first.optimizer.units.empty()) return out;
   out.kind = first.optimizer_kind;
   auto by = ByShardRank(ck);
-  for (size_t i = 0; i < first.units.size(); ++i) {
-    const auto& u = first.units[i];
+  for (size_t i = 0; i < first.state.units.size(); ++i) {
+    const auto& u = first.state.units[i];
     std::set<std::string> keys;
     int64_t step = -1;
     for (const auto* p : by) {
-      for (const auto& [k, t] : p->optimizer_units[i]) keys.insert(k);
-      step = std::max(step, p->optimizer_steps[i]);
+      for (const auto& [k, t] : p->optimizer.units[i]) keys.insert(k);
+      step = std::max(step, p->optimizer.steps[i]);
     }
     for (const auto& key : keys) {
       std::vector<at::Tensor> parts;
       for (const auto* p : by) {
-        auto it = p->optimizer_units[i].find(key);
-        parts.push_back(it != p->optimizer_units[i].end() ? it->second
-                                                          : at::zeros({u.shard_numel}, p->shards[i].options()));
+        auto it = p->optimizer.units[i].find(key);
+        parts.push_back(it != p->optimizer.units[i].end() ? it->second
+                                                          : at::zeros({u.shard_numel}, p->state.shards[i].options()));
       }
-      for (auto& [name, t] : sharding::ConsolidateUnit(InfoOf(u), u.param_shapes, parts)) out.state[name][key] = t;
+      for (auto& [name, t] : sharding::ConsolidateUnit(u, first.state.param_shapes[i], parts)) {
+        out.state[name][key] = t;
+      }
     }
     if (!keys.empty() && step >= 0) {
       for (const auto& name : u.param_names) out.step[name] = step;
@@ -85,7 +76,7 @@ CheckpointData ConsolidateShardedCheckpoint(const ShardedCheckpoint& ck) {
   CheckpointData out = ck.meta;
   out.world_size = static_cast<int64_t>(ck.pieces.size());
   out.state_dict = ConsolidateParameters(ck);
-  for (const auto& [k, v] : ck.pieces.front().buffers) {
+  for (const auto& [k, v] : ck.pieces.front().state.buffers) {
     out.state_dict[k] = at::isFloatingType(v.scalar_type()) ? v.to(at::kFloat) : v.clone();
   }
   out.optimizer_full = ConsolidateOptimizerState(ck);

@@ -219,27 +219,20 @@ ShardedPiece MakeShardedPiece(strategies::Strategy& s, torch::optim::Optimizer& 
   at::NoGradGuard no_grad;
   sharding::ShardedStateDict sd = s.ShardedState();
   const auto shapes = ParamShapes(s);
-  ShardedPiece piece;
-  piece.rank = s.rank();
-  piece.world_size = s.world_size();
-  piece.shard_rank = sd.shard_rank;
-  piece.shard_world = sd.shard_world;
+  sd.param_shapes.clear();
   for (const auto& u : sd.units) {
-    SavedUnit su;
-    su.name = u.name;
-    su.param_names = u.param_names;
+    auto& unit_shapes = sd.param_shapes.emplace_back();
     for (const auto& n : u.param_names) {
       auto it = shapes.find(n);
       ST_CHECK_ARG(it != shapes.end(), "sharded checkpoint: unit parameter '", n, "' is not a parameter of the module");
-      su.param_shapes.push_back(it->second);
+      unit_shapes.push_back(it->second);
     }
-    su.numel = u.numel;
-    su.padded_numel = u.padded_numel;
-    su.shard_numel = u.shard_numel;
-    piece.units.push_back(std::move(su));
   }
-  for (const auto& t : sd.shards) piece.shards.push_back(t.to(at::kFloat));  // float32 already: the live shard
-  piece.buffers = sd.buffers;
+  for (auto& t : sd.shards) t = t.to(at::kFloat);  // float32 already: the live shard, not a copy
+  ShardedPiece piece;
+  piece.rank = s.rank();
+  piece.world_size = s.world_size();
+  piece.state = std::move(sd);
   piece.optimizer_kind = OptimizerKind(opt);
   if (piece.optimizer_kind.empty()) {
     piece.optimizer_archive = SerializeOptimizer(opt);
@@ -247,7 +240,7 @@ ShardedPiece MakeShardedPiece(strategies::Strategy& s, torch::optim::Optimizer& 
     // Steps now; the state one unit at a time while the file is written
     // (copies, where a unit's state is several tensors, never all alive).
     const auto params = OptimizerParams(opt);
-    piece.optimizer_steps = s.ShardedOptimizerSteps(params, StatesOf(opt, params));
+    piece.optimizer.steps = s.ShardedOptimizerSteps(params, StatesOf(opt, params));
     piece.optimizer_unit_source = [&s, params, &opt](size_t u) {
       return s.ShardedOptimizerUnit(params, StatesOf(opt, params), static_cast<int>(u));
     };
@@ -293,34 +286,17 @@ std::function<void()> PrepareOptimizerLoad(strategies::Strategy& s, torch::optim
 
 namespace {
 
-// A sharded checkpoint's pieces as the sharding core takes them (the
-// parameters as views of the mapped files) and their optimizer state.
+// The pieces' core states (the parameters as views of the mapped files) and
+// optimizer states: handles, no copies.
 std::vector<sharding::ShardedStateDict> CorePieces(const ShardedCheckpoint& ck) {
   std::vector<sharding::ShardedStateDict> pieces;
-  for (const auto& p : ck.pieces) {
-    sharding::ShardedStateDict sd;
-    sd.shard_rank = static_cast<int>(p.shard_rank);
-    sd.shard_world = static_cast<int>(p.shard_world);
-    for (const auto& u : p.units) {
-      sharding::UnitInfo info;
-      info.name = u.name;
-      info.param_names = u.param_names;
-      info.numel = u.numel;
-      info.padded_numel = u.padded_numel;
-      info.shard_numel = u.shard_numel;
-      sd.units.push_back(std::move(info));
-      sd.param_shapes.push_back(u.param_shapes);
-    }
-    sd.shards = p.shards;
-    sd.buffers = p.buffers;
-    pieces.push_back(std::move(sd));
-  }
+  for (const auto& p : ck.pieces) pieces.push_back(p.state);
   return pieces;
 }
 
 std::vector<sharding::ShardedOptimizerState> CoreOptimizerPieces(const ShardedCheckpoint& ck) {
   std::vector<sharding::ShardedOptimizerState> out;
-  for (const auto& p : ck.pieces) out.push_back({p.optimizer_units, p.optimizer_steps});
+  for (const auto& p : ck.pieces) out.push_back(p.optimizer);
   return out;
 }
 
@@ -344,7 +320,7 @@ std::function<void()> PrepareShardedLoad(strategies::Strategy& s, torch::optim::
   // Optimizer state.
   const std::string kind = OptimizerKind(opt);
   const bool any_state = std::any_of(ck.pieces.begin(), ck.pieces.end(), [](const ShardedPiece& p) {
-    return std::any_of(p.optimizer_units.begin(), p.optimizer_units.end(), [](const auto& m) { return !m.empty(); });
+    return std::any_of(p.optimizer.units.begin(), p.optimizer.units.end(), [](const auto& m) { return !m.empty(); });
   });
   const bool archives = std::all_of(ck.pieces.begin(), ck.pieces.end(),
                                     [](const ShardedPiece& p) { return !p.optimizer_archive.empty(); });
