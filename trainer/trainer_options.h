@@ -30,6 +30,7 @@ enum class CheckpointFormat {
 inline constexpr int64_t kDefaultMaxEpochs = 1000;
 
 struct TrainerOptions {
+  // ---- Hardware, strategy, precision ----
   // "cpu", "cuda" (alias "gpu": one rank per CUDA device, cuda:<local rank>,
   // model and batches moved there, NCCL between ranks; needs a build with
   // --config=cuda and a visible device), or "auto" (cuda when both hold, else
@@ -56,6 +57,7 @@ struct TrainerOptions {
   // optimizer does not step; global_step and the LR schedule still advance,
   // as in Lightning) and the scale backs off. Unused by other precisions.
   GradScalerOptions grad_scaler;
+  // ---- The loop: length, accumulation, clipping, validation ----
   // Epochs to train; -1: unlimited (needs max_steps). Unset, as Lightning's
   // max_epochs=None: kDefaultMaxEpochs (1000) when max_steps is -1, else
   // unlimited (max_steps alone decides).
@@ -77,6 +79,7 @@ struct TrainerOptions {
   // <= 1.0: fraction of the batches; > 1: number of batches (per epoch, per rank).
   double limit_train_batches = 1.0;
   double limit_val_batches = 1.0;
+  // ---- Logging, checkpointing, callbacks ----
   int64_t log_every_n_steps = 50;
   std::string default_root_dir = ".";
   std::string logger_name = "lightning_logs";
@@ -89,16 +92,17 @@ struct TrainerOptions {
   std::vector<std::string> loggers = {"csv"};
   // Further loggers (used on rank 0, after the named ones).
   std::vector<std::shared_ptr<Logger>> logger_objects;
-  // Run in this order at each hook (trainer/callbacks.h). A ModelCheckpoint
+  // Run in this order at each hook (trainer/callbacks/callback.h). A ModelCheckpoint
   // here replaces the built-in checkpointing (last.ckpt, checkpoint_every_n_steps).
   std::vector<CallbackPtr> callbacks;
+  // ---- Reproducibility ----
   // Sampler shuffling and the CPU RNG before configure_model; 0 (not given):
   // the seed of the last SeedEverything (trainer/loops/run_controls.h), if any.
   uint64_t seed = 0;
   // Deterministic algorithms only (at::globalContext); an operation without
   // one fails Fit with an error that names it (trainer/loops/run_controls.h).
   bool deterministic = false;
-  // The data loader part (Lightning keeps it in the DataLoader).
+  // ---- Data: the data loader part (Lightning keeps it in the DataLoader) ----
   int64_t batch_size = 8;      // per rank
   int64_t val_batch_size = 0;  // 0: batch_size
   bool shuffle = true;
@@ -113,6 +117,7 @@ struct TrainerOptions {
   // Batches prepared ahead per worker (>= 1; at most num_workers *
   // prefetch_factor wait at a time). Unused when num_workers is 0.
   int prefetch_factor = 2;
+  // ---- Resuming and the processes' time limit ----
   // "never", or "auto": a Fit given no ckpt_path resumes from the newest
   // complete checkpoint under default_root_dir when there is one
   // (FindLatestCheckpoint in trainer/checkpoint_io/resume.h; as ckpt_path="last"), and
@@ -186,6 +191,13 @@ struct TrainerOptions {
   std::chrono::milliseconds stall_timeout{0};
   // ---- end Faults ----
 };
+
+// Checks `options` as the Trainer's constructor does, building nothing: every
+// range and choice, the run controls, the precision, the strategy's name and
+// options, the accelerator's availability. Throws InvalidArgumentError naming
+// the option and what is valid. A program that reads options from flags or a
+// file calls it to fail before it starts ranks (examples/common/trainer_flags.cc).
+void CheckTrainerOptions(const TrainerOptions& options);
 
 // ---- Predict's options (trainer/loops/eval_loop.cc) ----
 struct PredictOptions {

@@ -4,6 +4,9 @@
 #include <chrono>
 #include <cstdio>
 #include <exception>
+#include <functional>
+#include <string>
+#include <vector>
 
 #include "base/errors.h"
 #include "launch/launcher.h"
@@ -73,6 +76,38 @@ ProcessPlan ApplyTrainerFlags(trainer::TrainerOptions& options) {
   return plan;
 }
 
+namespace {
+
+// One flag as the Trainer checks it: the flag's name and value, what is
+// valid (for the message), and how it sets TrainerOptions.
+struct TrainerFlag {
+  std::string name;
+  std::string value;
+  std::string valid;
+  std::function<void(trainer::TrainerOptions&)> apply;
+};
+
+std::string Join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + (n.empty() ? std::string("\"\"") : n);
+  return out;
+}
+
+// Default options with only `flag` applied, through trainer::CheckTrainerOptions:
+// its InvalidArgumentError becomes a FlagError naming the flag.
+void CheckThroughTrainer(const TrainerFlag& flag) {
+  trainer::TrainerOptions options;
+  options.accelerator = "cpu";  // the default "auto" is itself checked; --accelerator is checked alone
+  flag.apply(options);
+  try {
+    trainer::CheckTrainerOptions(options);
+  } catch (const InvalidArgumentError& e) {
+    FailFlag(flag.name, flag.value, flag.valid, e.what());
+  }
+}
+
+}  // namespace
+
 void CheckTrainerFlags() {
   const std::vector<std::string> names = strategies::StrategyRegistry::Names();
   CheckChoiceFlag("strategy", FLAGS_strategy, names);
@@ -96,18 +131,36 @@ void CheckTrainerFlags() {
   } catch (const InvalidArgumentError&) {
     FailFlag("devices", FLAGS_devices, "auto or an integer in [1, 99999999] (ranks on this machine)");
   }
-  CheckChoiceFlag("accelerator", FLAGS_accelerator, trainer::AcceleratorNames());
-  CheckIntFlag("timeout_s", FLAGS_timeout_s, 1, 7 * 24 * 3600);
-  // Below --timeout_s, or the collective's own timeout ends the wait first.
+  CheckIntFlag("timeout_s", FLAGS_timeout_s, 1, 7 * 24 * 3600);  // before it is turned into milliseconds
+  // Below --timeout_s, or the collective's own timeout ends the wait first
+  // (the Trainer takes any stall time: its timeout may be set elsewhere).
   CheckIntFlagOr("stall_warning_s", FLAGS_stall_warning_s, 0, "off", 1, FLAGS_timeout_s - 1);
   CheckIntFlagOr("stall_timeout_s", FLAGS_stall_timeout_s, 0, "off", 1, FLAGS_timeout_s - 1);
-  CheckChoiceFlag("nonfinite", FLAGS_nonfinite, trainer::NonfiniteModes());
-  CheckChoiceFlag("resume", FLAGS_resume, trainer::ResumeModes());
-  CheckChoiceFlag("precision", FLAGS_precision, strategies::PrecisionNames());
-  const auto& profilers = trainer::ProfilerNames();
-  if (std::find(profilers.begin(), profilers.end(), FLAGS_profiler) == profilers.end()) {
-    FailFlag("profiler", FLAGS_profiler, "empty (off), simple or pytorch");
-  }
+  // The rest by the Trainer's own option check, one flag at a time, so that
+  // the error names the flag; the valid values come from the Trainer's tables.
+  const std::string stall_valid = "0 (off) or 1.." + std::to_string(FLAGS_timeout_s - 1) + " (below --timeout_s)";
+  const std::vector<TrainerFlag> flags = {
+      {"accelerator", FLAGS_accelerator, Join(trainer::AcceleratorNames()),
+       [](trainer::TrainerOptions& o) { o.accelerator = FLAGS_accelerator; }},
+      {"stall_warning_s", std::to_string(FLAGS_stall_warning_s), stall_valid,
+       [](trainer::TrainerOptions& o) {
+         o.timeout = std::chrono::seconds(FLAGS_timeout_s);
+         o.stall_warning = std::chrono::seconds(FLAGS_stall_warning_s);
+       }},
+      {"stall_timeout_s", std::to_string(FLAGS_stall_timeout_s), stall_valid,
+       [](trainer::TrainerOptions& o) {
+         o.timeout = std::chrono::seconds(FLAGS_timeout_s);
+         o.stall_timeout = std::chrono::seconds(FLAGS_stall_timeout_s);
+       }},
+      {"nonfinite", FLAGS_nonfinite, Join(trainer::NonfiniteModes()),
+       [](trainer::TrainerOptions& o) { o.nonfinite = FLAGS_nonfinite; }},
+      {"resume", FLAGS_resume, Join(trainer::ResumeModes()), [](trainer::TrainerOptions& o) { o.resume = FLAGS_resume; }},
+      {"precision", FLAGS_precision, Join(strategies::PrecisionNames()),
+       [](trainer::TrainerOptions& o) { o.precision = FLAGS_precision; }},
+      {"profiler", FLAGS_profiler, "empty (off), simple or pytorch",
+       [](trainer::TrainerOptions& o) { o.profiler = FLAGS_profiler; }},
+  };
+  for (const auto& f : flags) CheckThroughTrainer(f);
 }
 
 double TimedFit(trainer::Trainer& trainer, trainer::TrainingModule& module, const trainer::Dataset& train,

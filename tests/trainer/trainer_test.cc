@@ -227,14 +227,22 @@ TEST(Trainer, WritesLogsAndCheckpointsInLightningLayout) {
 }
 
 TEST(Trainer, OptionErrors) {
-  auto msg = [](TrainerOptions o) -> std::string {
+  // The constructor and CheckTrainerOptions (what a program calls on options
+  // read from flags or a file) refuse the same options with the same words.
+  auto error_of = [](const std::function<void()>& f) -> std::string {
     try {
-      Trainer t(o);
+      f();
     } catch (const InvalidArgumentError& e) {
       return e.what();
     }
     return "";
   };
+  auto msg = [&](const TrainerOptions& o) {
+    const std::string from_constructor = error_of([&] { Trainer t(o); });
+    EXPECT_EQ(error_of([&] { CheckTrainerOptions(o); }), from_constructor);
+    return from_constructor;
+  };
+  EXPECT_EQ(msg({}), "");
   TrainerOptions o;
   o.precision = "8-true";
   EXPECT_NE(msg(o).find("valid: 32-true, bf16-mixed, 16-mixed, bf16-true"), std::string::npos);
@@ -259,6 +267,23 @@ TEST(Trainer, OptionErrors) {
   o = {};
   o.max_epochs = -2;
   EXPECT_NE(msg(o).find("max_epochs must be >= 0, -1 (unlimited) or unset, got -2"), std::string::npos) << msg(o);
+  o = {};
+  o.max_epochs = -1;
+  EXPECT_NE(msg(o).find("max_epochs=-1 (unlimited) needs max_steps"), std::string::npos) << msg(o);
+  o.max_steps = 5;
+  EXPECT_EQ(msg(o), "");
+  o = {};
+  o.nonfinite = "warn";
+  EXPECT_NE(msg(o).find("warn"), std::string::npos) << msg(o);
+  o = {};
+  o.resume = "always";
+  EXPECT_NE(msg(o).find("resume must be"), std::string::npos) << msg(o);
+  o = {};
+  o.num_workers = -1;
+  EXPECT_NE(msg(o).find("num_workers"), std::string::npos) << msg(o);
+  o = {};
+  o.strategy_options = {{"sharding_strategy", "FULL_SHARD"}};  // strategy "auto"
+  EXPECT_NE(msg(o).find("strategy 'auto' takes no options"), std::string::npos) << msg(o);
 }
 
 // Lightning's rule for an unset max_epochs: 1000 without max_steps; with
