@@ -27,7 +27,7 @@
 // Checkpoints (trainer/checkpoint_io/checkpoint.h) go to <log_dir>/checkpoints/: last.ckpt at
 // each epoch end and at the end of fit, and step=N.ckpt every
 // checkpoint_every_n_steps — or, with a ModelCheckpoint callback
-// (trainer/callbacks.h), where and when it says. A strategy that prefers
+// (trainer/callbacks/model_checkpoint.h), where and when it says. A strategy that prefers
 // sharded checkpoints (fsdp_native state_dict_type=sharded) writes them as
 // directories with one file per rank (trainer/checkpoint_io/sharded_checkpoint.h).
 // Fit(..., ckpt_path) resumes exactly where the checkpoint was taken (model,

@@ -113,7 +113,7 @@ class TrainingModule {
 
   // ---- Hooks of the training step, checkpoints and failures ---------------
   // Each runs on every rank, before the callbacks' hook of the same name
-  // (trainer/callbacks.h). Per micro-batch, in this order:
+  // (trainer/callbacks/callback.h). Per micro-batch, in this order:
   //   on_train_batch_start(batch, i)   before training_step (batch on the device)
   //   training_step(batch, i)
   //   on_before_backward(loss)         `loss` is what backward gets: the step's
