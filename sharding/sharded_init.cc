@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "base/errors.h"
+#include "base/names.h"
 #include "sharding/host_memory.h"
 
 namespace shardtrain::sharding {
@@ -120,9 +121,9 @@ void ShardedInitScope::Take(WrapPoint& point, torch::nn::Module& module) {
   // A read or write of these parameters before a ShardedModel adopts them
   // throws this message instead of touching freed memory (LibTorch checks
   // the flag in every data-pointer access).
-  std::string names;
-  for (size_t i = 0; i < entries.size() && i < 6; ++i) names += (i ? ", '" : "'") + entries[i].name + "'";
-  if (entries.size() > 6) names += ", ... (" + std::to_string(entries.size()) + " in all)";
+  std::vector<std::string> entry_names;
+  for (const auto& e : entries) entry_names.push_back(e.name);
+  const std::string names = JoinNames(entry_names, 6, "'");
   base.storage().unsafeGetStorageImpl()->release_data_and_set_meta_custom_data_ptr_error_msg_(
       std::string(entries.size() > 1 ? "parameters " : "parameter ") + names + " of a Sharded<" +
       point.WrapTypeName() + "> wrap point hold" + (entries.size() > 1 ? "" : "s") +

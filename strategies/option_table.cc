@@ -1,5 +1,6 @@
 // OptionTable's non-template parts and the typed option parsers
 // (strategies/option_table.h).
+#include "base/names.h"
 #include "strategies/option_table.h"
 
 #include <algorithm>
@@ -11,12 +12,6 @@
 namespace shardtrain::strategies {
 namespace {
 
-std::string Join(const std::vector<std::string>& v) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
-  return out.empty() ? "(none)" : out;
-}
-
 std::string Lower(std::string s) {
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
@@ -26,7 +21,7 @@ std::string Lower(std::string s) {
 
 void ThrowUnknownOption(const std::string& strategy, const std::string& key, std::vector<std::string> valid) {
   std::sort(valid.begin(), valid.end());
-  ST_THROW(InvalidArgumentError, "strategy '", strategy, "': unknown option ", key, "; valid options: ", Join(valid));
+  ST_THROW(InvalidArgumentError, "strategy '", strategy, "': unknown option ", key, "; valid options: ", JoinNames(valid));
 }
 
 std::vector<std::string> OptionKeys(const std::vector<OptionDoc>& docs) {

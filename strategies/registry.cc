@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "base/errors.h"
+#include "base/names.h"
 
 namespace shardtrain::strategies {
 namespace {
@@ -23,12 +24,6 @@ std::mutex& Mu() {
 std::map<std::string, Entry>& Entries() {
   static auto* entries = new std::map<std::string, Entry>();
   return *entries;
-}
-
-std::string Join(const std::vector<std::string>& v) {
-  std::string out;
-  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
-  return out.empty() ? "(none)" : out;
 }
 
 }  // namespace
@@ -75,7 +70,7 @@ StrategyPtr StrategyRegistry::Create(const std::string& name, const StrategyOpti
     if (it == Entries().end()) {
       std::vector<std::string> names;
       for (const auto& [n, e] : Entries()) names.push_back(n);
-      ST_THROW(InvalidArgumentError, "unknown strategy '", name, "'; registered strategies: ", Join(names),
+      ST_THROW(InvalidArgumentError, "unknown strategy '", name, "'; registered strategies: ", JoinNames(names),
                " (a strategy is known only when its Bazel target is linked, e.g. //strategies:all)");
     }
     entry = it->second;
@@ -85,7 +80,7 @@ StrategyPtr StrategyRegistry::Create(const std::string& name, const StrategyOpti
     if (!std::binary_search(entry.valid_keys.begin(), entry.valid_keys.end(), k)) unknown.push_back(k);
   }
   ST_CHECK_ARG(unknown.empty(), "strategy '", name, "': unknown option", unknown.size() > 1 ? "s " : " ",
-               Join(unknown), "; valid options: ", Join(entry.valid_keys));
+               JoinNames(unknown), "; valid options: ", JoinNames(entry.valid_keys));
   return entry.factory(options);
 }
 

@@ -17,6 +17,7 @@
 
 #include "base/errors.h"
 #include "base/logging.h"
+#include "base/names.h"
 #include "comm/gloo_communicator.h"
 #include "comm/peer_watch.h"
 #include "comm/rendezvous.h"
@@ -81,7 +82,7 @@ strategies::StrategyPtr CheckAppliedOptions(const TrainerOptions& o) {
   for (const auto& cb : o.callbacks) ST_CHECK_ARG(cb != nullptr, "TrainerOptions::callbacks holds a null callback");
   const auto& resume_modes = ResumeModes();
   ST_CHECK_ARG(std::find(resume_modes.begin(), resume_modes.end(), o.resume) != resume_modes.end(),
-               "resume must be \"never\" or \"auto\", got \"", o.resume, "\"");
+               "resume must be one of ", JoinNames(resume_modes, resume_modes.size(), "\""), ", got \"", o.resume, "\"");
   ST_CHECK_ARG(o.timeout.count() > 0, "timeout must be > 0 ms, got ", o.timeout.count(), " ms");
   comm::CheckStallOptions(o.stall_warning, o.stall_timeout, "TrainerOptions");
   CheckProfilerOptions(o.profiler, o.profiler_steps);

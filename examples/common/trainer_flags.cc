@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "base/errors.h"
+#include "base/names.h"
 #include "launch/launcher.h"
 #include "strategies/registry.h"
 #include "trainer/checkpoint_io/resume.h"
@@ -87,12 +88,6 @@ struct TrainerFlag {
   std::function<void(trainer::TrainerOptions&)> apply;
 };
 
-std::string Join(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) out += (out.empty() ? "" : ", ") + (n.empty() ? std::string("\"\"") : n);
-  return out;
-}
-
 // Default options with only `flag` applied, through trainer::CheckTrainerOptions:
 // its InvalidArgumentError becomes a FlagError naming the flag.
 void CheckThroughTrainer(const TrainerFlag& flag) {
@@ -140,7 +135,7 @@ void CheckTrainerFlags() {
   // the error names the flag; the valid values come from the Trainer's tables.
   const std::string stall_valid = "0 (off) or 1.." + std::to_string(FLAGS_timeout_s - 1) + " (below --timeout_s)";
   const std::vector<TrainerFlag> flags = {
-      {"accelerator", FLAGS_accelerator, Join(trainer::AcceleratorNames()),
+      {"accelerator", FLAGS_accelerator, JoinNames(trainer::AcceleratorNames()),
        [](trainer::TrainerOptions& o) { o.accelerator = FLAGS_accelerator; }},
       {"stall_warning_s", std::to_string(FLAGS_stall_warning_s), stall_valid,
        [](trainer::TrainerOptions& o) {
@@ -152,10 +147,10 @@ void CheckTrainerFlags() {
          o.timeout = std::chrono::seconds(FLAGS_timeout_s);
          o.stall_timeout = std::chrono::seconds(FLAGS_stall_timeout_s);
        }},
-      {"nonfinite", FLAGS_nonfinite, Join(trainer::NonfiniteModes()),
+      {"nonfinite", FLAGS_nonfinite, JoinNames(trainer::NonfiniteModes()),
        [](trainer::TrainerOptions& o) { o.nonfinite = FLAGS_nonfinite; }},
-      {"resume", FLAGS_resume, Join(trainer::ResumeModes()), [](trainer::TrainerOptions& o) { o.resume = FLAGS_resume; }},
-      {"precision", FLAGS_precision, Join(strategies::PrecisionNames()),
+      {"resume", FLAGS_resume, JoinNames(trainer::ResumeModes()), [](trainer::TrainerOptions& o) { o.resume = FLAGS_resume; }},
+      {"precision", FLAGS_precision, JoinNames(strategies::PrecisionNames()),
        [](trainer::TrainerOptions& o) { o.precision = FLAGS_precision; }},
       {"profiler", FLAGS_profiler, "empty (off), simple or pytorch",
        [](trainer::TrainerOptions& o) { o.profiler = FLAGS_profiler; }},

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "base/errors.h"
+#include "base/names.h"
 #include "sharding/grad_ready_hook.h"
 
 namespace shardtrain::strategies {
@@ -207,10 +208,8 @@ void DdpStrategy::Backward(const at::Tensor& loss, bool sync_gradients) {
 }
 
 void DdpStrategy::ThrowUnused(const std::vector<std::string>& unused) {
-  std::string names;
-  for (size_t i = 0; i < unused.size() && i < 8; ++i) names += (i ? ", " : "") + unused[i];
-  if (unused.size() > 8) names += ", ... (" + std::to_string(unused.size()) + " in all)";
-  ST_THROW(InvalidArgumentError, "ddp: these trainable parameters got no gradient in this backward: ", names,
+  ST_THROW(InvalidArgumentError, "ddp: these trainable parameters got no gradient in this backward: ",
+           JoinNames(unused, 8),
            ". Set the strategy option find_unused_parameters=true when parts of the model take no part in some "
            "steps (their gradients then count as zeros), or freeze them (requires_grad false)");
 }

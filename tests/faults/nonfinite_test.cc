@@ -117,7 +117,7 @@ TEST(Nonfinite, BadModeNamesTheValidOnes) {
     Trainer t(o);
     FAIL() << "no error";
   } catch (const InvalidArgumentError& e) {
-    EXPECT_NE(std::string(e.what()).find("nonfinite must be \"off\", \"error\" or \"skip\", got \"warn\""),
+    EXPECT_NE(std::string(e.what()).find("nonfinite must be one of \"off\", \"error\", \"skip\", got \"warn\""),
               std::string::npos)
         << e.what();
   }

@@ -1,4 +1,5 @@
 // TrainerOptions::nonfinite: the local check and the shared decision.
+#include "base/names.h"
 #include "trainer/loops/nonfinite.h"
 
 #include <ATen/ops/isfinite.h>
@@ -19,7 +20,7 @@ const std::vector<std::string>& NonfiniteModes() {
 NonfiniteCheck::NonfiniteCheck(const std::string& mode, bool check_gradients) : check_gradients_(check_gradients) {
   const auto& modes = NonfiniteModes();
   const auto it = std::find(modes.begin(), modes.end(), mode);
-  ST_CHECK_ARG(it != modes.end(), "nonfinite must be \"off\", \"error\" or \"skip\", got \"", mode, "\"");
+  ST_CHECK_ARG(it != modes.end(), "nonfinite must be one of ", JoinNames(modes, modes.size(), "\""), ", got \"", mode, "\"");
   mode_ = static_cast<Mode>(it - modes.begin());
 }
 

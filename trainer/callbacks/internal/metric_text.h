@@ -7,8 +7,10 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "base/errors.h"
+#include "base/names.h"
 
 namespace shardtrain::trainer::internal {
 
@@ -26,9 +28,9 @@ inline double ParseNum(const std::string& s) {
 }
 
 inline std::string Available(const std::map<std::string, double>& metrics) {
-  std::string out;
-  for (const auto& [k, v] : metrics) out += (out.empty() ? "" : ", ") + k;
-  return out.empty() ? "(none)" : out;
+  std::vector<std::string> names;
+  for (const auto& [k, v] : metrics) names.push_back(k);
+  return JoinNames(names);
 }
 
 inline void CheckMode(const char* who, const std::string& mode) {
