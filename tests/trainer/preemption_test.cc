@@ -198,7 +198,8 @@ TEST(Options, ResumeAndTimeoutAreChecked) {
     Trainer t(o);
     FAIL() << "no error";
   } catch (const InvalidArgumentError& e) {
-    EXPECT_NE(std::string(e.what()).find("\"never\" or \"auto\""), std::string::npos) << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find("resume must be one of \"never\", \"auto\", got \"always\""), std::string::npos) << what;
   }
   o.resume = "auto";
   o.timeout = std::chrono::milliseconds(0);
