@@ -3,6 +3,7 @@
 // the same seed, and trains exactly like it. Threads-as-ranks over real Gloo.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/nn/init.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
@@ -347,10 +348,7 @@ TEST(ShardedInit, TouchingAFreedParameterThrowsNamingIt) {
            at::NoGradGuard no_grad;
            w.copy_(at::zeros_like(w));
          }},
-        {"init", [&] {
-           at::NoGradGuard no_grad;
-           w.normal_();
-         }},
+        {"init", [&] { torch::nn::init::normal_(w); }},  // as a configure_model's init would
     };
     for (const auto& [what, touch] : touches) {
       std::string msg = "<no error>";
