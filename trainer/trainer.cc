@@ -49,23 +49,35 @@ Trainer& TrainingModule::trainer() {
 
 namespace {
 
-// The checks of options with the run controls applied (the Trainer's own, and
-// CheckTrainerOptions'); returns the strategy it made from the name (null for
-// "auto" or a strategy_object), so the Trainer need not parse it twice.
-strategies::StrategyPtr CheckAppliedOptions(const TrainerOptions& o) {
-  const std::string accelerator = ResolveAccelerator(o.accelerator);
+// What checking options (with the run controls applied) resolves, for the
+// Trainer to keep: it checks and resolves once.
+struct ResolvedOptions {
+  std::string accelerator;  // "cpu" or "cuda"
+  int devices = 1;
+  strategies::Precision precision = strategies::Precision::k32True;
+  int64_t max_epochs = kDefaultMaxEpochs;
+  NonfiniteCheck nonfinite;
+  strategies::StrategyPtr strategy;  // made from the name (precision set); null for "auto" or a strategy_object
+};
+
+// The checks of the Trainer's constructor and of CheckTrainerOptions.
+ResolvedOptions ResolveOptions(const TrainerOptions& o) {
+  ResolvedOptions r;
+  r.accelerator = ResolveAccelerator(o.accelerator);
   ST_CHECK_ARG((o.devices >= 1 || o.devices == kAutoDevices) && o.num_nodes >= 1,
                "devices must be >= 1 or kAutoDevices (\"auto\") and num_nodes >= 1, got devices=", o.devices,
                ", num_nodes=", o.num_nodes);
-  ResolveDevices(o.devices, accelerator);
-  const strategies::Precision precision = strategies::ParsePrecision(o.precision);
+  r.devices = ResolveDevices(o.devices, r.accelerator);
+  r.precision = strategies::ParsePrecision(o.precision);
   GradScaler check_scaler_options(o.grad_scaler);
   strategies::ParseGradClipAlgorithm(o.gradient_clip_algorithm);
   ST_CHECK_ARG(o.gradient_clip_val >= 0, "gradient_clip_val must be >= 0, got ", o.gradient_clip_val);
   ST_CHECK_ARG(!o.max_epochs || *o.max_epochs >= -1, "max_epochs must be >= 0, -1 (unlimited) or unset, got ",
                *o.max_epochs);
   ST_CHECK_ARG(o.max_steps >= -1, "max_steps must be >= 0 or -1 (no limit), got ", o.max_steps);
-  ST_CHECK_ARG(!o.max_epochs || *o.max_epochs != -1 || o.max_steps >= 0, "max_epochs=-1 (unlimited) needs max_steps");
+  // Lightning's rule for an unset max_epochs: 1000 without max_steps, unlimited with it.
+  r.max_epochs = o.max_epochs ? *o.max_epochs : (o.max_steps == -1 ? kDefaultMaxEpochs : -1);
+  ST_CHECK_ARG(r.max_epochs >= 0 || o.max_steps >= 0, "max_epochs=-1 (unlimited) needs max_steps");
   ST_CHECK_ARG(o.accumulate_grad_batches >= 1, "accumulate_grad_batches must be >= 1, got ",
                o.accumulate_grad_batches);
   ST_CHECK_ARG(o.val_check_interval > 0, "val_check_interval must be > 0, got ", o.val_check_interval);
@@ -86,34 +98,32 @@ strategies::StrategyPtr CheckAppliedOptions(const TrainerOptions& o) {
   ST_CHECK_ARG(o.timeout.count() > 0, "timeout must be > 0 ms, got ", o.timeout.count(), " ms");
   comm::CheckStallOptions(o.stall_warning, o.stall_timeout, "TrainerOptions");
   CheckProfilerOptions(o.profiler, o.profiler_steps);
-  NonfiniteCheck(o.nonfinite, precision != strategies::Precision::k16Mixed);  // checks the option
-  strategies::StrategyPtr strategy;
+  r.nonfinite = NonfiniteCheck(o.nonfinite, r.precision != strategies::Precision::k16Mixed);  // checks the option
   if (!o.strategy_object && o.strategy != "auto") {
-    strategy = strategies::StrategyRegistry::Create(o.strategy, o.strategy_options);  // fails early on bad options
-    strategy->SetPrecision(o.precision);  // a precision it rejects: now
+    r.strategy = strategies::StrategyRegistry::Create(o.strategy, o.strategy_options);  // fails early on bad options
+    r.strategy->SetPrecision(o.precision);  // a precision it rejects: now
   }
   ST_CHECK_ARG(o.strategy_object || o.strategy != "auto" || o.strategy_options.empty(),
                "strategy 'auto' takes no options; name the strategy");
-  return strategy;
+  return r;
 }
 
 }  // namespace
 
-void CheckTrainerOptions(const TrainerOptions& options) { CheckAppliedOptions(internal::ApplyRunControls(options)); }
+void CheckTrainerOptions(const TrainerOptions& options) { ResolveOptions(internal::ApplyRunControls(options)); }
 
 Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
     : options_(internal::ApplyRunControls(std::move(options))), world_(std::move(world)) {
   const auto& o = options_;
-  strategies::StrategyPtr from_name = CheckAppliedOptions(o);  // null for "auto" or a strategy_object
-  strategy_ = o.strategy_object ? o.strategy_object : from_name;
-  accelerator_ = ResolveAccelerator(o.accelerator);
-  devices_ = ResolveDevices(o.devices, accelerator_);
-  precision_ = strategies::ParsePrecision(o.precision);
-  // Lightning's rule for an unset max_epochs: 1000 without max_steps, unlimited with it.
-  max_epochs_ = o.max_epochs ? *o.max_epochs : (o.max_steps == -1 ? kDefaultMaxEpochs : -1);
-  nonfinite_ = NonfiniteCheck(o.nonfinite, precision_ != strategies::Precision::k16Mixed);
+  ResolvedOptions r = ResolveOptions(o);
+  accelerator_ = std::move(r.accelerator);
+  devices_ = r.devices;
+  precision_ = r.precision;
+  max_epochs_ = r.max_epochs;
+  nonfinite_ = std::move(r.nonfinite);
+  strategy_ = o.strategy_object ? o.strategy_object : std::move(r.strategy);
   if (strategy_ && !strategy_->wrapped()) {
-    strategy_->SetPrecision(o.precision);  // a precision it rejects: now
+    if (o.strategy_object) strategy_->SetPrecision(o.precision);  // a precision it rejects: now (named: checked)
     if (o.sharded_construction) strategy_->set_sharded_construction(*o.sharded_construction);  // as early
   }
 }
