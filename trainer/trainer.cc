@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <mutex>
@@ -18,20 +18,19 @@
 #include "base/errors.h"
 #include "base/logging.h"
 #include "base/names.h"
-#include "comm/gloo_communicator.h"
 #include "comm/peer_watch.h"
-#include "comm/rendezvous.h"
 #include "launch/cluster_environment.h"
-#include "launch/cluster_rendezvous.h"
-#include "launch/launcher.h"
-#include "trainer/callbacks/progress.h"
-#include "trainer/checkpoint_io/checkpoint.h"
 #include "trainer/checkpoint_io/resume.h"
+#include "trainer/connectors/internal/checkpoint_connector.h"
 #include "trainer/connectors/internal/checkpoint_state.h"
-#include "trainer/connectors/internal/metric_log.h"
+#include "trainer/connectors/internal/data_connector.h"
+#include "trainer/connectors/internal/logger_connector.h"
 #include "trainer/connectors/internal/optimizer_ownership.h"
-#include "trainer/loggers/csv_logger.h"
-#include "trainer/loggers/tensorboard_logger.h"
+#include "trainer/connectors/internal/process_connector.h"
+#include "trainer/connectors/internal/profiling_connector.h"
+#include "trainer/loops/internal/eval_loop.h"
+#include "trainer/loops/internal/fit_loop.h"
+#include "trainer/loops/internal/lr_stepping.h"
 #include "trainer/loops/run_controls.h"
 
 namespace shardtrain::trainer {
@@ -113,7 +112,16 @@ ResolvedOptions ResolveOptions(const TrainerOptions& o) {
 void CheckTrainerOptions(const TrainerOptions& options) { ResolveOptions(internal::ApplyRunControls(options)); }
 
 Trainer::Trainer(TrainerOptions options, comm::CommunicatorPtr world)
-    : options_(internal::ApplyRunControls(std::move(options))), world_(std::move(world)) {
+    : process_connector_(std::make_unique<internal::ProcessConnector>(*this)),
+      logger_connector_(std::make_unique<internal::LoggerConnector>(*this)),
+      checkpoint_connector_(std::make_unique<internal::CheckpointConnector>(*this)),
+      data_connector_(std::make_unique<internal::DataConnector>(*this)),
+      profiling_connector_(std::make_unique<internal::ProfilingConnector>(*this)),
+      lr_stepping_(std::make_unique<internal::LRStepping>(*this)),
+      fit_loop_(std::make_unique<internal::FitLoop>(*this)),
+      eval_loop_(std::make_unique<internal::EvalLoop>(*this)),
+      options_(internal::ApplyRunControls(std::move(options))),
+      world_(std::move(world)) {
   const auto& o = options_;
   ResolvedOptions r = ResolveOptions(o);
   accelerator_ = std::move(r.accelerator);
@@ -137,13 +145,23 @@ strategies::Strategy& Trainer::strategy() {
 
 int Trainer::rank() const { return world_ ? world_->rank() : 0; }
 int Trainer::world_size() const { return world_ ? world_->size() : 1; }
-std::string Trainer::log_dir() const { return loggers_.empty() ? "" : loggers_.front()->log_dir(); }
+std::string Trainer::log_dir() const { return loggers().empty() ? "" : loggers().front()->log_dir(); }
 
 void Trainer::LogMetrics(const std::map<std::string, double>& metrics, int64_t step) {
-  for (auto& l : loggers_) {
-    l->LogMetrics(metrics, step);
-    l->Save();
-  }
+  logger_connector_->LogMetrics(metrics, step);
+}
+
+const std::vector<std::shared_ptr<Logger>>& Trainer::loggers() const { return logger_connector_->loggers(); }
+const Profiler* Trainer::profiler() const { return profiling_connector_->profiler(); }
+ProfileScope Trainer::Profile(const char* action) { return profiling_connector_->Profile(action); }
+
+const std::vector<LRSchedulerConfig>& Trainer::lr_scheduler_configs() const { return lr_stepping_->configs(); }
+std::map<std::string, double> Trainer::learning_rate_stats(bool last_step) const {
+  return lr_stepping_->Stats(last_step);
+}
+
+void Trainer::SaveCheckpoint(const std::string& path, CheckpointFormat format) {
+  checkpoint_connector_->Save(path, format);
 }
 
 std::vector<double> Trainer::learning_rates() const {
@@ -205,9 +223,7 @@ void Trainer::SetupModel(TrainingModule& module) {
   opt_ = module.configure_optimizers(strategy_->parameters());
   ST_CHECK_ARG(opt_.optimizer != nullptr, "configure_optimizers returned no optimizer");
   internal::CheckOptimizerOwnsParameters(*opt_.optimizer, strategy_->parameters(), strategy_->name());
-  initial_lrs_.clear();
-  for (auto& g : opt_.optimizer->param_groups()) initial_lrs_.push_back(g.options().get_lr());
-  SetupLRSchedulers();  // trainer/loops/lr_stepping.cc
+  lr_stepping_->Setup();
 }
 
 Batch Trainer::ToDevice(Batch b) const {
@@ -252,25 +268,47 @@ int64_t Trainer::estimated_stepping_batches() const {
   return steps;
 }
 
-int64_t Trainer::LimitBatches(double limit, int64_t available) const {
-  if (options_.fast_dev_run > 0) return std::min<int64_t>(available, options_.fast_dev_run);
-  if (limit > 1.0) return std::min<int64_t>(available, static_cast<int64_t>(limit));
-  return static_cast<int64_t>(std::floor(available * limit));
-}
-
 void Trainer::SyncShouldStop() {
   if (options_.callbacks.empty()) return;
   should_stop_ = strategy_->ReduceMax(should_stop_ ? 1.0 : 0.0) > 0;
 }
 
-// RunValidation: trainer/loops/eval_loop.cc (the evaluation loop it shares with Test and Predict).
+void Trainer::Fit(TrainingModule& module, const Dataset& train, const Dataset* val, const std::string& ckpt_path) {
+  ST_CHECK_ARG(!fitting_, "Trainer::Fit is already running");
+  try {
+    fit_loop_->Run(module, train, val, ckpt_path);
+  } catch (const std::exception& e) {
+    // on_exception of the module, then of the callbacks; their own failures do not replace `e`.
+    const auto call = [&](const char* who, const std::function<void()>& hook) {
+      try {
+        hook();
+      } catch (const std::exception& inner) {
+        ST_LOG(ERROR) << who << " on_exception threw (ignored): " << inner.what();
+      }
+    };
+    call("TrainingModule", [&] { module.on_exception(e); });
+    for (auto& cb : options_.callbacks) call("Callback", [&] { cb->on_exception(*this, module, e); });
+    throw;
+  }
+}
 
 double Trainer::Validate(TrainingModule& module, const Dataset& val) {
-  SetupProcesses();
+  process_connector_->SetupProcesses();
   SetupModel(module);
-  SetupLoggers(module);
+  logger_connector_->SetupLoggers(module);
   ST_CHECK_ARG(!fitting_, "Trainer::Validate cannot run inside Fit");
-  return RunValidation(module, val);
+  return eval_loop_->RunValidation(module, val);
+}
+
+std::map<std::string, double> Trainer::Test(TrainingModule& module, const Dataset& test) {
+  eval_loop_->SetupForEval(module, "Test", test);
+  logger_connector_->SetupLoggers(module);
+  return eval_loop_->RunEvalStage(module, test, internal::EvalLoop::EvalStage::kTest);
+}
+
+at::Tensor Trainer::Predict(TrainingModule& module, const Dataset& data, const PredictOptions& options) {
+  eval_loop_->SetupForEval(module, "Predict", data);
+  return eval_loop_->Predict(module, data, options);
 }
 
 }  // namespace shardtrain::trainer

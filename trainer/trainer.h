@@ -81,6 +81,17 @@
 
 namespace shardtrain::trainer {
 
+namespace internal {
+class FitLoop;
+class EvalLoop;
+class LRStepping;
+class ProcessConnector;
+class LoggerConnector;
+class CheckpointConnector;
+class DataConnector;
+class ProfilingConnector;
+}  // namespace internal
+
 class Trainer {
  public:
   // Validates the options (InvalidArgumentError listing valid values; an
@@ -88,6 +99,8 @@ class Trainer {
   // communicator to use instead of launching.
   explicit Trainer(TrainerOptions options, comm::CommunicatorPtr world = nullptr);
   ~Trainer();
+  Trainer(const Trainer&) = delete;  // its loops and connectors hold it by reference
+  Trainer& operator=(const Trainer&) = delete;
 
   // Trains `module` on `train`; validates on `val` when given. `ckpt_path`:
   // resume from this checkpoint; "last": from the newest complete checkpoint
@@ -107,7 +120,7 @@ class Trainer {
   // returns nothing). Uses the model of the last Fit, or sets one up.
   double Validate(TrainingModule& module, const Dataset& val);
 
-  // ---- DataModule (trainer/data_module.h; data_module.cc) ----
+  // ---- DataModule (trainer/data_module.h; trainer/connectors/data_connector.cc) ----
   // Fit and Validate on the data sets of `datamodule`, as Lightning's
   // trainer.fit(model, datamodule=...): prepare_data() on local rank 0 of
   // each node (every rank waits for it; a failure there throws on every
@@ -212,7 +225,7 @@ class Trainer {
   bool should_stop() const { return should_stop_; }
   // Sends a row of scalars to every logger (rank 0; a no-op elsewhere).
   void LogMetrics(const std::map<std::string, double>& metrics, int64_t step);
-  const std::vector<std::shared_ptr<Logger>>& loggers() const { return loggers_; }
+  const std::vector<std::shared_ptr<Logger>>& loggers() const;
   const std::vector<CallbackPtr>& callbacks() const { return options_.callbacks; }
   // Current learning rate of each parameter group, and the optimizer's kind
   // ("Adam", "AdamW", "SGD", or "Optimizer").
@@ -222,7 +235,7 @@ class Trainer {
 
   // ---- Profiling and SyncBatchNorm (trainer/profilers/profiler.cc, trainer/plugins/sync_batchnorm.cc) ----
   // The profiler of the current or last Fit (null when TrainerOptions::profiler is "").
-  const Profiler* profiler() const { return profiler_.get(); }
+  const Profiler* profiler() const;
   // The BatchNorm layers sync_batchnorm converted (null when off).
   const SyncBatchNormConversion* sync_batchnorm() const { return sync_bn_.get(); }
   // ---- Learning-rate schedulers (trainer/optim/lr_scheduler.h; trainer/loops/lr_stepping.cc) ----
@@ -238,7 +251,7 @@ class Trainer {
   // or a skipped step with a warning. Checkpoints hold every scheduler's
   // state and the optimizer's lrs and momentums, so a resumed Fit continues
   // the schedule exactly. lr_lambda runs as a LambdaLR (interval "step").
-  const std::vector<LRSchedulerConfig>& lr_scheduler_configs() const { return lr_schedulers_; }
+  const std::vector<LRSchedulerConfig>& lr_scheduler_configs() const;
   // {name: lr} as LearningRateMonitor logs them, with Lightning's names: per
   // scheduler config its name or "lr-<Optimizer>" (further unnamed ones
   // "lr-<Optimizer>-1", "-2", ...), with "/pg<i>" (1-based) per parameter
@@ -253,137 +266,65 @@ class Trainer {
   // ---- end Faults ----
 
  private:
-  void SetupProcesses();
+  // The loops and connectors (Lightning's split): each takes the Trainer by
+  // reference and works on the state below; the Trainer owns one of each.
+  friend class internal::FitLoop;              // trainer/loops/internal/fit_loop.h
+  friend class internal::EvalLoop;             // trainer/loops/internal/eval_loop.h
+  friend class internal::LRStepping;           // trainer/loops/internal/lr_stepping.h
+  friend class internal::ProcessConnector;     // trainer/connectors/internal/process_connector.h
+  friend class internal::LoggerConnector;      // trainer/connectors/internal/logger_connector.h
+  friend class internal::CheckpointConnector;  // trainer/connectors/internal/checkpoint_connector.h
+  friend class internal::DataConnector;        // trainer/connectors/internal/data_connector.h
+  friend class internal::ProfilingConnector;   // trainer/connectors/internal/profiling_connector.h
+
+  // The strategy, device, model and optimizer of `module`, once per Trainer.
   void SetupModel(TrainingModule& module);
-  // Loggers (rank 0) and the checkpoint directory (every rank), once per Trainer.
-  void SetupLoggers(TrainingModule& module);
+  // A batch on this rank's device, floating inputs in the compute dtype.
   Batch ToDevice(Batch b) const;
   int64_t NumTrainingBatches(const Dataset& train, int world_size) const;
-  void LoadFrom(const std::string& path);
-  double RunValidation(TrainingModule& module, const Dataset& val);
-  int64_t LimitBatches(double limit, int64_t available) const;
-  std::vector<std::string> GatherOptimizerStates();
-  void SaveFull(const std::string& path);
-  void SaveSharded(const std::string& path);
-  // Throws on every rank when `failed` on any (with this rank's message if it failed).
-  void AgreeOrThrow(bool failed, const std::string& message, const std::string& what);
+  // should_stop() agreed over the ranks (max; only when there are callbacks to ask).
   void SyncShouldStop();
-  // Fit's steps, in the order Lightning's fit loop runs them (trainer.cc).
-  struct FitLoop;
-  std::string ResolveCheckpointPath(const std::string& ckpt_path);
-  void RunEpoch(FitLoop& loop);
-  at::Tensor TrainStep(FitLoop& loop, Batch batch, int64_t i);
-  double SyncStep(FitLoop& loop, double overflow);
-  void OptimizerStep(FitLoop& loop, bool skip);
-  void OnStepEnd(FitLoop& loop);
-  // ---- logging, hooks (fit_loop.cc) ----
-  void RunFit(TrainingModule& module, const Dataset& train, const Dataset* val, const std::string& ckpt_path);
-  void DiscardStep(FitLoop& loop);
-  void OnEpochEnd(FitLoop& loop);
-  void FinishFit(FitLoop& loop);
-  std::string SaveLast(FitLoop& loop);
-  std::vector<double> AllReduceSum(std::vector<double> values);
-  std::string BroadcastString(const std::string& s);
-  // The callbacks' state_dict()s and (under kExtraStateKey) what the
-  // on_save_checkpoint hooks write.
-  std::map<std::string, std::map<std::string, std::string>> CallbackStates();
-  // ---- Run controls (trainer/loops/run_controls.cc) ----
-  // num_sanity_val_steps validation batches, results and logs discarded.
-  void RunSanityCheck(TrainingModule& module, const Dataset& val);
-  // ---- Learning-rate schedulers (trainer/loops/lr_stepping.cc) ----
-  // Checks the configs of configure_optimizers (one optimizer, valid
-  // intervals) and adds lr_lambda as a LambdaLR.
-  void SetupLRSchedulers();
-  // Steps the configs of `interval` due at `count` (global step, or epochs finished).
-  void StepLRSchedulers(const std::string& interval, int64_t count);
-  // Each config's state_dict() plus the optimizer's lrs and momentums.
-  std::vector<SchedulerState> LRSchedulerStates() const;
-  // Checks a checkpoint's scheduler states against this run's (throws naming
-  // `path`, changing nothing) and returns what installs them.
-  std::function<void()> PrepareLRSchedulerLoad(const std::vector<SchedulerState>& states, int64_t global_step,
-                                               const std::string& path);
-  // ---- data (data_module.cc) ----
-  // The loader options of TrainerOptions (num_workers, prefetch_factor).
-  DataLoaderOptions LoaderOptions() const;
-  // prepare_data (see Fit(module, datamodule)), setup(stage), `run`, then
-  // teardown(stage) (also when `run` throws). For each stage's overload
-  // (Test/Predict: RunStage(dm, Stage::kTest, [&] { ... StageDataset(dm, Stage::kTest) ... })).
-  void RunStage(DataModule& datamodule, Stage stage, const std::function<void()>& run);
-  // The stage's required data set after setup (Fit: train_dataset(), Validate:
-  // val_dataset(), ...); InvalidArgumentError naming the accessor when null.
-  const Dataset& StageDataset(DataModule& datamodule, Stage stage);
-  // This rank's index on its node.
-  int LocalRank() const;
+  ProfileScope Profile(const char* action);
 
-  // ---- The evaluation loop of validation, Test and Predict (trainer/loops/eval_loop.cc) ----
-  enum class EvalStage { kValidation, kTest };
-  // One validation or test pass with its hooks; returns the metrics row
-  // (the loss and what the module log()ged, reduced over batches and ranks).
-  std::map<std::string, double> RunEvalStage(TrainingModule& module, const Dataset& data, EvalStage stage);
-  // The epoch-end hooks of a validation or test pass (eval_loop.cc).
-  void RunEvalEpochEnd(TrainingModule& module, bool test, std::map<std::string, double>& row);
-  // Calls fn(batch, batch_idx, real) for this rank's batches of `data`
-  // (as many as LimitBatches(options(), stage) allows), the model in eval mode under
-  // NoGradGuard; `real`: the batch's samples that are not padding
-  // duplicates. With trim_padding the duplicates are cut from the batch (it
-  // may be left empty: it still runs, since the forward is collective).
-  // fn returns false to stop.
-  void ForEachEvalBatch(const Dataset& data, Stage stage, bool trim_padding,
-                        const std::function<bool(const Batch&, int64_t, int64_t)>& fn);
-  // Processes and model for Test/Predict (`what`), after checking the call
-  // (not inside Fit) and the data (not empty).
-  void SetupForEval(TrainingModule& module, const char* what, const Dataset& data);
+  std::unique_ptr<internal::ProcessConnector> process_connector_;
+  std::unique_ptr<internal::LoggerConnector> logger_connector_;
+  std::unique_ptr<internal::CheckpointConnector> checkpoint_connector_;
+  std::unique_ptr<internal::DataConnector> data_connector_;
+  std::unique_ptr<internal::ProfilingConnector> profiling_connector_;
+  std::unique_ptr<internal::LRStepping> lr_stepping_;
+  std::unique_ptr<internal::FitLoop> fit_loop_;
+  std::unique_ptr<internal::EvalLoop> eval_loop_;
 
+  // ---- Resolved options and processes ----
   TrainerOptions options_;
   std::string accelerator_;  // resolved: "cpu" or "cuda"
   int devices_ = 1;          // resolved ranks per node
   int64_t max_epochs_ = kDefaultMaxEpochs;  // resolved
+  strategies::Precision precision_ = strategies::Precision::k32True;  // options_.precision, parsed once
   c10::Device device_{c10::kCPU};
   std::optional<ClusterInfo> cluster_;  // detected by SetupProcesses (none with an injected communicator)
   comm::CommunicatorPtr world_;
+  // ---- Model and optimizer ----
   strategies::StrategyPtr strategy_;
-  strategies::Precision precision_ = strategies::Precision::k32True;  // options_.precision, parsed once
   TrainingModule* module_ = nullptr;
   OptimizerConfig opt_;
-  std::vector<double> initial_lrs_;
-  // ---- Learning-rate schedulers ----
-  std::vector<LRSchedulerConfig> lr_schedulers_;
-  int lr_lambda_index_ = -1;  // the config made from lr_lambda
-  bool lr_monitor_warned_ = false;
-  std::vector<double> last_step_lrs_;  // the lrs the last optimizer step used
-  std::vector<std::shared_ptr<Logger>> loggers_;
-  bool loggers_set_up_ = false;
   std::unique_ptr<GradScaler> scaler_;
+  std::unique_ptr<SyncBatchNormConversion> sync_bn_;
+  NonfiniteCheck nonfinite_;  // TrainerOptions::nonfinite (trainer/loops/nonfinite.cc)
+  // ---- Loop state ----
   int64_t fit_train_batches_ = -1;  // per rank per epoch, of the current or last Fit
   bool fitting_ = false;
-  std::map<std::string, double> callback_metrics_;
+  bool sanity_checking_ = false;
   bool should_stop_ = false;
-  std::string ckpt_dir_;
-  std::string last_ckpt_;
   int64_t epoch_ = 0;
   int64_t global_step_ = 0;
   int64_t batch_in_epoch_ = 0;
+  std::map<std::string, double> callback_metrics_;
   std::vector<double> step_losses_;
   std::vector<double> val_losses_;
-  // ---- Run controls ----
-  bool sanity_checking_ = false;
-
-  // ---- Profiling and SyncBatchNorm (trainer/profilers/profiler.cc, trainer/plugins/sync_batchnorm.cc) ----
-  // Times `action` while the returned scope lives (inert when profiling is off).
-  ProfileScope Profile(const char* action) { return ProfileScope(profiler_.get(), action); }
-  // Held by Fit: makes the profiler (after the loggers: it writes to their
-  // directory) and closes it on every exit; FinishFit calls Report().
-  struct ProfilingScope {
-    explicit ProfilingScope(Trainer& t);
-    ~ProfilingScope();
-    Trainer& trainer;
-  };
-  std::unique_ptr<Profiler> profiler_;
-  std::unique_ptr<SyncBatchNormConversion> sync_bn_;
-
-  // ---- Faults ----
-  NonfiniteCheck nonfinite_;  // TrainerOptions::nonfinite (trainer/loops/nonfinite.cc)
-  // ---- end Faults ----
+  // ---- Checkpoints ----
+  std::string ckpt_dir_;
+  std::string last_ckpt_;
 };
 
 }  // namespace shardtrain::trainer

@@ -46,6 +46,8 @@ namespace shardtrain::trainer {
 class Trainer;
 namespace internal {
 class MetricCollector;
+class FitLoop;
+class EvalLoop;
 }
 
 // Options of TrainingModule::Log (Lightning's self.log arguments).
@@ -205,6 +207,8 @@ class TrainingModule {
  private:
   friend class Trainer;
   friend class internal::MetricCollector;
+  friend class internal::FitLoop;  // the loop position and what the steps log()
+  friend class internal::EvalLoop;
   strategies::Strategy* strategy_ = nullptr;
   Trainer* trainer_ = nullptr;
   std::map<std::string, double> logged_;

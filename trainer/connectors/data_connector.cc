@@ -1,12 +1,16 @@
-// StageName, and the Trainer's DataModule overloads (Fit, Validate) with the
-// steps they share: prepare_data on the right ranks, setup, teardown.
-#include "trainer/data_module.h"
+// The data connector (trainer/connectors/internal/data_connector.h):
+// StageName, and the Trainer's DataModule overloads (Fit, Validate, Test,
+// Predict) with the steps they share: prepare_data on the right ranks, setup,
+// teardown.
+#include "trainer/connectors/internal/data_connector.h"
 
 #include <exception>
 #include <string>
 
 #include "base/errors.h"
 #include "base/logging.h"
+#include "trainer/connectors/internal/process_connector.h"
+#include "trainer/data_module.h"
 #include "trainer/trainer.h"
 
 namespace shardtrain::trainer {
@@ -26,47 +30,45 @@ const char* StageName(Stage stage) {
 }
 
 void Trainer::Fit(TrainingModule& module, DataModule& datamodule, const std::string& ckpt_path) {
-  RunStage(datamodule, Stage::kFit, [&] {
-    const Dataset& train = StageDataset(datamodule, Stage::kFit);
+  data_connector_->RunStage(datamodule, Stage::kFit, [&] {
+    const Dataset& train = data_connector_->StageDataset(datamodule, Stage::kFit);
     Fit(module, train, datamodule.val_dataset(), ckpt_path);
   });
 }
 
 double Trainer::Validate(TrainingModule& module, DataModule& datamodule) {
   double mean = 0;
-  RunStage(datamodule, Stage::kValidate, [&] { mean = Validate(module, StageDataset(datamodule, Stage::kValidate)); });
+  data_connector_->RunStage(datamodule, Stage::kValidate, [&] {
+    mean = Validate(module, data_connector_->StageDataset(datamodule, Stage::kValidate));
+  });
   return mean;
 }
 
 std::map<std::string, double> Trainer::Test(TrainingModule& module, DataModule& datamodule) {
   std::map<std::string, double> metrics;
-  RunStage(datamodule, Stage::kTest, [&] { metrics = Test(module, StageDataset(datamodule, Stage::kTest)); });
+  data_connector_->RunStage(datamodule, Stage::kTest,
+                            [&] { metrics = Test(module, data_connector_->StageDataset(datamodule, Stage::kTest)); });
   return metrics;
 }
 
 at::Tensor Trainer::Predict(TrainingModule& module, DataModule& datamodule, const PredictOptions& options) {
   at::Tensor out;
-  RunStage(datamodule, Stage::kPredict,
-           [&] { out = Predict(module, StageDataset(datamodule, Stage::kPredict), options); });
+  data_connector_->RunStage(datamodule, Stage::kPredict, [&] {
+    out = Predict(module, data_connector_->StageDataset(datamodule, Stage::kPredict), options);
+  });
   return out;
 }
 
-DataLoaderOptions Trainer::LoaderOptions() const {
+DataLoaderOptions internal::DataConnector::LoaderOptions() const {
   DataLoaderOptions lo;
-  lo.num_workers = options_.num_workers;
-  lo.prefetch_factor = options_.prefetch_factor;
+  lo.num_workers = t_.options_.num_workers;
+  lo.prefetch_factor = t_.options_.prefetch_factor;
   return lo;
 }
 
-int Trainer::LocalRank() const {
-  if (cluster_) return cluster_->local_rank;
-  // An injected communicator: ranks fill nodes in order (as SetupModel assumes).
-  return options_.num_nodes == 1 ? rank() : rank() % devices_;
-}
-
-void Trainer::RunStage(DataModule& datamodule, Stage stage, const std::function<void()>& run) {
-  SetupProcesses();
-  const bool mine = datamodule.prepare_data_per_node ? LocalRank() == 0 : rank() == 0;
+void internal::DataConnector::RunStage(DataModule& datamodule, Stage stage, const std::function<void()>& run) {
+  t_.process_connector_->SetupProcesses();
+  const bool mine = datamodule.prepare_data_per_node ? t_.process_connector_->LocalRank() == 0 : t_.rank() == 0;
   std::exception_ptr error;
   std::string what;
   if (mine) {
@@ -81,12 +83,13 @@ void Trainer::RunStage(DataModule& datamodule, Stage stage, const std::function<
     }
   }
   // The barrier: every rank waits here until prepare_data is done everywhere.
-  const double failed = AllReduceSum({error ? 1.0 : 0.0})[0];
+  const double failed = t_.process_connector_->AllReduceSum({error ? 1.0 : 0.0})[0];
   if (error) {
     ST_LOG(ERROR) << "DataModule::prepare_data failed: " << what;
     std::rethrow_exception(error);
   }
-  if (failed > 0) ST_THROW(Error, "DataModule::prepare_data failed on ", failed, " other rank(s) (see their errors)");
+  if (failed > 0)
+    ST_THROW(Error, "DataModule::prepare_data failed on ", failed, " other rank(s) (see their errors)");
   datamodule.setup(stage);
   try {
     run();
@@ -101,7 +104,7 @@ void Trainer::RunStage(DataModule& datamodule, Stage stage, const std::function<
   datamodule.teardown(stage);
 }
 
-const Dataset& Trainer::StageDataset(DataModule& datamodule, Stage stage) {
+const Dataset& internal::DataConnector::StageDataset(DataModule& datamodule, Stage stage) {
   const Dataset* data = nullptr;
   const char* accessor = "";
   switch (stage) {

@@ -1,7 +1,11 @@
-// The logger connector: the loggers TrainerOptions names (rank 0), their
-// hyper-parameters, and the checkpoint directory every rank agrees on.
+// The logger connector (trainer/connectors/internal/logger_connector.h): the
+// loggers TrainerOptions names (rank 0), their hyper-parameters, and the
+// checkpoint directory every rank agrees on.
+#include "trainer/connectors/internal/logger_connector.h"
+
 #include <filesystem>
 
+#include "trainer/connectors/internal/process_connector.h"
 #include "trainer/loggers/csv_logger.h"
 #include "trainer/loggers/tensorboard_logger.h"
 #include "trainer/trainer.h"
@@ -9,11 +13,11 @@
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;
 
-void Trainer::SetupLoggers(TrainingModule& module) {
-  if (loggers_set_up_) return;
-  const auto& o = options_;
+void internal::LoggerConnector::SetupLoggers(TrainingModule& module) {
+  if (set_up_) return;
+  const auto& o = t_.options_;
   loggers_.clear();
-  if (rank() == 0 && o.enable_logger) {
+  if (t_.rank() == 0 && o.enable_logger) {
     int version = -1;
     for (const auto& name : o.loggers) {
       if (name == "csv") {
@@ -30,19 +34,31 @@ void Trainer::SetupLoggers(TrainingModule& module) {
       if (l) loggers_.push_back(l);
     }
     auto hp = module.hparams();
-    hp.emplace("strategy", strategy_->name());
+    hp.emplace("strategy", t_.strategy_->name());
     hp.emplace("precision", o.precision);
-    hp.emplace("accelerator", accelerator_);
-    hp.emplace("world_size", std::to_string(world_size()));
+    hp.emplace("accelerator", t_.accelerator_);
+    hp.emplace("world_size", std::to_string(t_.world_size()));
     hp.emplace("batch_size", std::to_string(o.batch_size));
     hp.emplace("accumulate_grad_batches", std::to_string(o.accumulate_grad_batches));
     hp.emplace("seed", std::to_string(o.seed));
     for (auto& l : loggers_) l->LogHyperparams(hp);
   }
   // Every rank must agree on the directory: rank 0 has the loggers.
-  const std::string root = BroadcastString(loggers_.empty() ? o.default_root_dir : loggers_.front()->log_dir());
-  ckpt_dir_ = (fs::path(root) / "checkpoints").string();
-  loggers_set_up_ = true;
+  const std::string root =
+      t_.process_connector_->BroadcastString(loggers_.empty() ? o.default_root_dir : loggers_.front()->log_dir());
+  t_.ckpt_dir_ = (fs::path(root) / "checkpoints").string();
+  set_up_ = true;
+}
+
+void internal::LoggerConnector::LogMetrics(const std::map<std::string, double>& metrics, int64_t step) {
+  for (auto& l : loggers_) {
+    l->LogMetrics(metrics, step);
+    l->Save();
+  }
+}
+
+void internal::LoggerConnector::Save() {
+  for (auto& l : loggers_) l->Save();
 }
 
 }  // namespace shardtrain::trainer

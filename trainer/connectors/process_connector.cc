@@ -1,10 +1,15 @@
-// The process connector: the communicator a Trainer that makes its own
-// processes uses — launched local ranks, the detected cluster, the rendezvous,
-// Gloo on CPU or NCCL on CUDA (trainer/trainer.h, "Processes").
+// The process connector (trainer/connectors/internal/process_connector.h):
+// the communicator a Trainer that makes its own processes uses — launched
+// local ranks, the detected cluster, the rendezvous, Gloo on CPU or NCCL on
+// CUDA (trainer/trainer.h, "Processes") — and the loops' host collectives.
+#include "trainer/connectors/internal/process_connector.h"
+
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "base/errors.h"
 #include "base/logging.h"
@@ -17,32 +22,32 @@
 
 namespace shardtrain::trainer {
 
-void Trainer::SetupProcesses() {
-  if (world_) return;
-  const int W = devices_ * options_.num_nodes;
-  const bool cuda = accelerator_ == "cuda";
+void internal::ProcessConnector::SetupProcesses() {
+  if (t_.world_) return;
+  const int W = t_.devices_ * t_.options_.num_nodes;
+  const bool cuda = t_.accelerator_ == "cuda";
   comm::CommLimits limits;  // TrainerOptions' fields of the same names
-  limits.timeout = options_.timeout;
-  limits.stall_warning = options_.stall_warning;
-  limits.stall_timeout = options_.stall_timeout;
+  limits.timeout = t_.options_.timeout;
+  limits.stall_warning = t_.options_.stall_warning;
+  limits.stall_timeout = t_.options_.stall_timeout;
   if (W == 1) {
     if (cuda) {
-      SetCurrentDevice(RankDevice(accelerator_, 0));
-      world_ = CreateNcclCommunicator(comm::CreateHashStore(), 0, 1, 0, limits);
+      SetCurrentDevice(RankDevice(t_.accelerator_, 0));
+      t_.world_ = CreateNcclCommunicator(comm::CreateHashStore(), 0, 1, 0, limits);
       return;
     }
     comm::GlooOptions go;
     go.hostname = "127.0.0.1";
     go.timeout = limits.timeout;
-    world_ = comm::GlooCommunicator::Create(comm::CreateHashStore(), 0, 1, go);
+    t_.world_ = comm::GlooCommunicator::Create(comm::CreateHashStore(), 0, 1, go);
     return;
   }
   ClusterInfo info = DetectClusterEnvironment();
   if (info.source == "single" && std::getenv(kLaunchedEnvVar) == nullptr) {
-    ST_CHECK_ARG(options_.num_nodes == 1, "num_nodes=", options_.num_nodes,
+    ST_CHECK_ARG(t_.options_.num_nodes == 1, "num_nodes=", t_.options_.num_nodes,
                  " needs an external launcher (torchrun, srun, mpirun); none was detected");
     LaunchOptions lo;
-    lo.num_ranks = devices_;
+    lo.num_ranks = t_.devices_;
     LaunchLocalRanks(lo);
     info = DetectClusterEnvironment();
   }
@@ -53,16 +58,44 @@ void Trainer::SetupProcesses() {
                ") but devices * num_nodes = ", W);
   SetLogRank(info.rank, info.world_size);
   comm::RendezvousOptions ro = RendezvousOptionsFor(info);
-  ro.timeout = options_.timeout;
-  cluster_ = info;
+  ro.timeout = t_.options_.timeout;
+  t_.cluster_ = info;
   if (cuda) {
-    SetCurrentDevice(RankDevice(accelerator_, info.local_rank));
-    world_ = CreateNcclCommunicator(comm::CreateStore(ro), info.rank, info.world_size, info.local_rank, limits);
+    SetCurrentDevice(RankDevice(t_.accelerator_, info.local_rank));
+    t_.world_ = CreateNcclCommunicator(comm::CreateStore(ro), info.rank, info.world_size, info.local_rank, limits);
   } else {
     comm::GlooOptions go;
     static_cast<comm::CommLimits&>(go) = limits;
-    world_ = comm::GlooCommunicator::Create(comm::CreateStore(ro), info.rank, info.world_size, go);
+    t_.world_ = comm::GlooCommunicator::Create(comm::CreateStore(ro), info.rank, info.world_size, go);
   }
+}
+
+int internal::ProcessConnector::LocalRank() const {
+  if (t_.cluster_) return t_.cluster_->local_rank;
+  // An injected communicator: ranks fill nodes in order (as SetupModel assumes).
+  return t_.options_.num_nodes == 1 ? t_.rank() : t_.rank() % t_.devices_;
+}
+
+std::vector<double> internal::ProcessConnector::AllReduceSum(std::vector<double> values) {
+  if (t_.world_size() == 1 || values.empty()) return values;
+  const bool nccl = t_.world_->backend() == "nccl";
+  at::Tensor t = at::tensor(values, at::kDouble);
+  if (nccl) t = t.to(c10::Device(c10::kCUDA));  // NCCL takes CUDA tensors only
+  t_.world_->AllReduce(t, {comm::ReduceOp::kSum})->Wait();
+  t = t.cpu();
+  std::memcpy(values.data(), t.data_ptr<double>(), values.size() * sizeof(double));
+  return values;
+}
+
+// Rank 0's `s` on every rank.
+std::string internal::ProcessConnector::BroadcastString(const std::string& s) {
+  if (t_.world_size() == 1) return s;
+  at::Tensor len = at::full({1}, static_cast<int64_t>(s.size()), at::kLong);
+  t_.strategy_->Broadcast(len, 0);
+  at::Tensor buf = at::zeros({len.item<int64_t>()}, at::kByte);
+  if (t_.rank() == 0 && !s.empty()) std::memcpy(buf.data_ptr<uint8_t>(), s.data(), s.size());
+  t_.strategy_->Broadcast(buf, 0);
+  return std::string(reinterpret_cast<const char*>(buf.data_ptr<uint8_t>()), buf.numel());
 }
 
 }  // namespace shardtrain::trainer

@@ -1,8 +1,11 @@
-// The evaluation loop shared by validation (in Fit and Trainer::Validate),
-// Trainer::Test and Trainer::Predict: this rank's DistributedSampler share
-// (no shuffling) in batches, the model in eval mode without gradients; the
-// per-batch sums of a validation or test pass, reduced over the ranks in one
-// all-reduce, with their hooks and logging; Predict's gather in dataset order.
+// The evaluation loop (trainer/loops/internal/eval_loop.h) shared by
+// validation (in Fit and Trainer::Validate), Trainer::Test and
+// Trainer::Predict: this rank's DistributedSampler share (no shuffling) in
+// batches, the model in eval mode without gradients; the per-batch sums of a
+// validation or test pass, reduced over the ranks in one all-reduce, with
+// their hooks and logging; Predict's gather in dataset order.
+#include "trainer/loops/internal/eval_loop.h"
+
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
@@ -12,7 +15,9 @@
 
 #include "base/errors.h"
 #include "comm/host_collectives.h"
+#include "trainer/connectors/internal/data_connector.h"
 #include "trainer/connectors/internal/metric_log.h"
+#include "trainer/connectors/internal/process_connector.h"
 #include "trainer/data/data_loader.h"
 #include "trainer/loops/run_controls.h"
 #include "trainer/profilers/profiler.h"
@@ -83,9 +88,9 @@ class LogStash {
 
 }  // namespace
 
-void Trainer::ForEachEvalBatch(const Dataset& data, Stage stage, bool trim_padding,
-                               const std::function<bool(const Batch&, int64_t, int64_t)>& fn) {
-  torch::nn::Module& model = strategy_->module();
+void internal::EvalLoop::ForEachEvalBatch(const Dataset& data, Stage stage, bool trim_padding,
+                                          const std::function<bool(const Batch&, int64_t, int64_t)>& fn) {
+  torch::nn::Module& model = t_.strategy_->module();
   const bool was_training = model.is_training();
   model.eval();
   struct RestoreMode {
@@ -96,11 +101,11 @@ void Trainer::ForEachEvalBatch(const Dataset& data, Stage stage, bool trim_paddi
     }
   } restore{model, was_training};
   at::NoGradGuard no_grad;
-  const int W = world_size(), r = rank();
-  DistributedSampler sampler(data.size(), W, r, /*shuffle=*/false, options_.seed, /*drop_last=*/false);
-  auto batches =
-      MakeBatches(sampler.indices(), options_.val_batch_size > 0 ? options_.val_batch_size : options_.batch_size, false);
-  const int64_t nb = trainer::LimitBatches(options_, stage, static_cast<int64_t>(batches.size()));
+  const int W = t_.world_size(), r = t_.rank();
+  DistributedSampler sampler(data.size(), W, r, /*shuffle=*/false, t_.options_.seed, /*drop_last=*/false);
+  auto batches = MakeBatches(
+      sampler.indices(), t_.options_.val_batch_size > 0 ? t_.options_.val_batch_size : t_.options_.batch_size, false);
+  const int64_t nb = trainer::LimitBatches(t_.options_, stage, static_cast<int64_t>(batches.size()));
   batches.resize(nb);
   // Real (non-padding) samples per batch; with trim_padding the batch holds only those.
   const int64_t real_total = RealSamples(data.size(), W, r);
@@ -112,34 +117,37 @@ void Trainer::ForEachEvalBatch(const Dataset& data, Stage stage, bool trim_paddi
     start += size;
     if (trim_padding) batches[i].resize(real[i]);
   }
-  DataLoader loader(data, std::move(batches), LoaderOptions(), 0, nb);  // prepared ahead by num_workers threads
+  DataLoader loader(data, std::move(batches), t_.data_connector_->LoaderOptions(), 0,
+                    nb);  // prepared ahead by num_workers threads
   for (int64_t i = 0; i < nb; ++i) {
-    Batch b = ToDevice(loader.Next());
+    Batch b = t_.ToDevice(loader.Next());
     if (!fn(b, i, real[i])) break;
   }
 }
 
-double Trainer::RunValidation(TrainingModule& module, const Dataset& val) {
+double internal::EvalLoop::RunValidation(TrainingModule& module, const Dataset& val) {
   const auto row = RunEvalStage(module, val, EvalStage::kValidation);
   const auto it = row.find("val_loss");
   return it == row.end() ? std::numeric_limits<double>::quiet_NaN() : it->second;
 }
 
-std::map<std::string, double> Trainer::RunEvalStage(TrainingModule& module, const Dataset& data, EvalStage stage) {
+std::map<std::string, double> internal::EvalLoop::RunEvalStage(TrainingModule& module, const Dataset& data,
+                                                               EvalStage stage) {
   const bool test = stage == EvalStage::kTest;
-  auto profiled = Profile(test ? kActionTest : kActionValidation);
+  auto profiled = t_.Profile(test ? kActionTest : kActionValidation);
   if (test) {
     module.on_test_start();
-    for (auto& cb : options_.callbacks) cb->on_test_start(*this, module);
+    for (auto& cb : t_.options_.callbacks) cb->on_test_start(t_, module);
   } else {
     module.on_validation_start();
-    for (auto& cb : options_.callbacks) cb->on_validation_start(*this, module);
+    for (auto& cb : t_.options_.callbacks) cb->on_validation_start(t_, module);
   }
   // What training_step log()ged for the next training row waits until this pass is done.
   LogStash pending(module.logged_, module.log_options_);
   module.log_eval_defaults_ = true;
-  internal::MetricCollector logged(
-      {world_.get(), rank(), world_size(), [this](std::vector<double> v) { return AllReduceSum(std::move(v)); }});
+  internal::MetricCollector logged({t_.world_.get(), t_.rank(), t_.world_size(), [this](std::vector<double> v) {
+                                      return t_.process_connector_->AllReduceSum(std::move(v));
+                                    }});
   LossSums sums;
   // Validation: each batch counts 1, padding included, and a step without a
   // loss ends the pass (no validation). Test: each batch counts its real samples.
@@ -158,27 +166,27 @@ std::map<std::string, double> Trainer::RunEvalStage(TrainingModule& module, cons
   // What the steps log()ged, aggregated over the batches (and ranks, with
   // sync_dist); every rank must log the same names.
   std::map<std::string, double> row = logged.ReduceEpoch(test ? "test" : "validation");
-  const std::vector<double> v = AllReduceSum({sums.loss, sums.loss_weight, sums.loss_batches});
+  const std::vector<double> v = t_.process_connector_->AllReduceSum({sums.loss, sums.loss_weight, sums.loss_batches});
   if (test && v[2] > 0) row["test_loss"] = v[0] / v[1];
   if (!test && sums.every_batch_had_loss) {
     row["val_loss"] = v[0] / std::max(1.0, v[1]);
-    val_losses_.push_back(row["val_loss"]);
+    t_.val_losses_.push_back(row["val_loss"]);
   }
-  for (const auto& [k, x] : row) callback_metrics_[k] = x;
+  for (const auto& [k, x] : row) t_.callback_metrics_[k] = x;
   RunEvalEpochEnd(module, test, row);
   pending.Restore();
   module.log_eval_defaults_ = false;
   if (!row.empty()) {
     std::map<std::string, double> logged_row = row;
-    logged_row["epoch"] = static_cast<double>(epoch_);
-    LogMetrics(logged_row, global_step_);  // at the global step at which the pass ran
+    logged_row["epoch"] = static_cast<double>(t_.epoch_);
+    t_.LogMetrics(logged_row, t_.global_step_);  // at the global step at which the pass ran
   }
   if (test) {
     module.on_test_end();
-    for (auto& cb : options_.callbacks) cb->on_test_end(*this, module);
+    for (auto& cb : t_.options_.callbacks) cb->on_test_end(t_, module);
   } else {
     module.on_validation_end();
-    for (auto& cb : options_.callbacks) cb->on_validation_end(*this, module);
+    for (auto& cb : t_.options_.callbacks) cb->on_validation_end(t_, module);
   }
   return row;
 }
@@ -186,7 +194,7 @@ std::map<std::string, double> Trainer::RunEvalStage(TrainingModule& module, cons
 // The module's and then the callbacks' on_{validation,test}_epoch_end, with
 // `row` in callback_metrics; what the module log()s there is rank-averaged
 // into `row`.
-void Trainer::RunEvalEpochEnd(TrainingModule& module, bool test, std::map<std::string, double>& row) {
+void internal::EvalLoop::RunEvalEpochEnd(TrainingModule& module, bool test, std::map<std::string, double>& row) {
   if (test) {
     module.on_test_epoch_end();
   } else {
@@ -201,29 +209,23 @@ void Trainer::RunEvalEpochEnd(TrainingModule& module, bool test, std::map<std::s
     }
     module.logged_.clear();
     module.log_options_.clear();
-    x = AllReduceSum(std::move(x));
-    for (size_t k = 0; k < names.size(); ++k) row[names[k]] = callback_metrics_[names[k]] = x[k] / world_size();
+    x = t_.process_connector_->AllReduceSum(std::move(x));
+    for (size_t k = 0; k < names.size(); ++k) row[names[k]] = t_.callback_metrics_[names[k]] = x[k] / t_.world_size();
   }
-  for (auto& cb : options_.callbacks) {
+  for (auto& cb : t_.options_.callbacks) {
     if (test) {
-      cb->on_test_epoch_end(*this, module);
+      cb->on_test_epoch_end(t_, module);
     } else {
-      cb->on_validation_epoch_end(*this, module);
+      cb->on_validation_epoch_end(t_, module);
     }
   }
 }
 
-void Trainer::SetupForEval(TrainingModule& module, const char* what, const Dataset& data) {
-  ST_CHECK_ARG(!fitting_, "Trainer::", what, " cannot run inside Fit; call it after Fit returned");
+void internal::EvalLoop::SetupForEval(TrainingModule& module, const char* what, const Dataset& data) {
+  ST_CHECK_ARG(!t_.fitting_, "Trainer::", what, " cannot run inside Fit; call it after Fit returned");
   ST_CHECK_ARG(data.size() > 0, "Trainer::", what, ": the data set is empty; give it at least one sample");
-  SetupProcesses();
-  SetupModel(module);
-}
-
-std::map<std::string, double> Trainer::Test(TrainingModule& module, const Dataset& test) {
-  SetupForEval(module, "Test", test);
-  SetupLoggers(module);
-  return RunEvalStage(module, test, EvalStage::kTest);
+  t_.process_connector_->SetupProcesses();
+  t_.SetupModel(module);
 }
 
 namespace {
@@ -245,8 +247,7 @@ std::string Describe(const at::Tensor& p) {
 
 }  // namespace
 
-at::Tensor Trainer::Predict(TrainingModule& module, const Dataset& data, const PredictOptions& options) {
-  SetupForEval(module, "Predict", data);
+at::Tensor internal::EvalLoop::Predict(TrainingModule& module, const Dataset& data, const PredictOptions& options) {
   LogStash pending(module.logged_, module.log_options_);  // what predict_step log()s is dropped
   std::vector<at::Tensor> outs;
   ForEachEvalBatch(data, Stage::kPredict, /*trim_padding=*/false, [&](const Batch& b, int64_t i, int64_t) {
@@ -264,7 +265,7 @@ at::Tensor Trainer::Predict(TrainingModule& module, const Dataset& data, const P
     return true;
   });
   pending.Restore();
-  const int W = world_size(), r = rank();
+  const int W = t_.world_size(), r = t_.rank();
   at::Tensor mine = at::cat(outs, 0);  // this rank's share, padding duplicates at the end
   // Samples covered: all, or (limit_predict_batches) the first W * rows of
   // the interleaved order; every rank has the same number of rows.
@@ -275,8 +276,8 @@ at::Tensor Trainer::Predict(TrainingModule& module, const Dataset& data, const P
   std::vector<double> extremes;
   for (int64_t x : sig) extremes.push_back(static_cast<double>(x));
   for (int64_t x : sig) extremes.push_back(-static_cast<double>(x));
-  at::Tensor t = at::tensor(extremes, at::kDouble).to(comm::CollectiveDevice(*world_));
-  comm::HostAllReduce(*world_, t, comm::ReduceOp::kMax);
+  at::Tensor t = at::tensor(extremes, at::kDouble).to(comm::CollectiveDevice(*t_.world_));
+  comm::HostAllReduce(*t_.world_, t, comm::ReduceOp::kMax);
   t = t.cpu();
   const double* e = t.data_ptr<double>();
   for (size_t k = 0; k < sig.size(); ++k) {
@@ -284,10 +285,10 @@ at::Tensor Trainer::Predict(TrainingModule& module, const Dataset& data, const P
                  Describe(mine.narrow(0, 0, std::min<int64_t>(1, mine.size(0)))),
                  "); every rank must return the same shape after dimension 0 and the same dtype");
   }
-  const at::Tensor flat = mine.contiguous().to(comm::CollectiveDevice(*world_));
+  const at::Tensor flat = mine.contiguous().to(comm::CollectiveDevice(*t_.world_));
   std::vector<int64_t> shape = mine.sizes().vec();
   at::Tensor all = at::empty({W * flat.numel()}, flat.options());
-  comm::HostAllGather(*world_, flat.reshape(-1), all);
+  comm::HostAllGather(*t_.world_, flat.reshape(-1), all);
   // Rank q's row k is sample q + k*W: [W, per rank, ...] -> [per rank, W, ...] -> dataset order.
   std::vector<int64_t> by_rank = shape;
   by_rank.insert(by_rank.begin(), W);

@@ -15,6 +15,7 @@
 #include "trainer/callbacks/early_stopping.h"
 #include "trainer/callbacks/learning_rate_monitor.h"
 #include "trainer/callbacks/model_checkpoint.h"
+#include "trainer/loops/internal/fit_loop.h"
 #include "trainer/trainer.h"
 
 namespace shardtrain::trainer {
@@ -174,10 +175,10 @@ void RunExplainingNondeterminism(bool deterministic, const std::function<void()>
 
 }  // namespace internal
 
-void Trainer::RunSanityCheck(TrainingModule& module, const Dataset& val) {
-  const auto& o = options_;
+void internal::FitLoop::RunSanityCheck(TrainingModule& module, const Dataset& val) {
+  const auto& o = t_.options_;
   if (o.num_sanity_val_steps == 0) return;
-  DistributedSampler sampler(val.size(), world_size(), rank(), /*shuffle=*/false, o.seed, false);
+  DistributedSampler sampler(val.size(), t_.world_size(), t_.rank(), /*shuffle=*/false, o.seed, false);
   const auto batches = MakeBatches(sampler.indices(), o.val_batch_size > 0 ? o.val_batch_size : o.batch_size, false);
   int64_t n = trainer::LimitBatches(o, Stage::kValidate, static_cast<int64_t>(batches.size()));
   if (o.num_sanity_val_steps > 0) n = std::min(n, o.num_sanity_val_steps);
@@ -194,12 +195,12 @@ void Trainer::RunSanityCheck(TrainingModule& module, const Dataset& val) {
       flag = false;
       if (was_training) model.train();
     }
-  } scope(sanity_checking_, strategy_->module());
+  } scope(t_.sanity_checking_, t_.strategy_->module());
   std::map<std::string, double> pending = std::move(module.logged_);
   at::NoGradGuard no_grad;
   for (int64_t i = 0; i < n; ++i) {
     module.logged_.clear();
-    (void)module.validation_step(ToDevice(val.get_batch(batches[i])), i);
+    (void)module.validation_step(t_.ToDevice(val.get_batch(batches[i])), i);
   }
   module.logged_ = std::move(pending);  // what validation_step log()ged is not logged
 }

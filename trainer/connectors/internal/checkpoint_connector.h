@@ -1,0 +1,54 @@
+// Internal to //trainer: the checkpoint connector — writing the Trainer's
+// state as a full or sharded checkpoint, restoring it, and finding what
+// ckpt_path names; collective over the ranks, and on failure every rank
+// throws with nothing changed (trainer/trainer.h, "Checkpoints").
+#ifndef SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_CHECKPOINT_CONNECTOR_H_
+#define SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_CHECKPOINT_CONNECTOR_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "trainer/trainer_options.h"  // CheckpointFormat
+
+namespace shardtrain::trainer {
+
+class Trainer;
+
+namespace internal {
+
+class CheckpointConnector {
+ public:
+  explicit CheckpointConnector(Trainer& trainer) : t_(trainer) {}
+  CheckpointConnector(const CheckpointConnector&) = delete;
+  CheckpointConnector& operator=(const CheckpointConnector&) = delete;
+
+  // Trainer::SaveCheckpoint.
+  void Save(const std::string& path, CheckpointFormat format);
+  // Restores model, optimizer, schedulers, scaler, RNG, loop position and
+  // callback states from `path` (full file or sharded directory); checks
+  // everything before it changes anything.
+  void Restore(const std::string& path);
+  // "" (start afresh), the given path, or for "last" (and resume="auto"
+  // without a path) the newest complete checkpoint: rank 0 decides, every
+  // rank uses it. Also removes what killed saves of earlier runs left behind.
+  std::string ResolveCheckpointPath(const std::string& ckpt_path);
+
+ private:
+  void SaveFull(const std::string& path);
+  void SaveSharded(const std::string& path);
+  // Every rank's serialized optimizer (LibTorch archives), in rank order.
+  std::vector<std::string> GatherOptimizerStates();
+  // The callbacks' state_dict()s and (under kExtraStateKey) what the
+  // on_save_checkpoint hooks write.
+  std::map<std::string, std::map<std::string, std::string>> CallbackStates();
+  // Throws on every rank when `failed` on any (with this rank's message if it failed).
+  void AgreeOrThrow(bool failed, const std::string& message, const std::string& what);
+
+  Trainer& t_;
+};
+
+}  // namespace internal
+}  // namespace shardtrain::trainer
+
+#endif  // SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_CHECKPOINT_CONNECTOR_H_
