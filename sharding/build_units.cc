@@ -227,8 +227,8 @@ void ShardedModel::InitUnitRuntime(ShardedUnit* u, int index) {
   u->model = this;
   u->index = index;
   const int64_t padded = u->flat->padded_numel();
-  u->aliased =
-      shard_group_->size() == 1 && param_dtype_ == at::kFloat && u->flat->shard().device() == u->flat->device();
+  u->aliased = shard_group_->size() == 1 && !options_.force_collectives && param_dtype_ == at::kFloat &&
+               u->flat->shard().device() == u->flat->device();
   if (u->aliased) {
     u->full = u->flat->shard().detach();
     u->state = ShardedUnit::State::kGathered;

@@ -70,6 +70,12 @@ struct ShardingOptions {
   // memory; each gather copies the shard to the GPU (asynchronously) first and
   // each reduced gradient comes back to the CPU. With CPU compute it changes nothing.
   bool offload_params = false;
+  // Testing and diagnosis: run each unit's all-gather even where one rank
+  // holds the whole shard (a shard group of 1, e.g. W=1), instead of using
+  // the shard in place. Results are the same (the gather of one shard is a
+  // copy); what changes is that the collective path — its stream ordering on
+  // CUDA, its events and waits — runs on a one-GPU machine.
+  bool force_collectives = false;
 };
 
 // What the sharding core derives from ShardingOptions, in one place.

@@ -22,7 +22,7 @@ void ShardedModel::Unshard(ShardedUnit* u) {
   if (u->state != ShardedUnit::State::kSharded) return;
   AllocateStorage(u->full);
   at::Tensor shard = u->flat->shard().detach();
-  if (shard_group_->size() == 1) {
+  if (shard_group_->size() == 1 && !options_.force_collectives) {
     u->full.copy_(shard, /*non_blocking=*/true);
     u->state = ShardedUnit::State::kGathered;
     return;

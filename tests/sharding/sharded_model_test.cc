@@ -35,6 +35,7 @@ struct RunResult {
   std::vector<double> losses;                  // global loss per step
   std::map<std::string, at::Tensor> params;   // final parameters by name
   std::vector<std::string> units;              // unit names (sharded runs), root ("") last
+  int64_t all_gathers = 0;                     // rank 0's all-gather calls in the steps (sharded runs)
 };
 
 // Plain single-process training on the global batch, split in `chunks`
@@ -86,12 +87,14 @@ RunResult Sharded(const TestModel& tm, const std::string& opt_kind, int world, S
       comm->AllReduce(l, {comm::ReduceOp::kAvg})->Wait();
       losses.push_back(l.item<double>());
     }
+    const int64_t gathers = comm->stats().Calls(comm::CommOp::kAllGather);  // the steps' (not the state dict's)
     auto full = sm.FullStateDict(/*rank0_only=*/true);
     if (rank == 0) {
       std::lock_guard<std::mutex> lock(mu);
       result.losses = losses;
       result.params = full;
       for (const auto& u : sm.units()) result.units.push_back(u.name);
+      result.all_gathers = gathers;
     }
   });
   return result;
@@ -191,6 +194,22 @@ INSTANTIATE_TEST_SUITE_P(Models, Parity, ::testing::ValuesIn(ParityCases()), [](
   return c.model + "_W" + std::to_string(c.world) + "_" + ShardingStrategyName(c.strategy) + "_" + c.optimizer +
          "_wrap_" + WrapName(c.wrap);
 });
+
+// ShardingOptions::force_collectives at W=1: every unit's gather goes
+// through the communicator (so the collective path, with its CUDA stream
+// ordering, runs on a one-GPU machine), with results equal to the path that
+// uses the shard in place.
+TEST(ForceCollectives, GathersAtW1WithTheSameResults) {
+  TestModel tm = shardtrain::testing::TinyGpt();
+  ShardingOptions o;
+  RunResult in_place = Sharded(tm, "adam", 1, o, [](torch::nn::Module&) { return WrapPolicy::Always(); });
+  o.force_collectives = true;
+  RunResult forced = Sharded(tm, "adam", 1, o, [](torch::nn::Module&) { return WrapPolicy::Always(); });
+  EXPECT_EQ(in_place.all_gathers, 0);
+  // Each unit gathers once per forward and (FULL_SHARD) once more in backward.
+  EXPECT_GE(forced.all_gathers, kSteps * static_cast<int64_t>(forced.units.size()));
+  ExpectMatches(in_place, forced, 0.0);
+}
 
 }  // namespace
 }  // namespace shardtrain::sharding
