@@ -169,13 +169,20 @@ double ClipLocalGradNorm(const std::vector<at::Tensor>& params, double max_norm,
   const bool inf = std::isinf(norm_type);
   ST_CHECK_ARG(inf || norm_type == 2.0, "ClipGradNorm: norm_type must be 2 or inf, got ", norm_type);
   at::NoGradGuard no_grad;
-  double acc = 0;
+  // Accumulated on the gradients' device; one host read at the end.
+  at::Tensor acc;
   for (const auto& p : params) {
     if (!p.grad().defined()) continue;
     at::Tensor g = p.grad().to(at::kDouble);
-    acc = inf ? std::max(acc, g.abs().max().item<double>()) : acc + g.pow(2).sum().item<double>();
+    at::Tensor part = inf ? g.abs().max() : g.pow(2).sum();
+    if (!acc.defined()) {
+      acc = part;
+    } else {
+      acc = inf ? at::maximum(acc, part.to(acc.device())) : acc + part.to(acc.device());
+    }
   }
-  const double total = inf ? acc : std::sqrt(acc);
+  const double sum_or_max = acc.defined() ? acc.item<double>() : 0.0;
+  const double total = inf ? sum_or_max : std::sqrt(sum_or_max);
   const double coef = max_norm / (total + 1e-6);
   if (coef < 1.0) {
     for (const auto& p : params) {
