@@ -6,7 +6,10 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <algorithm>
+#include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/errors.h"
@@ -21,7 +24,36 @@ namespace {
 struct CheckpointRun : torch::CustomClassHolder {
   WrapPoint::TensorsFn fn;
   at::Tensor rng_state;  // default CPU generator before the forward
+  // The default generator of each accelerator device (CUDA) the inputs live
+  // on, before the forward: dropout there recomputes the same masks (as
+  // torch.utils.checkpoint's preserve_rng_state).
+  std::vector<std::pair<c10::Device, at::Tensor>> device_rng_states;
 };
+
+// The accelerator devices of `tensors`, each once.
+std::vector<c10::Device> AcceleratorDevices(at::TensorList tensors) {
+  std::vector<c10::Device> out;
+  for (const auto& t : tensors) {
+    if (!t.defined() || t.device().is_cpu() || t.device().is_meta()) continue;
+    if (std::find(out.begin(), out.end(), t.device()) == out.end()) out.push_back(t.device());
+  }
+  return out;
+}
+
+at::Generator DeviceGenerator(const c10::Device& device) { return at::globalContext().defaultGenerator(device); }
+
+// Sets every saved generator's state, returning the states they had.
+std::vector<std::pair<c10::Device, at::Tensor>> SwapDeviceRngStates(
+    const std::vector<std::pair<c10::Device, at::Tensor>>& states) {
+  std::vector<std::pair<c10::Device, at::Tensor>> before;
+  for (const auto& [device, state] : states) {
+    at::Generator gen = DeviceGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    before.emplace_back(device, gen.get_state());
+    gen.set_state(state);
+  }
+  return before;
+}
 
 struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction> {
   // `anchor` requires grad so that the outputs do even when no input does
@@ -29,6 +61,12 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
                                                 const at::Tensor& anchor, const c10::intrusive_ptr<CheckpointRun>& run) {
     run->rng_state = at::detail::getDefaultCPUGenerator().get_state();
+    run->device_rng_states.clear();
+    for (const auto& device : AcceleratorDevices(inputs)) {
+      at::Generator gen = DeviceGenerator(device);
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      run->device_rng_states.emplace_back(device, gen.get_state());
+    }
     ctx->saved_data["run"] = c10::IValue::make_capsule(run);
     ctx->save_for_backward(inputs.vec());
     at::NoGradGuard no_grad;
@@ -51,12 +89,14 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
     auto gen = at::detail::getDefaultCPUGenerator();
     at::Tensor rng_now = gen.get_state();
     gen.set_state(run->rng_state);
+    const auto device_rng_now = SwapDeviceRngStates(run->device_rng_states);
     std::vector<at::Tensor> outputs;
     {
       at::AutoGradMode enable(true);
       outputs = run->fn(xs);
     }
     gen.set_state(rng_now);
+    SwapDeviceRngStates(device_rng_now);
     // Backpropagate through the outputs that carry a gradient (unused outputs
     // and ones that do not depend on anything trainable carry none).
     std::vector<at::Tensor> outs, grads;

@@ -157,6 +157,31 @@ TEST(Checkpoint, FitWritesItsStateAndATruncatedCopyFailsClearly) {
   EXPECT_THROW(LoadCheckpoint(bad + ".missing"), Error);
 }
 
+// Each CUDA device's generator state travels in "cuda_rng_states" (written
+// where devices are visible, so a CUDA run resumes its dropout draws): the
+// format keeps the list, and a resume where there is no CUDA reads such a
+// file and goes on.
+TEST(Checkpoint, CudaGeneratorStatesRoundTripAndResumeWithoutCuda) {
+  TrainerOptions o = BaseOptions(TmpDir("ckpt_cuda_rng"));
+  o.strategy = "ddp";
+  o.max_steps = 2;
+  FitResult r = Fit(2, o);
+  CheckpointData d = LoadCheckpoint(r.last_ckpt);
+  EXPECT_EQ(d.cuda_rng_states.size(), at::hasCUDA() ? at::getNumGPUs() : size_t{0});
+  d.cuda_rng_states = {at::arange(16, at::kByte), at::arange(8, at::kByte) * 3};
+  const std::string path = (fs::path(TmpDir("ckpt_cuda_rng_b")) / "with_cuda.ckpt").string();
+  SaveCheckpoint(path, d);
+  CheckpointData back = LoadCheckpoint(path);
+  ASSERT_EQ(back.cuda_rng_states.size(), 2u);
+  EXPECT_TRUE(at::equal(back.cuda_rng_states[0], d.cuda_rng_states[0]));
+  EXPECT_TRUE(at::equal(back.cuda_rng_states[1], d.cuda_rng_states[1]));
+  if (at::hasCUDA()) GTEST_SKIP() << "skipped: the resume half needs a machine without CUDA (these states are fake)";
+  TrainerOptions resume = BaseOptions(TmpDir("ckpt_cuda_rng_c"));
+  resume.strategy = "ddp";
+  resume.max_steps = 3;
+  EXPECT_EQ(Fit(2, resume, path).losses.size(), 1u);
+}
+
 // An optimizer "optimizer_full" cannot hold (RMSprop) is saved as the
 // per-rank LibTorch archives: the file resumes exactly at the same world
 // size, and at another one fails naming both world sizes.

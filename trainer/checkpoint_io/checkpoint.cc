@@ -84,6 +84,11 @@ void FinishCheckpoint(ArchiveWriter& w, const CheckpointData& data, const c10::I
   d.insert("strategy", data.strategy);
   d.insert("rng_state", add(data.rng_state.defined() ? data.rng_state : at::empty({0}, at::kByte)));
   d.insert("hparams", hp);
+  if (!data.cuda_rng_states.empty()) {
+    c10::List<at::Tensor> states;
+    for (const auto& t : data.cuda_rng_states) states.push_back(add(t));  // CPU byte tensors
+    d.insert("cuda_rng_states", states);
+  }
   if (!streamed_optimizer_full.isNone()) {
     d.insert("optimizer_full", streamed_optimizer_full);
   } else if (!data.optimizer_full.empty()) {
@@ -166,6 +171,9 @@ CheckpointData LoadCheckpoint(const std::string& path) {
     out.rng_state = need("rng_state").toTensor();
     for (const auto& e : need("hparams").toGenericDict()) {
       out.hparams[e.key().toStringRef()] = e.value().toStringRef();
+    }
+    if (d.contains("cuda_rng_states")) {
+      for (const auto& t : d.at("cuda_rng_states").toList()) out.cuda_rng_states.push_back(t.get().toTensor());
     }
     if (d.contains("optimizer_full")) {
       auto of = d.at("optimizer_full").toGenericDict();

@@ -22,6 +22,9 @@
 //   "rng_state"         uint8 tensor (CPU generator state)
 //   "hparams"           {str: str}
 // and, when present:
+//   "cuda_rng_states"   [uint8 tensor]  each CUDA device's generator state,
+//                       by device index (torch.cuda.get_rng_state_all());
+//                       written where CUDA devices are visible
 //   "optimizer_full"    {"kind": "Adam" | "AdamW" | "SGD",
 //                        "state": {param name: {"exp_avg": tensor, ...}},
 //                        "step": {param name: int}}
@@ -84,6 +87,7 @@ struct CheckpointData {
   int64_t world_size = 1;
   std::string strategy;
   at::Tensor rng_state;
+  std::vector<at::Tensor> cuda_rng_states;  // optional: by CUDA device index
   std::map<std::string, std::string> hparams;
   FullOptimizerState optimizer_full;  // optional (empty kind: not saved)
   std::map<std::string, std::map<std::string, std::string>> callbacks;  // optional

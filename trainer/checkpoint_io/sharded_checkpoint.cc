@@ -261,6 +261,11 @@ void FinishShardedSave(const std::string& path, const CheckpointData& meta) {
   d.insert("batch_in_epoch", meta.batch_in_epoch);
   d.insert("strategy", meta.strategy);
   d.insert("rng_state", meta.rng_state.defined() ? meta.rng_state.cpu() : at::empty({0}, at::kByte));
+  if (!meta.cuda_rng_states.empty()) {
+    c10::List<at::Tensor> states;
+    for (const auto& t : meta.cuda_rng_states) states.push_back(t.cpu());
+    d.insert("cuda_rng_states", states);
+  }
   c10::Dict<std::string, std::string> hp;
   for (const auto& [k, v] : meta.hparams) hp.insert(k, v);
   d.insert("hparams", hp);
@@ -336,6 +341,9 @@ CheckpointData ReadShardedMetadata(const std::string& path, const std::string& m
     m.batch_in_epoch = md.at("batch_in_epoch").toInt();
     m.strategy = md.at("strategy").toStringRef();
     m.rng_state = md.at("rng_state").toTensor();
+    if (md.contains("cuda_rng_states")) {
+      for (const auto& t : md.at("cuda_rng_states").toList()) m.cuda_rng_states.push_back(t.get().toTensor());
+    }
     for (const auto& e : md.at("hparams").toGenericDict()) m.hparams[e.key().toStringRef()] = e.value().toStringRef();
     for (const auto& e : md.at("callbacks").toGenericDict()) {
       auto& st = m.callbacks[e.key().toStringRef()];

@@ -6,7 +6,8 @@
 //                       "format_version", "world_size", "epoch", "global_step",
 //                       "batch_in_epoch", "strategy", "rng_state", "hparams",
 //                       "callbacks", "files" (the rank files, by rank) and,
-//                       for "16-mixed" runs, "grad_scaler" (as in full
+//                       for "16-mixed" runs, "grad_scaler", and where CUDA
+//                       devices are visible "cuda_rng_states" (as in full
 //                       checkpoints, trainer/checkpoint_io/checkpoint.h)
 //   <dir>/rank_<r>.pt   rank r's piece (ShardedPiece below):
 //       "rank", "world_size", "shard_rank", "shard_world"   ints

@@ -7,6 +7,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/optim/optimizer.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -30,6 +31,40 @@
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;
+namespace {
+
+// Every visible CUDA device's generator state, by device index (none without CUDA).
+std::vector<at::Tensor> CudaRngStates() {
+  std::vector<at::Tensor> out;
+  if (!at::hasCUDA()) return out;
+  for (size_t i = 0; i < at::getNumGPUs(); ++i) {
+    at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<int8_t>(i)));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.push_back(gen.get_state());
+  }
+  return out;
+}
+
+// Restores what CudaRngStates saved, device by device. Where CUDA devices
+// are visible and their number differs from the checkpoint's, restores the
+// devices both have and says so: CUDA random draws then differ from the
+// saved run's. (A CPU-only resume of a CUDA run has no CUDA draws to match.)
+void SetCudaRngStates(const std::vector<at::Tensor>& states, const std::string& path, int rank) {
+  const size_t here = at::hasCUDA() ? at::getNumGPUs() : 0;
+  const size_t n = std::min(here, states.size());
+  for (size_t i = 0; i < n; ++i) {
+    at::Generator gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<int8_t>(i)));
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(states[i]);
+  }
+  if (here > 0 && states.size() != here && rank == 0) {
+    ST_LOG(WARNING) << "checkpoint '" << path << "' holds the generator states of " << states.size()
+                    << " CUDA device(s), this process sees " << here << "; restored " << n
+                    << ": CUDA random draws (dropout) will differ from the saved run";
+  }
+}
+
+}  // namespace
 
 std::vector<std::string> internal::CheckpointConnector::GatherOptimizerStates() {
   std::string mine = internal::SerializeOptimizer(*t_.opt_.optimizer);
@@ -117,6 +152,7 @@ void internal::CheckpointConnector::SaveFull(const std::string& path) {
   data.world_size = t_.world_size();
   data.strategy = t_.strategy_->name();
   data.rng_state = at::detail::getDefaultCPUGenerator().get_state();
+  data.cuda_rng_states = CudaRngStates();
   data.hparams = t_.module_->hparams();
   data.callbacks = CallbackStates();
   if (t_.scaler_) data.grad_scaler = t_.scaler_->state();
@@ -145,6 +181,7 @@ void internal::CheckpointConnector::SaveSharded(const std::string& path) {
   meta.world_size = t_.world_size();
   meta.strategy = t_.strategy_->name();
   meta.rng_state = at::detail::getDefaultCPUGenerator().get_state();
+  meta.cuda_rng_states = CudaRngStates();
   meta.hparams = t_.module_->hparams();
   meta.callbacks = CallbackStates();
   if (t_.scaler_) meta.grad_scaler = t_.scaler_->state();
@@ -235,6 +272,7 @@ void internal::CheckpointConnector::Restore(const std::string& path) {
     std::lock_guard<std::mutex> lock(gen.mutex());
     gen.set_state(ck.rng_state);
   }
+  SetCudaRngStates(ck.cuda_rng_states, path, t_.rank());
   for (const auto& cb : t_.options_.callbacks) {
     auto it = ck.callbacks.find(cb->state_key());
     if (!cb->state_key().empty() && it != ck.callbacks.end()) cb->load_state_dict(it->second);
