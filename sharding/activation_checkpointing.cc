@@ -30,17 +30,21 @@ struct CheckpointRun : torch::CustomClassHolder {
   std::vector<std::pair<c10::Device, at::Tensor>> device_rng_states;
 };
 
-// The accelerator devices of `tensors`, each once.
-std::vector<c10::Device> AcceleratorDevices(at::TensorList tensors) {
-  std::vector<c10::Device> out;
+at::Generator DeviceGenerator(const c10::Device& device) { return at::globalContext().defaultGenerator(device); }
+
+// The generator state of each accelerator device `tensors` live on, each device once.
+std::vector<std::pair<c10::Device, at::Tensor>> DeviceRngStates(at::TensorList tensors) {
+  std::vector<std::pair<c10::Device, at::Tensor>> out;
   for (const auto& t : tensors) {
     if (!t.defined() || t.device().is_cpu() || t.device().is_meta()) continue;
-    if (std::find(out.begin(), out.end(), t.device()) == out.end()) out.push_back(t.device());
+    const c10::Device device = t.device();
+    if (std::any_of(out.begin(), out.end(), [&](const auto& s) { return s.first == device; })) continue;
+    at::Generator gen = DeviceGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    out.emplace_back(device, gen.get_state());
   }
   return out;
 }
-
-at::Generator DeviceGenerator(const c10::Device& device) { return at::globalContext().defaultGenerator(device); }
 
 // Sets every saved generator's state, returning the states they had.
 std::vector<std::pair<c10::Device, at::Tensor>> SwapDeviceRngStates(
@@ -61,12 +65,7 @@ struct CheckpointFunction : public torch::autograd::Function<CheckpointFunction>
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, at::TensorList inputs,
                                                 const at::Tensor& anchor, const c10::intrusive_ptr<CheckpointRun>& run) {
     run->rng_state = at::detail::getDefaultCPUGenerator().get_state();
-    run->device_rng_states.clear();
-    for (const auto& device : AcceleratorDevices(inputs)) {
-      at::Generator gen = DeviceGenerator(device);
-      std::lock_guard<std::mutex> lock(gen.mutex());
-      run->device_rng_states.emplace_back(device, gen.get_state());
-    }
+    run->device_rng_states = DeviceRngStates(inputs);
     ctx->saved_data["run"] = c10::IValue::make_capsule(run);
     ctx->save_for_backward(inputs.vec());
     at::NoGradGuard no_grad;

@@ -9,7 +9,6 @@
 
 #include "base/errors.h"
 #include "base/logging.h"
-#include "comm/host_collectives.h"
 #include "sharding/optimizer_state.h"
 #include "sharding/sharded_init.h"
 
@@ -125,41 +124,7 @@ double ShardedStrategyBase::ClipGradNorm(double max_norm, double norm_type) {
   // what the optimizer does not see. Clip the views' gradients: they are
   // disjoint pieces of this rank's shard, so summing over the shard group
   // gives the unsharded norm.
-  ST_CHECK_ARG(max_norm > 0, "ClipGradNorm: max_norm must be > 0, got ", max_norm);
-  const bool inf = std::isinf(norm_type);
-  ST_CHECK_ARG(inf || norm_type == 2.0, "ClipGradNorm: norm_type must be 2 or inf, got ", norm_type);
-  at::NoGradGuard no_grad;
-  auto params = sm_->parameters();
-  // Accumulated where the gradients are (the GPU, or the host shards with
-  // CPU offload): no host round trip per gradient.
-  at::Tensor local;
-  for (const auto& p : params) {
-    if (!p.grad().defined()) continue;
-    at::Tensor g = p.grad().to(at::kDouble);
-    at::Tensor part = inf ? g.abs().max().reshape({1}) : g.pow(2).sum().reshape({1});
-    if (!local.defined()) {
-      local = part;
-    } else {
-      local = inf ? at::maximum(local, part.to(local.device())) : local + part.to(local.device());
-    }
-  }
-  const auto& group = sm_->shard_group();
-  // The collective runs on the communicator's device (CUDA for NCCL, even
-  // when offloaded gradients live on the host).
-  const c10::Device comm_device = group ? comm::CollectiveDevice(*group) : c10::Device(c10::kCPU);
-  local = local.defined() ? local.to(comm_device) : at::zeros({1}, at::TensorOptions(at::kDouble).device(comm_device));
-  if (group && group->size() > 1) {
-    group->AllReduce(local, {inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum})->Wait();
-  }
-  const double sum_or_max = local.item<double>();  // the one host read of the step's clipping
-  const double total = inf ? sum_or_max : std::sqrt(sum_or_max);
-  const double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0) {
-    for (const auto& p : params) {
-      if (p.grad().defined()) p.grad().mul_(coef);
-    }
-  }
-  return total;
+  return ClipLocalGradNorm(sm_->parameters(), max_norm, norm_type, sm_->shard_group());
 }
 
 std::map<std::string, at::Tensor> ShardedStrategyBase::FullStateDict() {

@@ -254,9 +254,14 @@ class Strategy {
 
 using StrategyPtr = std::shared_ptr<Strategy>;
 
-// Helpers for replicated strategies (ddp, single_device).
-// Global-norm clipping of local (already synchronized) gradients; returns the norm.
-double ClipLocalGradNorm(const std::vector<at::Tensor>& params, double max_norm, double norm_type);
+// Global-norm clipping of already synchronized gradients; returns the norm.
+// Without `shard_group` the gradients are whole (ddp, single_device); with it
+// they are this rank's disjoint pieces (use_orig_params views of a shard) and
+// the local sum of squares (or max) is all-reduced over the group. The norm is
+// accumulated on the gradients' device, the all-reduce runs on the group's
+// device, and the host reads it once.
+double ClipLocalGradNorm(const std::vector<at::Tensor>& params, double max_norm, double norm_type,
+                         const comm::CommunicatorPtr& shard_group = nullptr);
 // The module's parameters with each tensor once, under its first name, as
 // Python's Module.parameters() (LibTorch's lists a tensor registered in
 // several modules, a tied weight, once per name: an optimizer over that list

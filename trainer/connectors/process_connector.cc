@@ -14,6 +14,7 @@
 #include "base/errors.h"
 #include "base/logging.h"
 #include "comm/gloo_communicator.h"
+#include "comm/host_collectives.h"
 #include "comm/rendezvous.h"
 #include "launch/cluster_environment.h"
 #include "launch/cluster_rendezvous.h"
@@ -78,9 +79,8 @@ int internal::ProcessConnector::LocalRank() const {
 
 std::vector<double> internal::ProcessConnector::AllReduceSum(std::vector<double> values) {
   if (t_.world_size() == 1 || values.empty()) return values;
-  const bool nccl = t_.world_->backend() == "nccl";
-  at::Tensor t = at::tensor(values, at::kDouble);
-  if (nccl) t = t.to(c10::Device(c10::kCUDA));  // NCCL takes CUDA tensors only
+  // On the communicator's device (NCCL takes CUDA tensors only).
+  at::Tensor t = at::tensor(values, at::kDouble).to(comm::CollectiveDevice(*t_.world_));
   t_.world_->AllReduce(t, {comm::ReduceOp::kSum})->Wait();
   t = t.cpu();
   std::memcpy(values.data(), t.data_ptr<double>(), values.size() * sizeof(double));
