@@ -228,11 +228,14 @@ void Trainer::SetupModel(TrainingModule& module) {
 
 Batch Trainer::ToDevice(Batch b) const {
   if (!device_.is_cpu()) {
-    if (b.inputs.defined()) b.inputs = b.inputs.to(device_);
-    if (b.targets.defined()) b.targets = b.targets.to(device_);
-    for (auto& kv : b.fields) {  // batches of any structure move as a whole
-      if (kv.second.defined()) kv.second = kv.second.to(device_);
-    }
+    // Asynchronous from the loader's pinned batches (DataConnector::LoaderOptions);
+    // a pageable source (a batch made elsewhere) copies synchronously as before.
+    const auto move = [this](at::Tensor& t) {
+      if (t.defined()) t = t.to(device_, /*non_blocking=*/true);
+    };
+    move(b.inputs);
+    move(b.targets);
+    for (auto& kv : b.fields) move(kv.second);  // batches of any structure move as a whole
   }
   const auto dt = strategy_->compute_dtype();
   if (dt != at::kFloat && b.inputs.defined() && at::isFloatingType(b.inputs.scalar_type())) b.inputs = b.inputs.to(dt);

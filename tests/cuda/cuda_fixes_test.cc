@@ -10,9 +10,12 @@
 // - use_orig_params clip-by-norm with gradients on the GPU: the norm equals
 //   the one computed on the CPU from the same gradients, and clipping scales
 //   them by max_norm / norm.
+// - the fit loop's loss sum: no wait for the device per micro-batch (CUDA's
+//   sync debug mode set to "error"); the loader's pinned batches.
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <gtest/gtest.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/cuda.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/dropout.h>
@@ -26,6 +29,8 @@
 #include <vector>
 
 #include "comm/nccl_communicator.h"
+#include "trainer/data/data_loader.h"
+#include "trainer/loops/internal/loss_sum.h"
 #include "sharding/sharded_model.h"
 #include "sharding/wrap_point.h"
 #include "tests/testing/models.h"
@@ -127,6 +132,45 @@ TEST(CudaFixes, CheckpointedDropoutOnCudaRecomputesTheSameMasks) {
   for (const auto& [name, g] : plain) {
     EXPECT_TRUE(at::allclose(recomputed.at(name), g, 1e-5, 1e-7))
         << name << ": the recomputed forward drew other dropout masks (the CUDA generator was not restored)";
+  }
+}
+
+// The fit loop's loss sum waits for the device nowhere per micro-batch (a
+// loss.item() per micro-batch would): with CUDA's sync debug mode at "error"
+// any synchronizing call throws. The one read per step returns the sum.
+TEST(CudaFixes, LossSumAddsWithoutWaitingForTheDevice) {
+  REQUIRE_GPU();
+  trainer::internal::LossSum sum;
+  double expected = 0;
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  try {
+    for (int i = 0; i < 4; ++i) {
+      const float v = 0.25f * static_cast<float>(i + 1);
+      expected += v;
+      sum.Add(at::full({}, v, at::TensorOptions().device(kCuda)));
+    }
+  } catch (...) {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    ADD_FAILURE() << "LossSum::Add waited for the device";
+    throw;
+  }
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  EXPECT_EQ(sum.Read(), expected);
+  EXPECT_EQ(sum.count(), 4);
+}
+
+// The loader pins batches (the Trainer's copies to the GPU are then
+// asynchronous), on a worker and on the calling thread.
+TEST(CudaFixes, DataLoaderPinsBatches) {
+  REQUIRE_GPU();
+  trainer::TensorDataset data(at::randn({8, 4}), at::arange(8));
+  trainer::DataLoaderOptions o;
+  o.pin_memory = true;
+  for (int workers : {0, 2}) {
+    o.num_workers = workers;
+    trainer::DataLoader loader(data, {{0, 1}, {2, 3}}, o);
+    trainer::Batch b = loader.Next();
+    EXPECT_TRUE(b.inputs.is_pinned() && b.targets.is_pinned()) << "num_workers " << workers;
   }
 }
 

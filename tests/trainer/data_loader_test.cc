@@ -1,10 +1,11 @@
 // trainer/data/data_loader.h alone (no Trainer): the same batches in the same
 // order at any num_workers, prefetching that overlaps with the consumer,
 // bounded look-ahead, errors naming the batch, clean destruction mid-pass,
-// option checks; and Batch's named fields.
+// option checks, pinned batches; and Batch's named fields.
 #include "trainer/data/data_loader.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -241,6 +242,34 @@ TEST(DataLoader, OptionsAreRangeChecked) {
     EXPECT_NE(std::string(e.what()).find("must be in [1, 1024], got 0"), std::string::npos) << e.what();
   }
   EXPECT_NO_THROW(CheckDataLoaderOptions({0, 2}));
+}
+
+// pin_memory pins every tensor of every batch where it is prepared (so the
+// Trainer's copies to a CUDA device are asynchronous); without CUDA it is
+// refused, naming the option and the valid value.
+TEST(DataLoader, PinMemoryPinsBatchesOrNeedsCuda) {
+  TensorDataset data = ThreeTensorData(8);
+  DataLoaderOptions o;
+  o.num_workers = 1;
+  o.pin_memory = true;
+  if (!at::globalContext().hasCUDA()) {
+    try {
+      DataLoader(data, ShuffledBatches(8, 2), o);
+      FAIL() << "pin_memory without CUDA was accepted";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("pin_memory"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("valid: pin_memory = false"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  for (int workers : {0, 1}) {
+    o.num_workers = workers;
+    DataLoader loader(data, ShuffledBatches(8, 2), o);
+    Batch b = loader.Next();
+    EXPECT_TRUE(b.inputs.is_pinned());
+    EXPECT_TRUE(b.targets.is_pinned());
+    EXPECT_TRUE(b.get("mask").is_pinned());
+  }
 }
 
 TEST(Batch, NamedFields) {

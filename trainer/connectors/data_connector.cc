@@ -63,6 +63,7 @@ DataLoaderOptions internal::DataConnector::LoaderOptions() const {
   DataLoaderOptions lo;
   lo.num_workers = t_.options_.num_workers;
   lo.prefetch_factor = t_.options_.prefetch_factor;
+  lo.pin_memory = t_.device_.is_cuda();  // ToDevice's copies are then asynchronous
   return lo;
 }
 

@@ -1,5 +1,7 @@
 #include "trainer/data/data_loader.h"
 
+#include <ATen/Context.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <map>
@@ -11,12 +13,25 @@
 namespace shardtrain::trainer {
 namespace {
 
-// get_batch of batch `position`; any exception becomes a DataLoaderError that
-// names the batch (the same on the calling thread and on a worker).
-Batch LoadBatch(const Dataset& dataset, const std::vector<std::vector<int64_t>>& batches, int64_t position) {
+// The batch's CPU tensors in page-locked memory (DataLoaderOptions::pin_memory).
+void PinBatch(Batch& b) {
+  const auto pin = [](at::Tensor& t) {
+    if (t.defined() && t.device().is_cpu() && !t.is_pinned()) t = t.pin_memory();
+  };
+  pin(b.inputs);
+  pin(b.targets);
+  for (auto& kv : b.fields) pin(kv.second);
+}
+
+// get_batch of batch `position` (then pinned when asked); an exception from
+// get_batch becomes a DataLoaderError that names the batch (the same on the
+// calling thread and on a worker).
+Batch LoadBatch(const Dataset& dataset, const std::vector<std::vector<int64_t>>& batches, int64_t position,
+                bool pin_memory) {
   const std::vector<int64_t>& indices = batches[static_cast<size_t>(position)];
+  Batch b;
   try {
-    return dataset.get_batch(indices);
+    b = dataset.get_batch(indices);
   } catch (...) {
     std::ostringstream msg;
     msg << "Dataset::get_batch failed for batch " << position << " of " << batches.size() << " (samples ";
@@ -33,6 +48,8 @@ Batch LoadBatch(const Dataset& dataset, const std::vector<std::vector<int64_t>>&
     }
     throw DataLoaderError(msg.str(), position, std::current_exception());
   }
+  if (pin_memory) PinBatch(b);
+  return b;
 }
 
 }  // namespace
@@ -43,6 +60,9 @@ void CheckDataLoaderOptions(const DataLoaderOptions& o) {
                "] (0: batches are loaded on the training thread; N: by N background threads), got ", o.num_workers);
   ST_CHECK_ARG(o.prefetch_factor >= 1 && o.prefetch_factor <= 1024,
                "prefetch_factor (batches prepared ahead per worker) must be in [1, 1024], got ", o.prefetch_factor);
+  ST_CHECK_ARG(!o.pin_memory || at::globalContext().hasCUDA(),
+               "pin_memory (page-locked batches for asynchronous copies to a CUDA device) needs CUDA, and this "
+               "process has none; valid: pin_memory = false here");
 }
 
 // The queue between the workers and Next(): results keyed by batch position.
@@ -100,7 +120,7 @@ DataLoader::DataLoader(const Dataset& dataset, std::vector<std::vector<int64_t>>
       }
       Shared::Slot slot;
       try {
-        slot.batch = LoadBatch(dataset_, batches_, pos);
+        slot.batch = LoadBatch(dataset_, batches_, pos, options_.pin_memory);
       } catch (...) {
         slot.error = std::current_exception();
       }
@@ -127,7 +147,7 @@ Batch DataLoader::Next() {
   ST_CHECK_ARG(next_ < end_, "DataLoader::Next: no batch left (position ", next_, ", end ", end_,
                "); check has_next()");
   const int64_t pos = next_++;
-  if (!shared_) return LoadBatch(dataset_, batches_, pos);
+  if (!shared_) return LoadBatch(dataset_, batches_, pos, options_.pin_memory);
   Shared& s = *shared_;
   Shared::Slot slot;
   {

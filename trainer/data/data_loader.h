@@ -41,6 +41,11 @@ struct DataLoaderOptions {
   int num_workers = 0;
   // Batches prepared ahead per worker (>= 1; unused with num_workers = 0).
   int prefetch_factor = 2;
+  // Copy each batch's CPU tensors into page-locked memory where it is
+  // prepared (on the worker with num_workers > 0), so that a later copy to a
+  // CUDA device can be asynchronous (PyTorch's DataLoader pin_memory). Needs
+  // CUDA; the Trainer sets it when it trains on a CUDA device.
+  bool pin_memory = false;
 };
 
 // InvalidArgumentError naming the option, its value and the valid range.

@@ -34,6 +34,7 @@
 #include "trainer/connectors/internal/process_connector.h"
 #include "trainer/connectors/internal/profiling_connector.h"
 #include "trainer/loops/internal/eval_loop.h"
+#include "trainer/loops/internal/loss_sum.h"
 #include "trainer/loops/internal/lr_stepping.h"
 #include "trainer/loops/run_controls.h"
 #include "trainer/stop_signals.h"
@@ -58,8 +59,7 @@ struct internal::FitLoop::State {
   strategies::GradClipAlgorithm clip_algo;
   bool builtin_checkpoints = true;
   std::unique_ptr<ProgressReporter> progress;
-  double acc_loss = 0;  // this optimizer step's micro-batch losses (this rank)
-  int64_t acc_n = 0;
+  internal::LossSum losses;  // this optimizer step's micro-batch losses (this rank)
   double step_loss = 0;                         // agreed by SyncStep
   std::map<std::string, double> step_metrics;  // agreed by SyncStep
   int stop_signal = 0;                          // agreed by SyncStep: stop after this step, then save
@@ -152,8 +152,7 @@ void internal::FitLoop::RunEpoch(State& loop) {
     module.on_train_epoch_start(t_.epoch_);
     for (auto& cb : o.callbacks) cb->on_train_epoch_start(t_, module, t_.epoch_);
   }
-  loop.acc_loss = 0;
-  loop.acc_n = 0;
+  loop.losses.Reset();
   // Prepared ahead by num_workers threads (in this order), from batch_in_epoch_ (a resumed epoch) on.
   DataLoader loader(loop.train, MakeBatches(loop.sampler.indices(), o.batch_size, o.drop_last),
                     t_.data_connector_->LoaderOptions(), std::min(t_.batch_in_epoch_, loop.nb), loop.nb);
@@ -171,7 +170,7 @@ void internal::FitLoop::RunEpoch(State& loop) {
       // 16-mixed: the overflow flag joins the step's one collective (Unscale's reduce callback);
       // so does the non-finite check's flag (trainer/loops/nonfinite.h; 0 when off).
       const double bad = t_.nonfinite_.enabled()
-                             ? t_.nonfinite_.LocalFlag(loop.acc_loss / loop.acc_n, t_.strategy_->named_parameters())
+                             ? t_.nonfinite_.LocalFlag(loop.losses.Read() / loop.losses.count(), t_.strategy_->named_parameters())
                              : 0;
       double slot = 0;
       const auto sync_step = [&](double overflow) { return slot = SyncStep(loop, (overflow > 0) + bad); };
@@ -212,6 +211,7 @@ at::Tensor internal::FitLoop::TrainStep(State& loop, Batch batch, int64_t i) {
   auto forward = t_.Profile(kActionTrainingStep);
   at::Tensor loss = module.training_step(b, i);
   forward.Stop();
+  loop.losses.Add(loss);  // before backward: reading the step's sum then waits for no backward
   if (t_.sync_bn_) t_.sync_bn_->CheckNotBypassed();  // once: the model reached the SyncBatchNorm layers
   at::Tensor to_backward = o.accumulate_grad_batches > 1 ? loss / static_cast<double>(o.accumulate_grad_batches) : loss;
   module.on_before_backward(to_backward);
@@ -226,8 +226,6 @@ at::Tensor internal::FitLoop::TrainStep(State& loop, Batch batch, int64_t i) {
   module.on_train_batch_end(loss.detach(), i);
   hook.Stop();
   loop.metrics.AddBatch(module);
-  loop.acc_loss += loss.detach().to(at::kDouble).item<double>();
-  ++loop.acc_n;
   t_.batch_in_epoch_ = i + 1;
   return loss.detach();
 }
@@ -240,7 +238,7 @@ at::Tensor internal::FitLoop::TrainStep(State& loop, Batch batch, int64_t i) {
 double internal::FitLoop::SyncStep(State& loop, double overflow) {
   constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
   const int received = ReceivedStopSignal();
-  std::vector<double> v = {loop.acc_loss / static_cast<double>(loop.acc_n), overflow, loop.stop_before_step ? 1.0 : 0.0,
+  std::vector<double> v = {loop.losses.Read() / static_cast<double>(loop.losses.count()), overflow, loop.stop_before_step ? 1.0 : 0.0,
                            t_.should_stop_ ? 1.0 : 0.0};
   for (int sig : kSignals) v.push_back(received == sig ? 1.0 : 0.0);
   v = loop.metrics.SyncStep(std::move(v));
@@ -272,9 +270,8 @@ void internal::FitLoop::DiscardStep(State& loop) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     gen.set_state(loop.rng_at_step_start);
   }
-  t_.batch_in_epoch_ -= loop.acc_n;
-  loop.acc_loss = 0;
-  loop.acc_n = 0;
+  t_.batch_in_epoch_ -= loop.losses.count();
+  loop.losses.Reset();
   loop.stop = true;
 }
 
@@ -299,8 +296,7 @@ void internal::FitLoop::OnStepEnd(State& loop) {
   ++t_.global_step_;
   loop.module.global_step_ = t_.global_step_;
   const double l = loop.step_loss;
-  loop.acc_loss = 0;
-  loop.acc_n = 0;
+  loop.losses.Reset();
   t_.step_losses_.push_back(l);
   std::map<std::string, double> row = loop.step_metrics;
   for (const auto& [k, v] : row) t_.callback_metrics_[k] = v;
