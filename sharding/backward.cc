@@ -11,6 +11,7 @@
 
 #include "base/errors.h"
 #include "sharding/flat_parameter.h"
+#include "sharding/internal/device_streams.h"
 #include "sharding/internal/sharded_unit.h"
 #include "sharding/sharded_model.h"
 
@@ -230,6 +231,11 @@ void ShardedModel::FinishReduces(size_t keep) {
     u->reduce_work.reset();
     u->reduce_in = at::Tensor();
     u->reduce_pieces.clear();
+    // Offloaded shards on a GPU: the gradient starts for the host now, overlapping the
+    // rest of backward (HYBRID_SHARD's replicate all-reduce needs it on the device first).
+    if (options_.offload_params && !replicate_group_ && u->reduce_out.is_cuda()) {
+      u->reduce_host = grad_offload_->Start(u->reduce_out);
+    }
   }
 }
 
@@ -260,9 +266,13 @@ void ShardedModel::FinishBackward() {
       if (orig_param_views_[i].second.grad().defined()) accumulate[orig_view_ranges_[i].first] = true;
     }
   }
+  grad_offload_->Wait();
   for (auto* u : reduce_order_) {
     if (!u->reduce_out.defined()) continue;
-    at::Tensor g = u->reduce_out.to(u->flat->shard().device(), at::kFloat);  // back to the CPU when offloaded
+    // Back to the CPU when offloaded (on a GPU, copied during backward by GradOffload).
+    at::Tensor g = u->reduce_host.defined() ? u->reduce_host.to(at::kFloat)
+                                            : u->reduce_out.to(u->flat->shard().device(), at::kFloat);
+    u->reduce_host = at::Tensor();
     at::Tensor shard = u->flat->shard();
     if (accumulate[u->index]) {
       shard.mutable_grad().add_(g);
@@ -286,6 +296,7 @@ void ShardedModel::FinishBackward() {
   }
   next_launch_ = 0;
   callback_queued_ = false;
+  gather_order_->Forget();  // the optimizer step writes the shards next
   // Under no_sync nothing was reduced: the shard gradient may be last step's,
   // which must not reappear as the parameters' gradients.
   if (!no_sync_) RealiasOrigParamGrads();
@@ -300,7 +311,7 @@ void ShardedModel::ResetIteration() {
       }
     }
     u->reduce_work.reset();
-    u->reduce_in = u->reduce_out = at::Tensor();
+    u->reduce_in = u->reduce_out = u->reduce_host = at::Tensor();
     u->reduce_pieces.clear();
     u->grads_in_place = false;
     u->grads_armed = u->pre_backward_done = u->ready = u->launched = false;
@@ -309,6 +320,7 @@ void ShardedModel::ResetIteration() {
   reducing_.clear();
   next_launch_ = 0;
   callback_queued_ = false;
+  gather_order_->Forget();
 }
 
 void ShardedModel::RealiasOrigParamGrads() {

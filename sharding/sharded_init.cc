@@ -5,6 +5,9 @@
 #include <torch/nn/module.h>
 
 #include <algorithm>
+#include <string>
+#include <unordered_set>
+#include <vector>
 
 #include "base/errors.h"
 #include "base/names.h"
@@ -20,6 +23,34 @@ std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape) {
     strides[i] = strides[i + 1] * std::max<int64_t>(shape[i + 1], 1);
   }
   return strides;
+}
+
+// Points each entry's parameter at its place (e.offset) in a buffer of
+// `padded` float32 values with `options` that holds no bytes, as ShardedModel
+// leaves a resharded unit: a read or write of them before a ShardedModel
+// adopts the shard throws a message naming them (LibTorch checks the flag in
+// every data-pointer access) instead of touching freed memory.
+void MakeValueless(const std::vector<FlatParamEntry>& entries, const at::TensorOptions& options, int64_t padded,
+                   const std::string& wrap_type) {
+  // Views are made while the buffer's size is set (bounds checks), then it is marked freed.
+  at::Tensor base = at::empty({0}, options);
+  base.storage().unsafeGetStorageImpl()->set_nbytes(static_cast<size_t>(padded) * sizeof(float));
+  for (const auto& e : entries) {
+    at::Tensor view = at::empty({0}, options);
+    view.set_(base.storage(), e.offset, e.shape, ContiguousStrides(e.shape));
+    e.param.set_data(view);  // the values held so far are released here (unless held elsewhere)
+  }
+  FreeStorage(base);
+  std::vector<std::string> entry_names;
+  for (const auto& e : entries) entry_names.push_back(e.name);
+  const std::string names = JoinNames(entry_names, 6, "'");
+  base.storage().unsafeGetStorageImpl()->release_data_and_set_meta_custom_data_ptr_error_msg_(
+      std::string(entries.size() > 1 ? "parameters " : "parameter ") + names + " of a Sharded<" + wrap_type +
+      "> wrap point hold" + (entries.size() > 1 ? "" : "s") +
+      " no values: sharded construction (the strategy option sharded_construction, "
+      "TrainerOptions::sharded_construction, sharding::ShardedInitScope) kept only this rank's shard when the "
+      "wrap point was built, until the strategy wraps the model. Initialise parameters inside the wrapped "
+      "module's constructor (or load weights after the Trainer's setup), or set sharded_construction=false");
 }
 }  // namespace
 
@@ -96,11 +127,6 @@ void ShardedInitScope::Take(WrapPoint& point, torch::nn::Module& module) {
   pre->place = place_;
   pre->numel = numel;
   pre->padded_numel = padded;
-  // A buffer with the unit's size but no bytes: parameters become views of it
-  // (views are made while its size is set, for bounds checks), then it is
-  // marked freed, as ShardedModel leaves a resharded unit.
-  at::Tensor base = at::empty({0}, pre->shard.options());
-  base.storage().unsafeGetStorageImpl()->set_nbytes(static_cast<size_t>(padded) * sizeof(float));
   int64_t offset = 0;
   for (auto& e : entries) {
     ST_CHECK_ARG(e.param.device() == device, "ShardedInitScope: wrap point ", point.WrapTypeName(),
@@ -110,31 +136,33 @@ void ShardedInitScope::Take(WrapPoint& point, torch::nn::Module& module) {
     pre->checksum += flat.sum().item<double>();
     const int64_t b = std::max(lo, offset), end = std::min(hi, offset + e.numel);
     if (b < end) pre->shard.narrow(0, b - lo, end - b).copy_(flat.narrow(0, b - offset, end - b));
-    at::Tensor view = at::empty({0}, pre->shard.options());
-    view.set_(base.storage(), offset, e.shape, ContiguousStrides(e.shape));
-    e.param.set_data(view);  // the full values are released here (unless held elsewhere)
     e.offset = offset;
     offset += e.numel;
     taken_.insert(e.param.unsafeGetTensorImpl());
   }
-  FreeStorage(base);
-  // A read or write of these parameters before a ShardedModel adopts them
-  // throws this message instead of touching freed memory (LibTorch checks
-  // the flag in every data-pointer access).
-  std::vector<std::string> entry_names;
-  for (const auto& e : entries) entry_names.push_back(e.name);
-  const std::string names = JoinNames(entry_names, 6, "'");
-  base.storage().unsafeGetStorageImpl()->release_data_and_set_meta_custom_data_ptr_error_msg_(
-      std::string(entries.size() > 1 ? "parameters " : "parameter ") + names + " of a Sharded<" +
-      point.WrapTypeName() + "> wrap point hold" + (entries.size() > 1 ? "" : "s") +
-      " no values: sharded construction (the strategy option sharded_construction, "
-      "TrainerOptions::sharded_construction, sharding::ShardedInitScope) kept only this rank's shard when the wrap point "
-      "was built, until the strategy wraps the model. Initialise parameters inside the wrapped module's "
-      "constructor (or load weights after the Trainer's setup), or set sharded_construction=false");
+  MakeValueless(entries, pre->shard.options(), padded, point.WrapTypeName());
   pre->entries = std::move(entries);
   point.prebuilt_ = std::move(pre);
   ++units_built_;
   shard_bytes_ += shard_numel * static_cast<int64_t>(sizeof(float));
+}
+
+void ShardedInitScope::MoveToDevice(torch::nn::Module& module, c10::Device device) {
+  at::NoGradGuard no_grad;
+  std::unordered_set<const c10::TensorImpl*> sharded;
+  for (const auto& m : module.modules()) {
+    auto* wp = dynamic_cast<WrapPoint*>(m.get());
+    if (!wp || !wp->prebuilt_) continue;
+    internal::PrebuiltUnit& pre = *wp->prebuilt_;
+    for (const auto& e : pre.entries) sharded.insert(e.param.unsafeGetTensorImpl());
+    if (pre.shard.device() == device) continue;
+    pre.shard = pre.shard.to(device);
+    MakeValueless(pre.entries, pre.shard.options(), pre.padded_numel, wp->WrapTypeName());
+  }
+  for (auto& p : module.parameters()) {
+    if (!sharded.count(p.unsafeGetTensorImpl())) p.set_data(p.to(device));
+  }
+  for (auto& b : module.buffers()) b.set_data(b.to(device));
 }
 
 namespace internal {

@@ -79,6 +79,16 @@ class ShardedInitScope {
   // The scope active on the calling thread, or nullptr.
   static ShardedInitScope* Active();
 
+  // Module::to(device) for a module built under a scope, without gathering:
+  // each wrap point's construction-time shard moves to `device` (its
+  // parameters stay valueless views, now of a freed buffer there), every
+  // other parameter and buffer moves as Module::to moves it. So a model built
+  // on the CPU shard by shard reaches a GPU holding this rank's shards plus
+  // the parameters outside every wrap point, never the whole model; the
+  // ShardedModel then adopts the shards there. For a module built without a
+  // scope it is Module::to(device). Call it before wrapping.
+  static void MoveToDevice(torch::nn::Module& module, c10::Device device);
+
  private:
   friend void internal::OnWrapPointConstructed(WrapPoint& point, torch::nn::Module& module);
   void Take(WrapPoint& point, torch::nn::Module& module);

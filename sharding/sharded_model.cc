@@ -17,6 +17,7 @@
 #include "base/logging.h"
 #include "sharding/flat_parameter.h"
 #include "sharding/host_memory.h"
+#include "sharding/internal/device_streams.h"
 #include "sharding/internal/sharded_unit.h"
 #include "sharding/sharded_init.h"
 
@@ -42,9 +43,13 @@ using internal::IsFloating;
 // ShardedModel
 
 ShardedModel::ShardedModel(std::shared_ptr<torch::nn::Module> module, comm::CommunicatorPtr world,
-                           ShardingOptions options, WrapPolicy policy,
-                           std::function<bool(const WrapPoint&)> checkpoint, int local_world_size)
-    : module_(std::move(module)), world_(std::move(world)), options_(options) {
+                           ShardingOptions options, WrapPolicy policy, std::function<bool(const WrapPoint&)> checkpoint,
+                           int local_world_size)
+    : module_(std::move(module)),
+      world_(std::move(world)),
+      options_(options),
+      gather_order_(std::make_unique<internal::GatherOrder>()),
+      grad_offload_(std::make_unique<internal::GradOffload>()) {
   ST_CHECK_ARG(module_ != nullptr, "ShardedModel needs a module");
   ST_CHECK_ARG(world_ != nullptr, "ShardedModel needs a communicator");
   ValidateShardingOptions(options_);
@@ -253,6 +258,7 @@ double ShardedModel::ClipGradNorm(double max_norm, double norm_type) {
 ShardedModel::FullParamsScope::FullParamsScope(ShardedModel* m, bool writeback) : m_(m), writeback_(writeback) {
   ST_CHECK_ARG(!writeback || m->param_dtype_ == at::kFloat,
                "SummonFullParams(writeback=true) needs float32 parameters; param_dtype is ", m->param_dtype_);
+  m_->gather_order_->Forget();  // the shards may have changed since a forward: gather after everything
   for (auto& u : m_->units_) m_->Unshard(u.get());
   for (auto& u : m_->units_) m_->WaitUnshard(u.get());
 }

@@ -40,6 +40,10 @@ class Module;
 namespace shardtrain::sharding {
 
 class FlatParameter;
+namespace internal {
+class GatherOrder;  // sharding/internal/device_streams.h
+class GradOffload;
+}  // namespace internal
 
 // Decides which wrap points become units. `numel` counts the wrap point's
 // parameters that no nested unit took.
@@ -250,6 +254,10 @@ class ShardedModel {
   static constexpr size_t kMaxReducesInFlight = 2;
   std::deque<ShardedUnit*> reducing_;
   CommTimes comm_times_;
+  // What the iteration's gathers wait for on a CUDA device (nothing on the CPU).
+  std::unique_ptr<internal::GatherOrder> gather_order_;
+  // Offloaded gradients' copies to the host on a CUDA device (unused on the CPU).
+  std::unique_ptr<internal::GradOffload> grad_offload_;
   std::vector<std::pair<std::string, at::Tensor>> orig_param_views_;  // use_orig_params
   std::vector<std::pair<int, std::pair<int64_t, int64_t>>> orig_view_ranges_;  // unit, [begin,len) in shard
 };

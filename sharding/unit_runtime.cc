@@ -9,6 +9,7 @@
 
 #include "base/logging.h"
 #include "sharding/flat_parameter.h"
+#include "sharding/internal/device_streams.h"
 #include "sharding/internal/sharded_unit.h"
 #include "sharding/sharded_model.h"
 
@@ -20,20 +21,24 @@ using internal::Stopwatch;
 
 void ShardedModel::Unshard(ShardedUnit* u) {
   if (u->state != ShardedUnit::State::kSharded) return;
-  AllocateStorage(u->full);
   at::Tensor shard = u->flat->shard().detach();
   if (shard_group_->size() == 1 && !options_.force_collectives) {
+    AllocateStorage(u->full);
     u->full.copy_(shard, /*non_blocking=*/true);
     u->state = ShardedUnit::State::kGathered;
     return;
   }
-  // From an offloaded (CPU) shard this is an asynchronous host-to-device copy
-  // on the compute stream, which the communicator's stream waits for.
-  u->gather_input = shard.to(u->full.device(), param_dtype_, /*non_blocking=*/true);
-  {
+  // On a CUDA device the buffer, the input and the collective are queued on
+  // a side stream that waits only for the iteration's start, so this gather
+  // overlaps the forward queued before it (sharding/internal/device_streams.h).
+  gather_order_->Issue(u->full.device(), [&] {
+    AllocateStorage(u->full);
+    // From an offloaded (CPU) shard this is an asynchronous host-to-device
+    // copy, which the communicator's stream waits for.
+    u->gather_input = shard.to(u->full.device(), param_dtype_, /*non_blocking=*/true);
     Stopwatch sw(&comm_times_.gather_issue_s);
     u->gather_work = shard_group_->AllGather(u->gather_input, u->full);
-  }
+  });
   u->state = ShardedUnit::State::kGathering;
 }
 
@@ -50,6 +55,7 @@ void ShardedModel::WaitUnshard(ShardedUnit* u) {
 void ShardedModel::Reshard(ShardedUnit* u) {
   if (u->aliased || u->state == ShardedUnit::State::kSharded) return;
   WaitUnshard(u);
+  gather_order_->RecordComputeUse(u->full);  // allocated on the gather stream, used by compute
   FreeStorage(u->full);
   u->state = ShardedUnit::State::kSharded;
 }
@@ -83,6 +89,7 @@ void ShardedModel::BeginForward() {
     // A previous backward did not finish (an exception inside it): start clean.
     ResetIteration();
   }
+  gather_order_->Mark(root_->full.device());  // the shards stay as they are until the iteration ends
   Unshard(root_);
   WaitUnshard(root_);
 }
@@ -91,6 +98,7 @@ void ShardedModel::EndForward(const std::vector<at::Tensor>& outputs) {
   order_recorded_ = true;
   if (!at::GradMode::is_enabled()) {
     for (auto& u : units_) Reshard(u.get());
+    gather_order_->Forget();
     return;
   }
   // Root parameters (e.g. a tied output head) receive gradients first in backward.

@@ -71,7 +71,9 @@ class InitScopeHolder : public Strategy::ConstructionScope {
 
 std::unique_ptr<Strategy::ConstructionScope> ShardedStrategyBase::MakeConstructionScope() {
   CheckSetUp("MakeConstructionScope");
-  if (!sharded_construction_ || sm_ || world_ == nullptr || !device_.is_cpu()) return nullptr;
+  // On any device: the model is built on the CPU shard by shard and moved
+  // shard by shard (sharding::ShardedInitScope::MoveToDevice, the Trainer).
+  if (!sharded_construction_ || sm_ || world_ == nullptr) return nullptr;
   const auto place = sharding::ShardGroupOf(world_->rank(), world_->size(), ResolvedShardingOptions(),
                                             cluster_.local_world_size);
   // A shard group of one at W > 1 (NO_SHARD) keeps whole parameters anyway;

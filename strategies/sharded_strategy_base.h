@@ -30,9 +30,11 @@ class ShardedStrategyBase : public Strategy {
   // keeps only this rank's shard as soon as it is built and no rank holds the
   // whole model (sharding/sharded_init.h). A configure_model that reads or
   // initialises wrapped parameters after constructing them (instead of in the
-  // wrapped module's constructor) then gets an exception naming them. Only
-  // with a CPU device, and not for NO_SHARD at W > 1; otherwise
-  // MakeConstructionScope returns nullptr and the model is built whole.
+  // wrapped module's constructor) then gets an exception naming them. On a
+  // GPU the model is still built on the CPU and reaches the device shard by
+  // shard (sharding::ShardedInitScope::MoveToDevice). Not for NO_SHARD at
+  // W > 1: MakeConstructionScope then returns nullptr and the model is built
+  // whole.
   void set_sharded_construction(bool on) override { sharded_construction_ = on; }
   bool sharded_construction() const override { return sharded_construction_; }
   std::unique_ptr<ConstructionScope> MakeConstructionScope() override;
@@ -121,7 +123,8 @@ template <typename O>
 OptionRow<O> OptionShardedConstruction(bool O::*field) {
   return OptionBool("sharded_construction", field,
                     "build each Sharded<> wrap point straight into this rank's shard while the Trainer runs "
-                    "configure_model (CPU; Lightning's init_module(empty_init=True)): no rank holds the whole model; "
+                    "configure_model (on the CPU; with a GPU the shards then move to it one wrap point at a time; "
+                    "Lightning's init_module(empty_init=True)): no rank holds the whole model, in host or GPU memory; "
                     "a wrapped parameter read or written before the model is wrapped throws naming it (default true)");
 }
 

@@ -20,6 +20,7 @@
 #include "base/names.h"
 #include "comm/peer_watch.h"
 #include "launch/cluster_environment.h"
+#include "sharding/sharded_init.h"
 #include "trainer/checkpoint_io/resume.h"
 #include "trainer/connectors/internal/checkpoint_connector.h"
 #include "trainer/connectors/internal/checkpoint_state.h"
@@ -218,7 +219,8 @@ void Trainer::SetupModel(TrainingModule& module) {
   if (options_.sync_batchnorm) {  // trainer/plugins/sync_batchnorm.h
     sync_bn_ = std::make_unique<SyncBatchNormConversion>(ConvertSyncBatchNorm(*model, world_));
   }
-  if (device_.is_cuda()) model->to(device_);
+  // Shard by shard when it was built so (each wrap point's shard moves, never the whole model).
+  if (device_.is_cuda()) sharding::ShardedInitScope::MoveToDevice(*model, device_);
   strategy_->WrapModel(model);
   opt_ = module.configure_optimizers(strategy_->parameters());
   ST_CHECK_ARG(opt_.optimizer != nullptr, "configure_optimizers returned no optimizer");

@@ -15,16 +15,18 @@
 #
 # Items, in order: (1) machine facts, the pinned-torch check and every
 # binary's libraries resolved; (2) the NCCL communicator test; (3) the CUDA
-# checks of issue 29's fixes (tests/cuda:cuda_fixes_test); (4) the ~1.02B GPT
+# checks of issue 29's fixes (tests/cuda:cuda_fixes_test, then multi_gpu_test,
+# which skips on fewer than 2 GPUs); (4) the ~1.02B GPT
 # in bf16 at W=1, ShardTrain FULL_SHARD (gpt_gpu_bench) vs PyTorch FSDP2
 # (torch_fsdp_gpu.py), same model, data and optimizer: step time, tokens/s,
-# MFU, peak memory; (5) the same with activation checkpointing. Not yet in the
-# bundle (skipped, named): the Trainer on CUDA against its CPU curves, CPU
-# offload, plain LibTorch.
+# MFU, peak memory of the steps; (5) the same model in plain LibTorch (no
+# sharding, bf16 autocast); (6) both with activation checkpointing; (7) both
+# with CPU offload (OFFLOAD_STEPS steps); (8) the Trainer on CUDA (examples/gpt,
+# 32-true, bf16-mixed, 16-mixed) against the CPU curves recorded in the bundle.
 #
 # Settings (environment): BUDGET_S=420 (total seconds), BUNDLE=<repo>/.gpu_bundle,
 # PYTHON=python3 (the Python with the GPU machine's torch), OUT (results;
-# default /tmp/device_run), BATCH=16 STEPS=10 WARMUP=3, PEAK_TFLOPS=989.
+# default /tmp/device_run), BATCH=16 STEPS=10 WARMUP=3, OFFLOAD_STEPS=4, PEAK_TFLOPS=989.
 # Results: $OUT/device_run.log (everything), $OUT/results.jsonl (one line per
 # item: name, status, seconds, exit status), $OUT/gpu_benchmark.{jsonl,md}.
 # Exit status: 0 every item that ran passed; 1 an item failed; 2 the bundle
@@ -89,7 +91,7 @@ run_item() {
   timeout --signal=TERM --kill-after=10 "$limit" "$@" 2>&1 | tee "$item_log"
   rc=${PIPESTATUS[0]}
   local line
-  line="$(grep '^{"impl"' "$item_log" | tail -n1 || true)"
+  line="$(grep '^{"impl"' "$item_log" || true)"  # one per run (the Trainer item: one per precision)
   rm -f "$item_log"
   [[ -n "$line" ]] && printf '%s\n' "$line" >>"$BENCH"
   local status=passed why=""
@@ -158,30 +160,48 @@ export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 run_item nccl_communicator_test 20 90 "$BUNDLE/bin/nccl_communicator_test"
 # ---- (3) the CUDA checks of issue 29's fixes ----
 run_item cuda_fixes_test 20 90 "$BUNDLE/bin/cuda_fixes_test"
+# Needs two GPUs: on one it skips each test in a second, saying why.
+run_item multi_gpu_test 10 90 "$BUNDLE/bin/multi_gpu_test"
 
-# ---- (4), (5) the 1B GPT, ShardTrain vs FSDP2, without and with activation checkpointing ----
+# ---- (4)-(7) the 1B GPT: ShardTrain vs FSDP2, plain LibTorch, checkpointing, CPU offload ----
 MODEL=(--n_layer 24 --n_embd 1792 --n_head 16 --block_size 1024 --vocab 50304)
 RUN=(--batch "${BATCH:-16}" --steps "${STEPS:-10}" --warmup "${WARMUP:-3}" --peak_tflops "${PEAK_TFLOPS:-989}")
+# Offload steps AdamW over 1B float32 values on the host: fewer of them.
+RUN_OFFLOAD=(--batch "${BATCH:-16}" --steps "${OFFLOAD_STEPS:-4}" --warmup 1 --peak_tflops "${PEAK_TFLOPS:-989}")
 NEED=60 LIMIT=150
 if [[ "$REHEARSE" == 1 ]]; then
   # A tiny model on the CPU: the binaries start and report; the numbers mean nothing.
   MODEL=(--cpu_smoke --n_layer 2 --n_embd 64 --n_head 4 --block_size 32 --vocab 96)
   RUN=(--batch 4 --steps 2 --warmup 1)
+  RUN_OFFLOAD=("${RUN[@]}")
   NEED=5 LIMIT=60
 fi
-for ck in 0 1; do
-  CK=() SFX=""
-  ((ck)) && CK=(--checkpoint) SFX="_ckpt"
-  run_item "gpt1b_shardtrain$SFX" "$NEED" "$LIMIT" "$BUNDLE/bin/gpt_gpu_bench" "${MODEL[@]}" "${RUN[@]}" \
-    ${CK[@]+"${CK[@]}"} --label "shardtrain_fsdp_native$SFX"
-  run_item "gpt1b_fsdp2$SFX" "$NEED" "$LIMIT" "$PY" "$ROOT/bench/gpu/torch_fsdp_gpu.py" "${MODEL[@]}" "${RUN[@]}" \
-    ${CK[@]+"${CK[@]}"} --label "pytorch_fsdp2$SFX"
-done
+# One comparison: ShardTrain (gpt_gpu_bench) and FSDP2 (torch_fsdp_gpu.py) with the same extra flags.
+pair() {
+  local sfx="$1"
+  shift
+  local run=("${RUN[@]}")
+  [[ "$sfx" == *offload* ]] && run=("${RUN_OFFLOAD[@]}")
+  run_item "gpt1b_shardtrain$sfx" "$NEED" "$LIMIT" "$BUNDLE/bin/gpt_gpu_bench" "${MODEL[@]}" "${run[@]}" "$@" \
+    --label "shardtrain_fsdp_native$sfx"
+  run_item "gpt1b_fsdp2$sfx" "$NEED" "$LIMIT" "$PY" "$ROOT/bench/gpu/torch_fsdp_gpu.py" "${MODEL[@]}" "${run[@]}" \
+    "$@" --label "pytorch_fsdp2$sfx"
+}
+pair ""
+# (5) the plain-LibTorch reference (float32 parameters, bf16 autocast, no sharding): the goal is within 3% of it.
+run_item gpt1b_plain_libtorch "$NEED" "$LIMIT" "$BUNDLE/bin/gpt_gpu_bench" "${MODEL[@]}" "${RUN[@]}" --plain \
+  --label plain_libtorch
+pair _ckpt --checkpoint  # (6)
+pair _offload --offload  # (7) GPU memory saved, step time
 
-for absent in trainer_cuda_vs_cpu cpu_offload plain_libtorch; do
-  echo "== $absent: skipped: not in the bundle yet (issue 29)"
-  record "$absent" skipped 0 0 "not in the bundle yet"
-done
+# (8) the Trainer on CUDA (examples/gpt's program, 30 steps per precision) against the
+# CPU curves make_bundle.sh recorded with the same binary and data.
+# The rehearsal runs the same comparison on the CPU (it must then match exactly).
+CURVE_DEVICE=cuda
+((REHEARSE)) && CURVE_DEVICE=cpu
+run_item trainer_cuda_vs_cpu 30 120 "$PY" "$ROOT/bench/gpu/trainer_curves.py" compare --train "$BUNDLE/bin/train" \
+  --data "$BUNDLE/trainer/corpus.txt" --ref "$BUNDLE/trainer/cpu_curves.json" --out "$OUT/trainer_curves" \
+  --device "$CURVE_DEVICE"
 
 if [[ -s "$BENCH" ]]; then
   NOTE="$(date -u '+%Y-%m-%d'); GPU: ${GPU:-none}; torch $TORCH_HERE"

@@ -4,7 +4,11 @@
 // NcclCommunicator (c10d HashStore), bf16 parameters and gradient reduction
 // (float32 master shards and AdamW state), one unit per transformer block —
 // and prints one JSON line: median step time, tokens/s, achieved TFLOP/s,
-// model FLOPs utilisation, peak CUDA memory (caching allocator), final loss.
+// model FLOPs utilisation, peak CUDA memory of the steps (caching allocator,
+// reset after construction), final loss. --offload keeps the float32 shards,
+// gradients and AdamW state on the host (offload_params); --plain trains the
+// same model without ShardedModel (float32 parameters, bf16 autocast), the
+// plain-LibTorch reference.
 // bench/gpu/run.sh builds it with CMake and runs it next to Python PyTorch
 // FSDP2 (bench/gpu/torch_fsdp_gpu.py) with the same sizes and batch.
 //
@@ -26,6 +30,7 @@
 // device or bad flags, 3 CUDA out of memory (pass a smaller --batch or
 // --checkpoint), 1 other errors; failures also print a JSON line with "error".
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -68,6 +73,8 @@ struct Flags {
   double weight_decay = 0.0;
   bool checkpoint = false;  // activation checkpointing of every block
   bool cpu_smoke = false;   // CPU + in-process communicator (no GPU needed)
+  bool offload = false;     // offload_params: float32 shards, gradients and AdamW on the host
+  bool plain = false;       // no sharding: plain LibTorch with bf16 autocast (the reference)
   std::string strategy = "FULL_SHARD";
   sharding::ShardingStrategy sharding_strategy = sharding::ShardingStrategy::kFullShard;
   int64_t device = 0;
@@ -86,6 +93,8 @@ const char* kUsage =
     "  --strategy=FULL_SHARD   FULL_SHARD, SHARD_GRAD_OP or NO_SHARD\n"
     "  --device=0 --seed=1234 --label=shardtrain_fsdp_native\n"
     "  --peak_tflops=989  dense bf16 peak of the GPU for MFU (H100/H200 SXM: 989)\n"
+    "  --offload         offload_params: float32 shards, gradients and AdamW state on the host\n"
+    "  --plain           no ShardedModel: plain LibTorch, float32 parameters, bf16 autocast (the reference)\n"
     "  --cpu_smoke       run on the CPU with an in-process 1-rank communicator (no GPU, no NCCL; tiny models)\n";
 
 // A bad command line: reported with the usage text, exit status 2.
@@ -114,7 +123,7 @@ std::string JsonEscape(const std::string& s) {
   return out;
 }
 
-// --name=value, --name value, and bare --checkpoint / --cpu_smoke, by name.
+// --name=value, --name value, and bare --checkpoint / --cpu_smoke / --offload / --plain, by name.
 std::map<std::string, std::string> FlagValues(int argc, char** argv) {
   std::map<std::string, std::string> kv;
   for (int i = 1; i < argc; ++i) {
@@ -128,7 +137,7 @@ std::map<std::string, std::string> FlagValues(int argc, char** argv) {
     const auto eq = a.find('=');
     if (eq != std::string::npos) {
       kv[a.substr(0, eq)] = a.substr(eq + 1);
-    } else if (a == "checkpoint" || a == "cpu_smoke") {
+    } else if (a == "checkpoint" || a == "cpu_smoke" || a == "offload" || a == "plain") {
       kv.insert_or_assign(a, std::string("1"));
     } else {
       FLAG_CHECK(i + 1 < argc, "flag --", a, " needs a value");
@@ -184,6 +193,8 @@ Flags ParseFlags(int argc, char** argv) {
   };
   take_bool("checkpoint", f.checkpoint);
   take_bool("cpu_smoke", f.cpu_smoke);
+  take_bool("offload", f.offload);
+  take_bool("plain", f.plain);
   take_string("strategy", f.strategy);
   take_int("device", f.device);
   take_double("peak_tflops", f.peak_tflops);
@@ -201,6 +212,9 @@ Flags ParseFlags(int argc, char** argv) {
   }
   FLAG_CHECK(f.batch > 0 && f.steps > 0 && f.warmup >= 0 && f.peak_tflops > 0,
              "--batch and --steps must be positive, --warmup non-negative, --peak_tflops positive");
+  FLAG_CHECK(!(f.plain && f.offload),
+             "--plain trains without sharding, so it has nothing to offload; pass one of them");
+  FLAG_CHECK(!(f.plain && f.checkpoint), "--plain has no wrap points to checkpoint; drop --checkpoint or --plain");
   return f;
 }
 
@@ -260,11 +274,13 @@ struct StepTimes {
   std::vector<double> times;
   double first_loss = 0, last_loss = 0;
 };
-StepTimes TimeSteps(const Flags& f, examples::GptImpl& model, sharding::ShardedModel& sm, torch::optim::Optimizer& opt,
-                    const at::Tensor& data, const std::function<void()>& sync);
+StepTimes TimeSteps(const Flags& f, const std::function<at::Tensor(const at::Tensor&)>& forward,
+                    torch::optim::Optimizer& opt, const at::Tensor& data, const std::function<void()>& sync);
+StepTimes TimePlain(const Flags& f, examples::GptImpl& model, const at::Tensor& data,
+                    const std::function<void()>& sync);
 // The run's JSON row on stdout (step time, tokens/s, MFU, peak GPU memory).
 void PrintResult(const Flags& f, const std::string& gpu_name, const examples::GptConfig& cfg,
-                 sharding::ShardingStrategy strategy, double init_s, const StepTimes& run);
+                 const std::string& strategy, double init_s, const StepTimes& run);
 
 int Run(const Flags& f) {
   const int gpus = f.cpu_smoke ? 0 : c10::cuda::device_count();
@@ -300,6 +316,15 @@ int Run(const Flags& f) {
   model->to(device);
   const double init_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_init).count();
 
+  // Random token batches, made on the device before timing.
+  const int64_t total = f.warmup + f.steps;
+  at::Tensor data =
+      at::randint(f.vocab, {total, f.batch, f.block_size + 1}, at::TensorOptions().dtype(at::kLong).device(device));
+  if (f.plain) {  // the reference: what a plain LibTorch program does
+    PrintResult(f, gpu_name, cfg, "none (plain LibTorch, bf16 autocast)", init_s, TimePlain(f, *model, data, sync));
+    return 0;
+  }
+
   comm::CommunicatorPtr world;
   if (f.cpu_smoke) {
     world = std::make_shared<LocalCommunicator>();
@@ -313,6 +338,7 @@ int Run(const Flags& f) {
   so.sharding_strategy = f.sharding_strategy;
   so.mixed_precision.param_dtype = at::kBFloat16;
   so.mixed_precision.reduce_dtype = at::kBFloat16;
+  so.offload_params = f.offload;
   std::function<bool(const sharding::WrapPoint&)> checkpoint;
   if (f.checkpoint) checkpoint = [](const sharding::WrapPoint& p) { return p.WrapTypeName() == "BlockImpl"; };
   sharding::ShardedModel sm(model, world, so, sharding::WrapPolicy::ByType({"BlockImpl"}), checkpoint,
@@ -320,28 +346,48 @@ int Run(const Flags& f) {
   ST_CHECK_ARG(sm.num_units() == f.n_layer + 1, "expected one unit per block plus the root, got ", sm.num_units());
 
   torch::optim::AdamW opt(sm.parameters(), torch::optim::AdamWOptions(f.lr).weight_decay(f.weight_decay));
-
-  // Random token batches, made on the GPU before timing.
-  const int64_t total = f.warmup + f.steps;
-  at::Tensor data =
-      at::randint(f.vocab, {total, f.batch, f.block_size + 1}, at::TensorOptions().dtype(at::kLong).device(device));
-
-  const StepTimes run = TimeSteps(f, *model, sm, opt, data, sync);
-  PrintResult(f, gpu_name, cfg, so.sharding_strategy, init_s, run);
+  const StepTimes run = TimeSteps(
+      f, [&](const at::Tensor& x) { return sm.Forward([&] { return model->forward(x); }); }, opt, data, sync);
+  PrintResult(f, gpu_name, cfg, sharding::ShardingStrategyName(so.sharding_strategy), init_s, run);
   return 0;
 }
 
-StepTimes TimeSteps(const Flags& f, examples::GptImpl& model, sharding::ShardedModel& sm, torch::optim::Optimizer& opt,
-                    const at::Tensor& data, const std::function<void()>& sync) {
+// --plain: the model unsharded, float32 parameters, forward under bf16
+// autocast (as torch.autocast), AdamW over the parameters.
+StepTimes TimePlain(const Flags& f, examples::GptImpl& model, const at::Tensor& data,
+                    const std::function<void()>& sync) {
+  torch::optim::AdamW opt(model.parameters(), torch::optim::AdamWOptions(f.lr).weight_decay(f.weight_decay));
+  const at::DeviceType type = data.device().type();
+  const auto autocast_forward = [&](const at::Tensor& x) {
+    at::autocast::set_autocast_enabled(type, true);
+    at::autocast::set_autocast_dtype(type, at::kBFloat16);
+    at::Tensor logits;
+    try {
+      logits = model.forward(x);
+    } catch (...) {
+      at::autocast::set_autocast_enabled(type, false);
+      throw;
+    }
+    at::autocast::set_autocast_enabled(type, false);
+    at::autocast::clear_cache();
+    return logits;
+  };
+  return TimeSteps(f, autocast_forward, opt, data, sync);
+}
+
+StepTimes TimeSteps(const Flags& f, const std::function<at::Tensor(const at::Tensor&)>& forward,
+                    torch::optim::Optimizer& opt, const at::Tensor& data, const std::function<void()>& sync) {
   const int64_t total = f.warmup + f.steps;
   StepTimes run;
+  // The steps' peak memory, not construction's (the whole model at W=1), on both sides.
+  if (!f.cpu_smoke) c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(f.device));
   for (int64_t s = 0; s < total; ++s) {
     at::Tensor x = data[s].slice(1, 0, f.block_size).contiguous();
     at::Tensor y = data[s].slice(1, 1).contiguous();
     sync();
     const auto t0 = std::chrono::steady_clock::now();
     opt.zero_grad();
-    at::Tensor logits = sm.Forward([&] { return model.forward(x); });
+    at::Tensor logits = forward(x);
     at::Tensor loss = examples::GptImpl::Loss(logits, y);
     logits = at::Tensor();
     loss.backward();
@@ -359,7 +405,7 @@ StepTimes TimeSteps(const Flags& f, examples::GptImpl& model, sharding::ShardedM
 }
 
 void PrintResult(const Flags& f, const std::string& gpu_name, const examples::GptConfig& cfg,
-                 sharding::ShardingStrategy strategy, double init_s, const StepTimes& run) {
+                 const std::string& strategy, double init_s, const StepTimes& run) {
   const int64_t n_params = cfg.NumParameters();
   std::vector<double> times = run.times;
   std::sort(times.begin(), times.end());
@@ -381,20 +427,19 @@ void PrintResult(const Flags& f, const std::string& gpu_name, const examples::Gp
   std::printf(
       "{\"impl\": \"%s\", \"gpu\": \"%s\", \"world\": 1, \"strategy\": \"%s\", \"params\": %lld, "
       "\"n_layer\": %lld, \"n_embd\": %lld, \"n_head\": %lld, \"seq\": %lld, \"vocab\": %lld, \"batch\": %lld, "
-      "\"tokens_per_step\": %lld, \"steps\": %lld, \"warmup\": %lld, \"checkpointing\": %s, "
+      "\"tokens_per_step\": %lld, \"steps\": %lld, \"warmup\": %lld, \"checkpointing\": %s, \"offload\": %s, "
       "\"param_dtype\": \"bf16\", \"reduce_dtype\": \"bf16\", \"init_s\": %.2f, "
       "\"median_step_s\": %.4f, \"min_step_s\": %.4f, \"tokens_per_s\": %.1f, \"flops_per_token\": %.6g, "
       "\"achieved_tflops\": %.1f, \"peak_tflops\": %.1f, \"mfu\": %.4f, "
       "\"peak_mem_allocated_gib\": %.2f, \"peak_mem_reserved_gib\": %.2f, \"first_loss\": %.4f, "
       "\"final_loss\": %.4f}\n",
-      JsonEscape(f.label).c_str(), JsonEscape(gpu_name).c_str(),
-      sharding::ShardingStrategyName(strategy), static_cast<long long>(n_params),
-      static_cast<long long>(f.n_layer), static_cast<long long>(f.n_embd), static_cast<long long>(f.n_head),
-      static_cast<long long>(f.block_size), static_cast<long long>(f.vocab), static_cast<long long>(f.batch),
-      static_cast<long long>(f.batch * f.block_size), static_cast<long long>(f.steps),
-      static_cast<long long>(f.warmup), f.checkpoint ? "true" : "false", init_s, median, times.front(),
-      tokens_per_s, flops_per_token, tflops, f.peak_tflops, tflops / f.peak_tflops, peak_alloc, peak_reserved,
-      run.first_loss, run.last_loss);
+      JsonEscape(f.label).c_str(), JsonEscape(gpu_name).c_str(), JsonEscape(strategy).c_str(),
+      static_cast<long long>(n_params), static_cast<long long>(f.n_layer), static_cast<long long>(f.n_embd),
+      static_cast<long long>(f.n_head), static_cast<long long>(f.block_size), static_cast<long long>(f.vocab),
+      static_cast<long long>(f.batch), static_cast<long long>(f.batch * f.block_size), static_cast<long long>(f.steps),
+      static_cast<long long>(f.warmup), f.checkpoint ? "true" : "false", f.offload ? "true" : "false", init_s, median,
+      times.front(), tokens_per_s, flops_per_token, tflops, f.peak_tflops, tflops / f.peak_tflops, peak_alloc,
+      peak_reserved, run.first_loss, run.last_loss);
   std::fflush(stdout);
 }
 }  // namespace

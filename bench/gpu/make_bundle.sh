@@ -27,6 +27,8 @@ TARGETS=(
   "//bench/gpu:gpt_gpu_bench=bench/gpu/gpt_gpu_bench"
   "//tests/comm:nccl_communicator_test=tests/comm/nccl_communicator_test"
   "//tests/cuda:cuda_fixes_test=tests/cuda/cuda_fixes_test"
+  "//tests/cuda:multi_gpu_test=tests/cuda/multi_gpu_test"
+  "//examples/gpt:train=examples/gpt/train"
 )
 cd "$ROOT"
 
@@ -86,6 +88,20 @@ for t in "${TARGETS[@]}"; do
     fi
   done < <(ldd "$BIN_DIR/$rel" | grep '=>')
 done
+
+# The Trainer item's data and CPU reference curves (bench/gpu/trainer_curves.py),
+# computed here with the bundled binary on the CPU: the toolkit's stub libcuda
+# lets it start without a driver.
+mkdir -p "$BUNDLE/trainer"
+head -c 200000 docs/scaling.md >"$BUNDLE/trainer/corpus.txt"
+STUB_DIR="$(mktemp -d)"
+ln -s "${CUDA_HOME:-/usr/local/cuda}/lib64/stubs/libcuda.so" "$STUB_DIR/libcuda.so.1"
+LIBS="$BUNDLE/lib:$SITE/torch/lib"
+for d in "$SITE"/nvidia/*/lib; do [[ -d "$d" ]] && LIBS="$LIBS:$d"; done
+echo "== CPU reference curves of the Trainer (32-true, bf16-mixed, 16-mixed)"
+LD_LIBRARY_PATH="$LIBS:$STUB_DIR" "$PY" bench/gpu/trainer_curves.py record --train "$BUNDLE/bin/train" \
+  --data "$BUNDLE/trainer/corpus.txt" --device cpu --out "$BUNDLE/trainer/cpu_curves.json"
+rm -rf "$STUB_DIR"
 
 size_kb="$(du -sk "$BUNDLE" | cut -f1)"
 echo "size_kb=$size_kb" >>"$BUNDLE/MANIFEST"

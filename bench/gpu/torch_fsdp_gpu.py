@@ -34,6 +34,7 @@ def parse_args():
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--weight_decay", type=float, default=0.0)
     p.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every block")
+    p.add_argument("--offload", action="store_true", help="CPUOffloadPolicy: shards, gradients and AdamW on the host")
     p.add_argument("--peak_tflops", type=float, default=989.0, help="dense bf16 peak for MFU (H100/H200 SXM: 989)")
     p.add_argument("--label", default="pytorch_fsdp2")
     p.add_argument("--cpu_smoke", action="store_true", help="run on the CPU over Gloo (no GPU; tiny models)")
@@ -77,7 +78,7 @@ def run(a):
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
     from torch_gpt import GPT
 
     if a.cpu_smoke:
@@ -115,12 +116,14 @@ def run(a):
         counted = sum(p.numel() for p in model.parameters())
         assert counted == n_params, f"parameter count {counted} != {n_params}"
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
+        # (no page-locked memory without a GPU: the rehearsal's --cpu_smoke)
+        offload = CPUOffloadPolicy(pin_memory=not a.cpu_smoke) if a.offload else OffloadPolicy()
         for block in model.h:
             if a.checkpoint:
                 from torch.distributed._composable import checkpoint
                 checkpoint(block)
-            fully_shard(block, mp_policy=mp)
-        fully_shard(model, mp_policy=mp)
+            fully_shard(block, mp_policy=mp, offload_policy=offload)
+        fully_shard(model, mp_policy=mp, offload_policy=offload)
         if device.type == "cuda":
             torch.cuda.synchronize()
         init_s = time.perf_counter() - t_init
@@ -129,6 +132,8 @@ def run(a):
         total = a.warmup + a.steps
         data = torch.randint(a.vocab, (total, a.batch, a.block_size + 1), device=device)
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        if device.type == "cuda":  # the steps' peak, not construction's (the whole model at W=1)
+            torch.cuda.reset_peak_memory_stats(device)
         times, first, last = [], 0.0, 0.0
         for s in range(total):
             x = data[s, :, :-1].contiguous()
@@ -163,7 +168,8 @@ def run(a):
             "impl": a.label, "gpu": gpu_name, "world": 1, "strategy": "FSDP2 fully_shard (reshard_after_forward)",
             "params": n_params, "n_layer": a.n_layer, "n_embd": a.n_embd, "n_head": a.n_head, "seq": a.block_size,
             "vocab": a.vocab, "batch": a.batch, "tokens_per_step": a.batch * a.block_size, "steps": a.steps,
-            "warmup": a.warmup, "checkpointing": a.checkpoint, "param_dtype": "bf16", "reduce_dtype": "bf16",
+            "warmup": a.warmup, "checkpointing": a.checkpoint, "offload": a.offload, "param_dtype": "bf16",
+            "reduce_dtype": "bf16",
             "init_s": round(init_s, 2), "median_step_s": round(median, 4), "min_step_s": round(min(times), 4),
             "tokens_per_s": round(tokens_per_s, 1), "flops_per_token": float(f"{flops_per_token:.6g}"),
             "achieved_tflops": round(tflops, 1), "peak_tflops": a.peak_tflops, "mfu": round(tflops / a.peak_tflops, 4),

@@ -75,6 +75,7 @@ class ShardedUnit {
   at::Tensor reduce_in;
   std::vector<at::Tensor> reduce_pieces;  // grads_in_place: what the reduce-scatter in flight reads
   at::Tensor reduce_out;
+  at::Tensor reduce_host;  // offload on a GPU: reduce_out's copy in page-locked memory (GradOffload)
 };
 
 namespace internal {

@@ -10,30 +10,43 @@
 // - use_orig_params clip-by-norm with gradients on the GPU: the norm equals
 //   the one computed on the CPU from the same gradients, and clipping scales
 //   them by max_norm / norm.
+// - the forward overlap's ordering: the next unit's gather completes while
+//   the current unit's forward still runs (forced path, W=1).
+// - sharded construction for a GPU: only the shards move to it.
+// - offload_params on a GPU: gradients copied to the host during backward.
 // - the fit loop's loss sum: no wait for the device per micro-batch (CUDA's
 //   sync debug mode set to "error"); the loader's pinned batches.
 #include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <gtest/gtest.h>
+#include <ATen/cuda/Sleep.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <gtest/gtest.h>
 #include <torch/cuda.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 
+#include <chrono>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <vector>
 
 #include "comm/nccl_communicator.h"
-#include "trainer/data/data_loader.h"
-#include "trainer/loops/internal/loss_sum.h"
+#include "sharding/flat_parameter.h"
+#include "sharding/sharded_init.h"
 #include "sharding/sharded_model.h"
 #include "sharding/wrap_point.h"
 #include "tests/testing/models.h"
+#include "tests/testing/recording_communicator.h"
+#include "trainer/data/data_loader.h"
+#include "trainer/loops/internal/loss_sum.h"
 
 namespace shardtrain::sharding {
 namespace {
@@ -49,13 +62,14 @@ std::shared_ptr<comm::NcclCommunicator> WorldOfOne() {
 
 // Trains TinyGpt on the GPU for a few Adam steps; the final parameters and
 // the world's all-gather count.
-std::pair<std::map<std::string, at::Tensor>, int64_t> TrainTinyGpt(bool force_collectives) {
+std::pair<std::map<std::string, at::Tensor>, int64_t> TrainTinyGpt(bool force_collectives, bool offload = false) {
   testing::TestModel tm = testing::TinyGpt();
   auto model = tm.make();
   model->to(kCuda);
   auto world = WorldOfOne();
   ShardingOptions o;
   o.force_collectives = force_collectives;
+  o.offload_params = offload;
   ShardedModel sm(model, world, o, WrapPolicy::Always());
   torch::optim::Adam opt(sm.parameters(), torch::optim::AdamOptions(1e-2));
   for (int step = 0; step < 3; ++step) {
@@ -81,6 +95,22 @@ TEST(CudaFixes, ForcedCollectivesAtW1MatchTheInPlacePath) {
     // The same kernels in the same order; atomics in some backward kernels
     // (embedding) may reorder float sums.
     EXPECT_TRUE(at::allclose(forced.at(name), p, 1e-5, 1e-6)) << name;
+  }
+}
+
+// offload_params on a GPU (forced collectives, so each unit's gradient is
+// reduce-scattered and copied to the host during backward on a side stream,
+// sharding/internal/device_streams.h): the optimizer steps on host shards and
+// the weights follow the in-place path's.
+TEST(CudaFixes, OffloadedGradientsReachTheHostShards) {
+  REQUIRE_GPU();
+  auto [in_place, unused] = TrainTinyGpt(false);
+  auto [offloaded, gathers] = TrainTinyGpt(true, /*offload=*/true);
+  EXPECT_GT(gathers, 0);
+  ASSERT_EQ(in_place.size(), offloaded.size());
+  for (const auto& [name, p] : in_place) {
+    // Adam on the CPU against Adam on the GPU: the same update up to rounding.
+    EXPECT_TRUE(at::allclose(offloaded.at(name), p, 1e-4, 1e-5)) << name;
   }
 }
 
@@ -132,6 +162,109 @@ TEST(CudaFixes, CheckpointedDropoutOnCudaRecomputesTheSameMasks) {
   for (const auto& [name, g] : plain) {
     EXPECT_TRUE(at::allclose(recomputed.at(name), g, 1e-5, 1e-7))
         << name << ": the recomputed forward drew other dropout masks (the CUDA generator was not restored)";
+  }
+}
+
+// A unit whose forward first runs `on_forward` (the test's probe).
+class ProbeBlockImpl : public torch::nn::Module {
+ public:
+  ProbeBlockImpl() { fc = register_module("fc", torch::nn::Linear(64, 64)); }
+  at::Tensor forward(const at::Tensor& x) {
+    if (on_forward) on_forward();
+    return at::relu(fc->forward(x));
+  }
+  torch::nn::Linear fc{nullptr};
+  std::function<void()> on_forward;
+};
+
+class ProbeNetImpl : public torch::nn::Module {
+ public:
+  ProbeNetImpl() {
+    b0 = register_module("b0", std::make_shared<Sharded<ProbeBlockImpl>>());
+    b1 = register_module("b1", std::make_shared<Sharded<ProbeBlockImpl>>());
+    b2 = register_module("b2", std::make_shared<Sharded<ProbeBlockImpl>>());
+  }
+  at::Tensor forward(const at::Tensor& x) { return b2->forward(b1->forward(b0->forward(x))); }
+  std::shared_ptr<Sharded<ProbeBlockImpl>> b0, b1, b2;
+};
+
+// The forward overlap's ordering, on the forced-collective path at W=1 (one
+// GPU cannot run two NCCL ranks) and without forward_prefetch: b0's forward
+// keeps the compute stream busy (a ~5 s spin kernel, then an event); b1's
+// gather, issued by the host after b0's forward was queued, must complete
+// while that kernel still runs, i.e. it waited only for the iteration's start
+// and its own input, not for b0's compute (sharding/internal/device_streams.h).
+// Issued from the compute stream (the ordering before the fix) it could not
+// complete before the kernel ends. The results stay those of the in-place path
+// (ForcedCollectivesAtW1MatchTheInPlacePath).
+TEST(CudaFixes, NextUnitsGatherOverlapsTheCurrentUnitsForward) {
+  REQUIRE_GPU();
+  auto net = std::make_shared<ProbeNetImpl>();
+  net->to(kCuda);
+  auto recording = std::make_shared<testing::RecordingCommunicator>(WorldOfOne());
+  ShardingOptions o;
+  o.force_collectives = true;
+  o.forward_prefetch = false;
+  ShardedModel sm(net, recording, o, WrapPolicy::Always());
+  const at::Tensor x = at::randn({32, 64}, at::TensorOptions().device(kCuda));
+  sm.Forward([&] { return net->forward(x); }).sum().backward();  // order recorded, NCCL and pools warm
+  torch::cuda::synchronize();
+
+  c10::Event b0_done(c10::DeviceType::CUDA);
+  net->b0->on_forward = [&] {
+    at::cuda::sleep(10'000'000'000LL);  // ~5 s at 2 GHz
+    b0_done.record(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(kCuda));
+  };
+  bool gather_done = false, b0_running_then = false;
+  int64_t waited_ms = -1;
+  net->b1->on_forward = [&] {
+    const comm::WorkPtr b1_gather = recording->last_all_gather();
+    const auto t0 = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3)) {
+      if (b1_gather->IsCompleted()) {
+        gather_done = true;
+        b0_running_then = !b0_done.query();
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    waited_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  };
+  {
+    at::NoGradGuard no_grad;
+    sm.Forward([&] { return net->forward(x); });
+  }
+  torch::cuda::synchronize();
+  EXPECT_TRUE(gather_done && b0_running_then)
+      << "b1's all-gather " << (gather_done ? "completed" : "did not complete") << " after " << waited_ms
+      << " ms, b0's forward " << (b0_running_then ? "still running" : "already done")
+      << ": the gather waited for the previous unit's compute";
+}
+
+// Sharded construction for a GPU (the Trainer's path): the model is built on
+// the CPU under a ShardedInitScope, MoveToDevice moves only the shards (the
+// wrapped parameters stay valueless, now on the GPU), and the ShardedModel
+// adopts them there with the values of a model built whole.
+TEST(CudaFixes, ShardedConstructionMovesShardsToTheGpu) {
+  REQUIRE_GPU();
+  std::shared_ptr<ProbeNetImpl> built;
+  {
+    at::manual_seed(21);
+    ShardedInitScope scope(ShardGroupPlace{0, 1});
+    built = std::make_shared<ProbeNetImpl>();
+  }
+  ShardedInitScope::MoveToDevice(*built, kCuda);
+  EXPECT_TRUE(built->b1->fc->weight.is_cuda());
+  EXPECT_TRUE(StorageIsFreed(built->b1->fc->weight)) << "the whole unit reached the GPU";
+  ShardingOptions o;
+  o.force_collectives = true;
+  ShardedModel sm(built, WorldOfOne(), o, WrapPolicy::Always());
+  at::manual_seed(21);
+  auto plain = std::make_shared<ProbeNetImpl>();
+  const auto sd = sm.FullStateDict(/*rank0_only=*/true);
+  for (const auto& item : plain->named_parameters()) {
+    ASSERT_TRUE(sd.count(item.key())) << item.key();
+    EXPECT_TRUE(at::equal(sd.at(item.key()).cpu(), item.value())) << item.key();
   }
 }
 

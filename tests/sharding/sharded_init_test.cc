@@ -372,6 +372,28 @@ TEST(ShardedInit, TouchingAFreedParameterThrowsNamingIt) {
   });
 }
 
+// MoveToDevice (what the Trainer calls instead of Module::to for a GPU) to
+// the device the model is on changes nothing: the wrapped parameters stay
+// valueless and the model wraps to the plain construction's values. (Its CUDA
+// side, shards moved and whole units never, needs a GPU:
+// tests/cuda/cuda_fixes_test ShardedConstructionMovesShardsToTheGpu. No CPU
+// device type stands in for one: Tensor::set_data refuses meta tensors.)
+TEST(ShardedInit, MoveToDeviceOnTheSameDeviceKeepsTheShards) {
+  RunRanks(2, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
+    auto built = BuildLocked<NetImpl>(8, [&] { return std::make_unique<ShardedInitScope>(*comm, ShardingOptions{}); });
+    ShardedInitScope::MoveToDevice(*built, c10::Device(c10::kCPU));
+    EXPECT_TRUE(StorageIsFreed(built->b0->inner->a->weight));
+    EXPECT_FALSE(StorageIsFreed(built->emb->weight));
+    ShardedModel sm(built, comm, ShardingOptions{});
+    auto sd = sm.FullStateDict(true);
+    if (rank == 0) {
+      auto want = Values(*BuildLocked<NetImpl>(8, nullptr));
+      want["b0.shared"] = want["b1.shared"] = want["w"];
+      ExpectBitEqual(sd, want);
+    }
+  });
+}
+
 // The strategies offer the scope (on by default) for the Trainer to hold
 // around configure_model.
 // At W=1 too: the scope flattens unit by unit, so one rank never holds the

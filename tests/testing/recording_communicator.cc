@@ -56,7 +56,15 @@ comm::WorkPtr RecordingCommunicator::Forward(comm::CommOp op, Call&& call) {
 
 comm::WorkPtr RecordingCommunicator::AllGather(const at::Tensor& input, const at::Tensor& output) {
   Record({CommEvent::Kind::kAllGather, output.numel(), output.scalar_type(), ""});
-  return Forward(comm::CommOp::kAllGather, [&] { return inner_->AllGather(input, output); });
+  comm::WorkPtr w = Forward(comm::CommOp::kAllGather, [&] { return inner_->AllGather(input, output); });
+  std::lock_guard<std::mutex> lock(log_->mu);
+  log_->last_all_gather = w;
+  return w;
+}
+
+comm::WorkPtr RecordingCommunicator::last_all_gather() const {
+  std::lock_guard<std::mutex> lock(log_->mu);
+  return log_->last_all_gather;
 }
 
 comm::WorkPtr RecordingCommunicator::ReduceScatter(const at::Tensor& input, const at::Tensor& output,

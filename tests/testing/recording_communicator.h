@@ -45,6 +45,9 @@ class RecordingCommunicator : public comm::Communicator {
   // Sub-groups are recorded into this communicator's log too.
   comm::CommunicatorPtr NewGroup(const std::vector<int>& ranks, const std::string& name) override;
 
+  // The Work of the latest all-gather issued through this communicator or
+  // its sub-groups (null before the first), e.g. to poll it mid-forward.
+  comm::WorkPtr last_all_gather() const;
   // Appends a mark to the log.
   void Mark(std::string label);
   std::vector<CommEvent> events() const;
@@ -54,6 +57,7 @@ class RecordingCommunicator : public comm::Communicator {
   struct Log {
     std::mutex mu;
     std::vector<CommEvent> events;
+    comm::WorkPtr last_all_gather;
   };
   RecordingCommunicator(comm::CommunicatorPtr inner, std::shared_ptr<Log> log);
   void Record(CommEvent e);
