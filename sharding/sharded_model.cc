@@ -17,6 +17,7 @@
 #include "base/logging.h"
 #include "sharding/flat_parameter.h"
 #include "sharding/host_memory.h"
+#include "sharding/grad_clip.h"
 #include "sharding/internal/device_streams.h"
 #include "sharding/internal/sharded_unit.h"
 #include "sharding/sharded_init.h"
@@ -224,35 +225,14 @@ ShardedModel::NoSyncScope::~NoSyncScope() { m_->no_sync_ = prev_; }
 // --- utilities ---------------------------------------------------------------
 
 double ShardedModel::ClipGradNorm(double max_norm, double norm_type) {
-  ST_CHECK_ARG(max_norm > 0, "ClipGradNorm: max_norm must be > 0, got ", max_norm);
-  const bool inf = std::isinf(norm_type);
-  ST_CHECK_ARG(inf || norm_type == 2.0, "ClipGradNorm: norm_type must be 2 or inf, got ", norm_type);
-  at::NoGradGuard no_grad;
-  at::Tensor local = at::zeros({1}, at::TensorOptions(at::kDouble).device(units_.front()->flat->shard().device()));
-  for (auto& u : units_) {
-    at::Tensor g = u->flat->shard().grad();
-    if (!g.defined()) continue;
-    at::Tensor gd = g.to(at::kDouble);
-    if (inf) {
-      local = at::maximum(local, gd.abs().max().reshape({1}));
-    } else {
-      local += gd.pow(2).sum();
-    }
-  }
+  return ClipGradNormOnDevice(max_norm, norm_type).item<double>();
+}
+
+at::Tensor ShardedModel::ClipGradNormOnDevice(double max_norm, double norm_type) {
   // Shards are disjoint within the shard group and identical across replicas.
-  // The communicator needs the compute device (CUDA for NCCL).
-  at::Tensor on_comm = local.to(units_.front()->flat->device());
-  shard_group_->AllReduce(on_comm, {inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum})->Wait();
-  local = on_comm.cpu();
-  const double total = inf ? local.item<double>() : std::sqrt(local.item<double>());
-  const double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0) {
-    for (auto& u : units_) {
-      at::Tensor g = u->flat->shard().grad();
-      if (g.defined()) g.mul_(coef);
-    }
-  }
-  return total;
+  std::vector<at::Tensor> grads;
+  for (auto& u : units_) grads.push_back(u->flat->shard().grad());
+  return sharding::ClipGradNorm(grads, max_norm, norm_type, shard_group_);
 }
 
 ShardedModel::FullParamsScope::FullParamsScope(ShardedModel* m, bool writeback) : m_(m), writeback_(writeback) {

@@ -112,6 +112,9 @@ class ShardedModel {
   // Clips gradients so their global norm is at most max_norm; returns the
   // norm before clipping (equal to the unsharded model's). norm_type 2 or inf.
   double ClipGradNorm(double max_norm, double norm_type = 2.0);
+  // The same, the norm returned as a 0-dim float64 tensor that is not read on
+  // the host: on a GPU nothing waits for the device (sharding/grad_clip.h).
+  at::Tensor ClipGradNormOnDevice(double max_norm, double norm_type = 2.0);
 
   // While alive, every parameter holds its full value (float32 when no
   // mixed precision). With writeback, changes to parameters are copied back

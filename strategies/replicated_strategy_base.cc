@@ -30,6 +30,10 @@ std::vector<std::pair<std::string, at::Tensor>> ReplicatedStrategyBase::named_pa
 }
 
 double ReplicatedStrategyBase::ClipGradNorm(double max_norm, double norm_type) {
+  return ClipGradNormOnDevice(max_norm, norm_type).item<double>();
+}
+
+at::Tensor ReplicatedStrategyBase::ClipGradNormOnDevice(double max_norm, double norm_type) {
   CheckWrapped("ClipGradNorm");
   return ClipLocalGradNorm(parameters(), max_norm, norm_type);
 }

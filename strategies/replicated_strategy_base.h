@@ -24,6 +24,7 @@ class ReplicatedStrategyBase : public Strategy {
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const override;
   // By global norm over this rank's (complete, synchronised) gradients.
   double ClipGradNorm(double max_norm, double norm_type = 2.0) override;
+  at::Tensor ClipGradNormOnDevice(double max_norm, double norm_type = 2.0) override;
   std::map<std::string, at::Tensor> FullStateDict() override;
   void LoadFullStateDict(const std::map<std::string, at::Tensor>& state) override;
 

@@ -118,8 +118,12 @@ void ShardedStrategyBase::Backward(const at::Tensor& loss, bool sync_gradients) 
 }
 
 double ShardedStrategyBase::ClipGradNorm(double max_norm, double norm_type) {
+  return ClipGradNormOnDevice(max_norm, norm_type).item<double>();
+}
+
+at::Tensor ShardedStrategyBase::ClipGradNormOnDevice(double max_norm, double norm_type) {
   CheckWrapped("ClipGradNorm");
-  if (!sharding_options_.use_orig_params) return sm_->ClipGradNorm(max_norm, norm_type);
+  if (!sharding_options_.use_orig_params) return sm_->ClipGradNormOnDevice(max_norm, norm_type);
   // With use_orig_params the optimizer steps per-parameter views of the shard
   // whose .grad tensors need not alias the flat shard gradient (zero_grad sets
   // them to None), so ShardedModel::ClipGradNorm (flat gradients) would clip

@@ -44,6 +44,7 @@ class ShardedStrategyBase : public Strategy {
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const override;
   void Backward(const at::Tensor& loss, bool sync_gradients = true) override;
   double ClipGradNorm(double max_norm, double norm_type = 2.0) override;
+  at::Tensor ClipGradNormOnDevice(double max_norm, double norm_type = 2.0) override;
   std::map<std::string, at::Tensor> FullStateDict() override;
   void LoadFullStateDict(const std::map<std::string, at::Tensor>& state) override;
 

@@ -11,6 +11,7 @@
 
 #include "base/errors.h"
 #include "comm/host_collectives.h"
+#include "sharding/grad_clip.h"
 
 namespace shardtrain::strategies {
 
@@ -101,6 +102,10 @@ void Strategy::ClipGradValue(double clip_value) {
   ClampGrads(clip_value);
 }
 
+at::Tensor Strategy::ClipGradNormOnDevice(double max_norm, double norm_type) {
+  return at::scalar_tensor(ClipGradNorm(max_norm, norm_type), at::kDouble);
+}
+
 double Strategy::ClipGradients(double value, GradClipAlgorithm algorithm) {
   if (algorithm == GradClipAlgorithm::kNorm) return ClipGradNorm(value);
   ClipGradValue(value);
@@ -164,43 +169,12 @@ void Strategy::Broadcast(const at::Tensor& tensor, int root) {
   if (world_) comm::HostBroadcast(*world_, tensor, root);
 }
 
-double ClipLocalGradNorm(const std::vector<at::Tensor>& params, double max_norm, double norm_type,
-                         const comm::CommunicatorPtr& shard_group) {
-  ST_CHECK_ARG(max_norm > 0, "ClipGradNorm: max_norm must be > 0, got ", max_norm);
-  const bool inf = std::isinf(norm_type);
-  ST_CHECK_ARG(inf || norm_type == 2.0, "ClipGradNorm: norm_type must be 2 or inf, got ", norm_type);
-  at::NoGradGuard no_grad;
-  // Accumulated on the gradients' device (the GPU, or the host shards with
-  // CPU offload): no host round trip per gradient.
-  at::Tensor acc;
-  for (const auto& p : params) {
-    if (!p.grad().defined()) continue;
-    at::Tensor g = p.grad().to(at::kDouble);
-    at::Tensor part = inf ? g.abs().max() : g.pow(2).sum();
-    if (!acc.defined()) {
-      acc = part;
-    } else {
-      acc = inf ? at::maximum(acc, part.to(acc.device())) : acc + part.to(acc.device());
-    }
-  }
-  if (shard_group) {
-    // The collective runs on the communicator's device (CUDA for NCCL, even
-    // when offloaded gradients live on the host).
-    const c10::Device device = comm::CollectiveDevice(*shard_group);
-    acc = acc.defined() ? acc.reshape({1}).to(device) : at::zeros({1}, at::TensorOptions(at::kDouble).device(device));
-    if (shard_group->size() > 1) {
-      shard_group->AllReduce(acc, {inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum})->Wait();
-    }
-  }
-  const double sum_or_max = acc.defined() ? acc.item<double>() : 0.0;  // the one host read
-  const double total = inf ? sum_or_max : std::sqrt(sum_or_max);
-  const double coef = max_norm / (total + 1e-6);
-  if (coef < 1.0) {
-    for (const auto& p : params) {
-      if (p.grad().defined()) p.grad().mul_(coef);
-    }
-  }
-  return total;
+at::Tensor ClipLocalGradNorm(const std::vector<at::Tensor>& params, double max_norm, double norm_type,
+                             const comm::CommunicatorPtr& shard_group) {
+  std::vector<at::Tensor> grads;
+  grads.reserve(params.size());
+  for (const auto& p : params) grads.push_back(p.grad());
+  return sharding::ClipGradNorm(grads, max_norm, norm_type, shard_group);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> UniqueNamedParameters(const torch::nn::Module& module) {

@@ -126,6 +126,11 @@ class Strategy {
   // before clipping, equal to the unsharded model's) or elementwise by value
   // (returns the value). Call after a syncing Backward.
   virtual double ClipGradNorm(double max_norm, double norm_type = 2.0) = 0;
+  // ClipGradNorm without reading the norm on the host: it is returned as a
+  // 0-dim float64 tensor on the device that computed it, and on a GPU nothing
+  // waits for the device (sharding/grad_clip.h). The Trainer clips this way.
+  // The default calls ClipGradNorm.
+  virtual at::Tensor ClipGradNormOnDevice(double max_norm, double norm_type = 2.0);
   virtual void ClipGradValue(double clip_value);
   double ClipGradients(double value, GradClipAlgorithm algorithm);
 
@@ -254,14 +259,14 @@ class Strategy {
 
 using StrategyPtr = std::shared_ptr<Strategy>;
 
-// Global-norm clipping of already synchronized gradients; returns the norm.
-// Without `shard_group` the gradients are whole (ddp, single_device); with it
-// they are this rank's disjoint pieces (use_orig_params views of a shard) and
-// the local sum of squares (or max) is all-reduced over the group. The norm is
-// accumulated on the gradients' device, the all-reduce runs on the group's
-// device, and the host reads it once.
-double ClipLocalGradNorm(const std::vector<at::Tensor>& params, double max_norm, double norm_type,
-                         const comm::CommunicatorPtr& shard_group = nullptr);
+// Global-norm clipping of the gradients of already synchronized `params`;
+// returns the norm as sharding::ClipGradNorm does (a 0-dim float64 tensor, on
+// a GPU not read). Without `shard_group` the gradients are whole (ddp,
+// single_device); with it they are this rank's disjoint pieces (use_orig_params
+// views of a shard) and the local sum of squares (or max) is all-reduced over
+// the group.
+at::Tensor ClipLocalGradNorm(const std::vector<at::Tensor>& params, double max_norm, double norm_type,
+                             const comm::CommunicatorPtr& shard_group = nullptr);
 // The module's parameters with each tensor once, under its first name, as
 // Python's Module.parameters() (LibTorch's lists a tensor registered in
 // several modules, a tied weight, once per name: an optimizer over that list

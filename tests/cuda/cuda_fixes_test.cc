@@ -7,9 +7,9 @@
 // - activation checkpointing with dropout on CUDA: the recomputed forward
 //   draws the same masks (the CUDA generator's state is saved and restored),
 //   so the gradients equal those of the run without checkpointing.
-// - use_orig_params clip-by-norm with gradients on the GPU: the norm equals
-//   the one computed on the CPU from the same gradients, and clipping scales
-//   them by max_norm / norm.
+// - clip-by-norm with gradients on the GPU (the routine every strategy and the
+//   core use; with a group, as use_orig_params): no wait for the device, the
+//   norm and the scaled gradients of the CPU.
 // - the forward overlap's ordering: the next unit's gather completes while
 //   the current unit's forward still runs (forced path, W=1).
 // - sharded construction for a GPU: only the shards move to it.
@@ -17,9 +17,6 @@
 // - the fit loop's loss sum: no wait for the device per micro-batch (CUDA's
 //   sync debug mode set to "error"); the loader's pinned batches.
 #include <ATen/ATen.h>
-#include <ATen/cuda/Sleep.h>
-#include <c10/core/Event.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -34,16 +31,17 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <vector>
 
 #include "comm/nccl_communicator.h"
 #include "sharding/flat_parameter.h"
+#include "sharding/grad_clip.h"
 #include "sharding/sharded_init.h"
 #include "sharding/sharded_model.h"
 #include "sharding/wrap_point.h"
 #include "tests/testing/models.h"
+#include "tests/cuda/overlap_probe.h"
 #include "tests/testing/recording_communicator.h"
 #include "trainer/data/data_loader.h"
 #include "trainer/loops/internal/loss_sum.h"
@@ -165,29 +163,6 @@ TEST(CudaFixes, CheckpointedDropoutOnCudaRecomputesTheSameMasks) {
   }
 }
 
-// A unit whose forward first runs `on_forward` (the test's probe).
-class ProbeBlockImpl : public torch::nn::Module {
- public:
-  ProbeBlockImpl() { fc = register_module("fc", torch::nn::Linear(64, 64)); }
-  at::Tensor forward(const at::Tensor& x) {
-    if (on_forward) on_forward();
-    return at::relu(fc->forward(x));
-  }
-  torch::nn::Linear fc{nullptr};
-  std::function<void()> on_forward;
-};
-
-class ProbeNetImpl : public torch::nn::Module {
- public:
-  ProbeNetImpl() {
-    b0 = register_module("b0", std::make_shared<Sharded<ProbeBlockImpl>>());
-    b1 = register_module("b1", std::make_shared<Sharded<ProbeBlockImpl>>());
-    b2 = register_module("b2", std::make_shared<Sharded<ProbeBlockImpl>>());
-  }
-  at::Tensor forward(const at::Tensor& x) { return b2->forward(b1->forward(b0->forward(x))); }
-  std::shared_ptr<Sharded<ProbeBlockImpl>> b0, b1, b2;
-};
-
 // The forward overlap's ordering, on the forced-collective path at W=1 (one
 // GPU cannot run two NCCL ranks) and without forward_prefetch: b0's forward
 // keeps the compute stream busy (a ~5 s spin kernel, then an event); b1's
@@ -210,35 +185,13 @@ TEST(CudaFixes, NextUnitsGatherOverlapsTheCurrentUnitsForward) {
   sm.Forward([&] { return net->forward(x); }).sum().backward();  // order recorded, NCCL and pools warm
   torch::cuda::synchronize();
 
-  c10::Event b0_done(c10::DeviceType::CUDA);
-  net->b0->on_forward = [&] {
-    at::cuda::sleep(10'000'000'000LL);  // ~5 s at 2 GHz
-    b0_done.record(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(kCuda));
-  };
-  bool gather_done = false, b0_running_then = false;
-  int64_t waited_ms = -1;
-  net->b1->on_forward = [&] {
-    const comm::WorkPtr b1_gather = recording->last_all_gather();
-    const auto t0 = std::chrono::steady_clock::now();
-    while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(3)) {
-      if (b1_gather->IsCompleted()) {
-        gather_done = true;
-        b0_running_then = !b0_done.query();
-        break;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    waited_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
-  };
+  OverlapProbe probe(*net, recording, kCuda, 10'000'000'000LL /* ~5 s at 2 GHz */, std::chrono::seconds(3));
   {
     at::NoGradGuard no_grad;
     sm.Forward([&] { return net->forward(x); });
   }
   torch::cuda::synchronize();
-  EXPECT_TRUE(gather_done && b0_running_then)
-      << "b1's all-gather " << (gather_done ? "completed" : "did not complete") << " after " << waited_ms
-      << " ms, b0's forward " << (b0_running_then ? "still running" : "already done")
-      << ": the gather waited for the previous unit's compute";
+  EXPECT_TRUE(probe.overlapped()) << probe.Describe() << ": the gather waited for the previous unit's compute";
 }
 
 // Sharded construction for a GPU (the Trainer's path): the model is built on
@@ -266,6 +219,34 @@ TEST(CudaFixes, ShardedConstructionMovesShardsToTheGpu) {
     ASSERT_TRUE(sd.count(item.key())) << item.key();
     EXPECT_TRUE(at::equal(sd.at(item.key()).cpu(), item.value())) << item.key();
   }
+}
+
+// Clipping by norm on the GPU (sharding::ClipGradNorm, what every strategy's
+// ClipGradNorm and the core's use, with a 1-rank NCCL group as
+// use_orig_params passes): nothing waits for the device (CUDA's sync debug
+// mode at "error"), and the norm and the scaled gradients equal the CPU's.
+TEST(CudaFixes, ClipGradNormOnTheGpuWaitsForNothing) {
+  REQUIRE_GPU();
+  at::manual_seed(9);
+  std::vector<at::Tensor> cpu = {at::randn({300}), at::randn({17, 5}), at::Tensor()};
+  std::vector<at::Tensor> gpu;
+  for (const auto& g : cpu) gpu.push_back(g.defined() ? g.to(kCuda) : g);
+  const double cpu_norm = ClipGradNorm(cpu, 1.0, 2.0).item<double>();
+  ASSERT_GT(cpu_norm, 1.0);  // so the gradients are scaled
+  auto group = WorldOfOne();
+  at::Tensor gpu_norm;
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  try {
+    gpu_norm = ClipGradNorm(gpu, 1.0, 2.0, group);
+  } catch (...) {
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    ADD_FAILURE() << "ClipGradNorm waited for the device";
+    throw;
+  }
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  EXPECT_TRUE(gpu_norm.is_cuda());
+  EXPECT_NEAR(gpu_norm.item<double>(), cpu_norm, 1e-9 * cpu_norm);
+  for (size_t i = 0; i < 2; ++i) EXPECT_TRUE(at::allclose(gpu[i].cpu(), cpu[i], 1e-6, 1e-7)) << i;
 }
 
 // The fit loop's loss sum waits for the device nowhere per micro-batch (a

@@ -10,9 +10,6 @@
 // - The stall watch on NCCL: a rank that stops issuing collectives is named,
 //   and its peer's collective fails after stall_timeout, long before timeout.
 #include <ATen/ATen.h>
-#include <ATen/cuda/Sleep.h>
-#include <c10/core/Event.h>
-#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
@@ -34,6 +31,7 @@
 #include "sharding/sharded_model.h"
 #include "sharding/wrap_point.h"
 #include "tests/testing/models.h"
+#include "tests/cuda/overlap_probe.h"
 #include "tests/testing/recording_communicator.h"
 
 namespace shardtrain::sharding {
@@ -99,27 +97,6 @@ TEST(MultiGpu, FullShardAtW2TrainsLikeOneGpu) {
   for (const auto& [name, p] : want) EXPECT_TRUE(at::allclose(got.at(name), p, 1e-4, 1e-5)) << name;
 }
 
-class SpinBlockImpl : public torch::nn::Module {
- public:
-  SpinBlockImpl() { fc = register_module("fc", torch::nn::Linear(64, 64)); }
-  at::Tensor forward(const at::Tensor& x) {
-    if (on_forward) on_forward();
-    return at::relu(fc->forward(x));
-  }
-  torch::nn::Linear fc{nullptr};
-  std::function<void()> on_forward;
-};
-
-class SpinNetImpl : public torch::nn::Module {
- public:
-  SpinNetImpl() {
-    b0 = register_module("b0", std::make_shared<Sharded<SpinBlockImpl>>());
-    b1 = register_module("b1", std::make_shared<Sharded<SpinBlockImpl>>());
-  }
-  at::Tensor forward(const at::Tensor& x) { return b1->forward(b0->forward(x)); }
-  std::shared_ptr<Sharded<SpinBlockImpl>> b0, b1;
-};
-
 // Both ranks keep their compute stream busy in b0's forward (a ~3 s spin,
 // then an event); b1's gather, issued by the host after that, must complete
 // on each rank while the spin still runs: it waited only for the
@@ -130,7 +107,7 @@ TEST(MultiGpu, NextUnitsGatherOverlapsTheForwardAcrossRanks) {
   RunTwoRanks({}, [&](int rank, std::shared_ptr<comm::NcclCommunicator> nccl) {
     const c10::Device dev(c10::kCUDA, static_cast<c10::DeviceIndex>(rank));
     at::manual_seed(3);
-    auto net = std::make_shared<SpinNetImpl>();
+    auto net = std::make_shared<ProbeNetImpl>();
     net->to(dev);
     auto recording = std::make_shared<testing::RecordingCommunicator>(nccl);
     ShardingOptions o;
@@ -139,32 +116,13 @@ TEST(MultiGpu, NextUnitsGatherOverlapsTheForwardAcrossRanks) {
     const at::Tensor x = at::randn({16, 64}, at::TensorOptions().device(dev));
     sm.Forward([&] { return net->forward(x); }).sum().backward();
     torch::cuda::synchronize(rank);
-    c10::Event b0_done(c10::DeviceType::CUDA);
-    net->b0->on_forward = [&] {
-      at::cuda::sleep(6'000'000'000LL);
-      b0_done.record(c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(dev));
-    };
-    bool gather_done = false, b0_running_then = false;
-    net->b1->on_forward = [&] {
-      const comm::WorkPtr b1_gather = recording->last_all_gather();
-      const auto t0 = std::chrono::steady_clock::now();
-      while (std::chrono::steady_clock::now() - t0 < std::chrono::seconds(2)) {
-        if (b1_gather->IsCompleted()) {
-          gather_done = true;
-          b0_running_then = !b0_done.query();
-          return;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-    };
+    OverlapProbe probe(*net, recording, dev, 6'000'000'000LL /* ~3 s */, std::chrono::seconds(2));
     {
       at::NoGradGuard no_grad;
       sm.Forward([&] { return net->forward(x); });
     }
     torch::cuda::synchronize(rank);
-    EXPECT_TRUE(gather_done && b0_running_then)
-        << "rank " << rank << ": b1's all-gather " << (gather_done ? "completed" : "did not complete")
-        << " within 2 s; b0's forward " << (b0_running_then ? "still ran" : "had ended");
+    EXPECT_TRUE(probe.overlapped()) << "rank " << rank << ": " << probe.Describe();
   });
 }
 

@@ -283,7 +283,14 @@ void internal::FitLoop::OptimizerStep(State& loop, bool skip) {
   const auto& o = t_.options_;
   loop.module.on_before_optimizer_step(*t_.opt_.optimizer);
   for (auto& cb : o.callbacks) cb->on_before_optimizer_step(t_, loop.module, *t_.opt_.optimizer);
-  if (!skip && o.gradient_clip_val > 0) t_.strategy_->ClipGradients(o.gradient_clip_val, loop.clip_algo);
+  if (!skip && o.gradient_clip_val > 0) {
+    // By norm without reading it: on a GPU the optimizer step queues behind the clip, no host wait.
+    if (loop.clip_algo == strategies::GradClipAlgorithm::kNorm) {
+      t_.strategy_->ClipGradNormOnDevice(o.gradient_clip_val);
+    } else {
+      t_.strategy_->ClipGradValue(o.gradient_clip_val);
+    }
+  }
   if (!skip) t_.opt_.optimizer->step();
   if (t_.scaler_) t_.scaler_->Update(skip);
   t_.opt_.optimizer->zero_grad();
