@@ -11,32 +11,41 @@ const c10::impl::DeviceGuardImplInterface& Impl(c10::Device device) {
   return *c10::impl::getDeviceGuardImpl(device.type());
 }
 
+// `side` on `device` (taken from the pool on first use or a device change).
+const c10::Stream& SideStream(std::optional<c10::Stream>& side, c10::Device device, bool high_priority) {
+  if (!side || side->device() != device) side = Impl(device).getStreamFromGlobalPool(device, high_priority);
+  return *side;
+}
+
+// `side` waits (on the device) for what the caller's current stream on its device has queued so far.
+void WaitForCurrentStream(const c10::Stream& side) {
+  c10::Event now(side.device_type());
+  now.record(Impl(side.device()).getStream(side.device()));
+  now.block(side);
+}
+
 }  // namespace
 
 void GatherOrder::Mark(c10::Device device) {
   if (!HasStreams(device)) return;
   mark_.emplace(device.type());
   mark_->record(Impl(device).getStream(device));
-  marked_ = true;
 }
 
-void GatherOrder::Forget() { marked_ = false; }
+void GatherOrder::Forget() { mark_.reset(); }
 
 void GatherOrder::Issue(c10::Device device, const std::function<void()>& issue) {
   if (!HasStreams(device)) {
     issue();
     return;
   }
-  const c10::impl::DeviceGuardImplInterface& impl = Impl(device);
-  if (!side_ || side_->device() != device) side_ = impl.getStreamFromGlobalPool(device, /*isHighPriority=*/true);
-  if (marked_ && mark_->device_index() == device.index()) {
-    mark_->block(*side_);
+  const c10::Stream& side = SideStream(side_, device, /*high_priority=*/true);
+  if (mark_ && mark_->device_index() == device.index()) {
+    mark_->block(side);
   } else {  // outside an iteration: after everything queued so far, as a collective from the caller's stream
-    c10::Event now(device.type());
-    now.record(impl.getStream(device));
-    now.block(*side_);
+    WaitForCurrentStream(side);
   }
-  c10::StreamGuard on_side(*side_);
+  c10::StreamGuard on_side(side);
   issue();
 }
 
@@ -48,19 +57,16 @@ void GatherOrder::RecordComputeUse(const at::Tensor& gathered) {
 
 at::Tensor GradOffload::Start(const at::Tensor& reduced) {
   const c10::Device device = reduced.device();
-  const c10::impl::DeviceGuardImplInterface& impl = Impl(device);
-  if (!side_ || side_->device() != device) side_ = impl.getStreamFromGlobalPool(device, /*isHighPriority=*/false);
-  c10::Event ready(device.type());
-  ready.record(impl.getStream(device));
-  ready.block(*side_);
+  const c10::Stream& side = SideStream(side_, device, /*high_priority=*/false);
+  WaitForCurrentStream(side);  // its reduce-scatter
   at::Tensor host = at::empty(reduced.sizes(), reduced.options().device(c10::kCPU).pinned_memory(true));
   {
-    c10::StreamGuard on_side(*side_);
+    c10::StreamGuard on_side(side);
     host.copy_(reduced, /*non_blocking=*/true);
   }
-  impl.recordDataPtrOnStream(reduced.storage().data_ptr(), *side_);  // not reused before the copy read it
+  Impl(device).recordDataPtrOnStream(reduced.storage().data_ptr(), side);  // not reused before the copy read it
   last_.emplace(device.type());
-  last_->record(*side_);
+  last_->record(side);
   return host;
 }
 

@@ -19,8 +19,9 @@ namespace shardtrain::sharding {
 // accumulated on the gradients' device in float64, in the order given; with
 // `group` (the pieces are disjoint across its ranks) it is all-reduced there
 // on the communicator's device, so the norm is the unsharded one.
-//   - On the CPU the norm is read on the host and the gradients are scaled
-//     only when it exceeds max_norm (coefficient max_norm / (norm + 1e-6)).
+//   - Gradients on the CPU (offloaded ones too): the norm is read on the host
+//     and the gradients are scaled only when it exceeds max_norm (coefficient
+//     max_norm / (norm + 1e-6)).
 //   - On a device (CUDA) the coefficient min(1, max_norm / (norm + 1e-6)) is
 //     computed and applied there: nothing waits for the device, and the
 //     returned norm stays on it (read it only when it is needed).

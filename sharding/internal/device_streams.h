@@ -52,15 +52,11 @@ class GatherOrder {
   // Before `gathered`'s storage is freed: its block is not reused before the
   // compute stream's queued work on it is done. No-op off a stream device.
   void RecordComputeUse(const at::Tensor& gathered);
-  // True while a Mark() holds.
-  bool marked() const { return marked_; }
-
  private:
   static bool HasStreams(c10::Device device) { return device.is_cuda(); }
 
   std::optional<c10::Stream> side_;  // created on first use, on the first stream device
-  std::optional<c10::Event> mark_;   // recorded by Mark()
-  bool marked_ = false;
+  std::optional<c10::Event> mark_;   // recorded by Mark(), reset by Forget()
 };
 
 class GradOffload {
