@@ -143,6 +143,32 @@ std::map<std::string, at::Tensor> UnitOptimizerState(const ShardedModel& model, 
   return out;
 }
 
+std::vector<std::vector<std::string>> OptimizedParameterNames(const ShardedModel& model,
+                                                              const std::vector<at::Tensor>& params) {
+  const auto units = model.units();
+  const auto locs = Locate(model, params);
+  std::set<std::string> frozen;
+  for (const auto& item : model.module().named_parameters(true)) {
+    if (!item.value().requires_grad()) frozen.insert(item.key());
+  }
+  std::unordered_map<const void*, std::string> orig;
+  if (model.options().use_orig_params) {
+    for (const auto& [n, t] : model.named_parameters()) orig[t.unsafeGetTensorImpl()] = n;
+  }
+  std::vector<std::vector<std::string>> out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& names = out.emplace_back();
+    if (model.options().use_orig_params) {
+      names.push_back(orig.at(params[i].unsafeGetTensorImpl()));
+      continue;
+    }
+    for (const auto& n : units[locs[i].unit].param_names) {
+      if (!frozen.count(n)) names.push_back(n);
+    }
+  }
+  return out;
+}
+
 std::vector<int64_t> UnitOptimizerSteps(const ShardedModel& model, const std::vector<at::Tensor>& params,
                                         const OptimizerStates& states) {
   const auto locs = Locate(model, params);

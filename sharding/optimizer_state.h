@@ -38,6 +38,13 @@ std::map<std::string, at::Tensor> UnitOptimizerState(const ShardedModel& model, 
 std::vector<int64_t> UnitOptimizerSteps(const ShardedModel& model, const std::vector<at::Tensor>& params,
                                         const OptimizerStates& states);
 
+// The module parameter names each tensor of `params` holds values of: with
+// use_orig_params its parameter's; else its unit's trainable parameters, in
+// the unit's order (a rank's shard may hold a part of them only). No
+// communication. Throws like UnitOptimizerState.
+std::vector<std::vector<std::string>> OptimizedParameterNames(const ShardedModel& model,
+                                                              const std::vector<at::Tensor>& params);
+
 // Streams the full (unsharded) optimizer state: for each state key in turn,
 // one unit at a time, gathers the unit's state and on world rank `root`
 // calls fn(parameter name, key, full tensor; valid during the call), and

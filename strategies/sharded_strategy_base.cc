@@ -173,6 +173,12 @@ void ShardedStrategyBase::ForEachFullOptimizerState(const std::vector<at::Tensor
   sharding::ForEachFullOptimizerState(*sm_, params, states, root, fn, steps);
 }
 
+std::vector<std::vector<std::string>> ShardedStrategyBase::OptimizedParameterNames(
+    const std::vector<at::Tensor>& params) const {
+  CheckWrapped("OptimizedParameterNames");
+  return sharding::OptimizedParameterNames(*sm_, params);
+}
+
 sharding::OptimizerStates ShardedStrategyBase::OptimizerStatesFromFull(
     const std::vector<at::Tensor>& params, const std::map<std::string, std::map<std::string, at::Tensor>>& state,
     const std::map<std::string, int64_t>& step) {

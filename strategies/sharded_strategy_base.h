@@ -57,6 +57,7 @@ class ShardedStrategyBase : public Strategy {
   sharding::OptimizerStates OptimizerStatesFromFull(
       const std::vector<at::Tensor>& params, const std::map<std::string, std::map<std::string, at::Tensor>>& state,
       const std::map<std::string, int64_t>& step) override;
+  std::vector<std::vector<std::string>> OptimizedParameterNames(const std::vector<at::Tensor>& params) const override;
   bool has_sharded_state() const override { return sm_ != nullptr; }
   // One row per unit of the sharding core: this rank's float32 shard.
   std::vector<UnitSummary> UnitSummaries() const override;

@@ -207,6 +207,11 @@ class Strategy {
   virtual void ForEachFullOptimizerState(const std::vector<at::Tensor>& params, const sharding::OptimizerStates& states,
                                          int root, const FullOptimizerStateFn& fn,
                                          std::map<std::string, int64_t>* steps);
+  // The module parameter names each of `params` holds values of: a replicated
+  // strategy's parameter its own name; a sharded unit's flat shard its
+  // unit's trainable parameters; with use_orig_params its parameter's. No
+  // communication (a rank's tensors may leave out parameters of no elements).
+  virtual std::vector<std::vector<std::string>> OptimizedParameterNames(const std::vector<at::Tensor>& params) const;
   // This rank's state of `params` from the full state by parameter name
   // (every rank passes the same; the caller checked names and sizes).
   virtual sharding::OptimizerStates OptimizerStatesFromFull(

@@ -51,6 +51,17 @@ void Strategy::ForEachFullOptimizerState(const std::vector<at::Tensor>& params, 
   }
 }
 
+std::vector<std::vector<std::string>> Strategy::OptimizedParameterNames(const std::vector<at::Tensor>& params) const {
+  std::unordered_map<const void*, std::string> names;
+  for (const auto& [n, t] : named_parameters()) names.emplace(t.unsafeGetTensorImpl(), n);
+  std::vector<std::vector<std::string>> out;
+  for (const auto& p : params) {
+    auto it = names.find(p.unsafeGetTensorImpl());
+    out.push_back(it == names.end() ? std::vector<std::string>{} : std::vector<std::string>{it->second});
+  }
+  return out;
+}
+
 sharding::OptimizerStates Strategy::OptimizerStatesFromFull(
     const std::vector<at::Tensor>& params, const std::map<std::string, std::map<std::string, at::Tensor>>& state,
     const std::map<std::string, int64_t>& step) {

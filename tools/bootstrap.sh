@@ -55,6 +55,7 @@ fi
 # pinned beside torch; the stamp names the pins, so changing one reinstalls.
 PY_ORACLE_PINS=(
   tensorboard==2.21.0  # tests/trainer/tensorboard_reader.py: its EventFileLoader reads our event files
+  lightning==2.6.6     # tests/trainer/lightning_interop_check.py: the full checkpoint's layout (trainer/checkpoint_io/checkpoint.h kLightningVersion)
 )
 PINS_STAMP="$PREFIX/.shardtrain-pins-$(printf '%s\n' "${PY_ORACLE_PINS[@]}" | md5sum | cut -c1-12)"
 if [[ ! -f "$PINS_STAMP" ]]; then

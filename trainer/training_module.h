@@ -21,8 +21,8 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <functional>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "strategies/strategy.h"
+#include "trainer/checkpoint_io/state_value.h"
 #include "trainer/data/data.h"
 #include "trainer/optim/lr_scheduler.h"
 
@@ -99,8 +100,15 @@ class TrainingModule {
   // over batches and ranks); std::nullopt = no validation.
   virtual std::optional<at::Tensor> validation_step(const Batch& batch, int64_t batch_idx) { return std::nullopt; }
   virtual OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) = 0;
-  // Hyperparameters written to hparams.yaml and the checkpoint.
+  // Hyperparameters written to hparams.yaml and the checkpoint's
+  // "hyper_parameters" (with their types, as Lightning's save_hyperparameters
+  // keeps them: Python's LightningModule.load_from_checkpoint passes them to
+  // __init__). Override either: hyper_parameters() with typed values,
+  //   StateDict hyper_parameters() const override { return {{"width", 64}, {"lr", 3e-4}, {"act", "gelu"}}; }
+  // or hparams() with text, which the default hyper_parameters() reads as the
+  // int, float or bool it spells (StateValue::Infer; "64" -> 64, "gelu" -> "gelu").
   virtual std::map<std::string, std::string> hparams() const { return {}; }
+  virtual StateDict hyper_parameters() const { return InferTypes(hparams()); }
 
   virtual void on_fit_start() {}
   virtual void on_fit_end() {}

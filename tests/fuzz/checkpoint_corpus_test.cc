@@ -7,6 +7,7 @@
 //
 // SHARDTRAIN_WRITE_CORPUS=DIR writes the valid seeds and their variants into
 // DIR instead (how tests/fuzz/corpus was made).
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <map>
 
 #include "tests/fuzz/checkpoint_readers_fuzz.h"
+#include "trainer/checkpoint_io/checkpoint.h"
 
 namespace shardtrain::fuzz {
 namespace {
@@ -78,6 +80,28 @@ TEST(CheckpointCorpus, CheckedInCorpusIsReadOrRejectedAsRecorded) {
     }
   }
   EXPECT_GE(paths.size(), 8u);
+}
+
+// A full checkpoint of format 1 (an earlier release's layout: "hparams" as
+// strings, "optimizer_full" by name) still loads, its values typed.
+TEST(CheckpointCorpus, FormatOneFullCheckpointLoads) {
+  std::ifstream in("tests/fuzz/corpus/v1_full_checkpoint", std::ios::binary);
+  std::vector<char> bytes{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  ASSERT_GT(bytes.size(), 1u);
+  const fs::path file = fs::path(std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp") / "v1.ckpt";
+  std::ofstream(file, std::ios::binary).write(bytes.data() + 1, static_cast<std::streamsize>(bytes.size() - 1));
+  const trainer::CheckpointData d = trainer::LoadCheckpoint(file.string());  // the seed less its reader byte
+  EXPECT_TRUE(d.legacy_layout);
+  EXPECT_EQ(d.global_step, 12);
+  EXPECT_EQ(d.batch_in_epoch, 2);
+  EXPECT_EQ(d.world_size, 2);
+  EXPECT_EQ(d.strategy, "fsdp_native");
+  EXPECT_TRUE(d.hparams.at("lr") == trainer::StateValue(0.001));
+  EXPECT_TRUE(d.hparams.at("model") == trainer::StateValue("mlp"));
+  EXPECT_EQ(d.optimizer_full.kind, "Adam");
+  EXPECT_EQ(d.optimizer_full.step.at("fc.weight"), 12);
+  EXPECT_TRUE(d.optimizer_full.state.at("fc.weight").at("exp_avg_sq").equal(at::ones({2, 3})));
+  EXPECT_TRUE(d.callbacks.at("ModelCheckpoint").at("best_model_path") == trainer::StateValue("x.ckpt"));
 }
 
 TEST(CheckpointCorpus, TruncatedAndFlippedFilesAreReadOrRejected) {

@@ -62,7 +62,8 @@ std::string ScanError(const std::string& pickle) {
 TEST(PickleScan, HugeDeclaredLengthIsRefusedWithoutAllocatingIt) {
   // Reader 4 of the fuzz entry point: MapArchive on this data.pkl, zipped with its records.
   std::vector<uint8_t> input = ReadFile("tests/fuzz/corpus/archive_pickle");
-  ASSERT_EQ(input.size(), 940u);
+  ASSERT_GT(input.size(), 100u);
+  const size_t n = input.size() - 1;  // the pickle, less the reader byte
   EXPECT_TRUE(fuzz::FuzzCheckpointReaders(input.data(), input.size())) << "the valid seed must load";
   const std::string key = std::string("X\x0a\x00\x00\x00state_dict", 15);
   const auto at = std::search(input.begin(), input.end(), key.begin(), key.end());
@@ -79,9 +80,10 @@ TEST(PickleScan, HugeDeclaredLengthIsRefusedWithoutAllocatingIt) {
   const std::string pickle(input.begin() + 1, input.end());
   const std::string what = ScanError(pickle);
   for (const std::string& part :
-       {std::string("test.pkl is corrupt: at byte ") + std::to_string(op - 1) + " of 939, opcode BINUNICODE (0x58)",
-        std::string("declares 2147483648 bytes but only ") + std::to_string(939 - (op - 1) - 5) +
-            " of the pickle's 939 bytes follow it"}) {
+       {std::string("test.pkl is corrupt: at byte ") + std::to_string(op - 1) + " of " + std::to_string(n) +
+            ", opcode BINUNICODE (0x58)",
+        std::string("declares 2147483648 bytes but only ") + std::to_string(n - (op - 1) - 5) + " of the pickle's " +
+            std::to_string(n) + " bytes follow it"}) {
     EXPECT_NE(what.find(part), std::string::npos) << "missing '" << part << "' in: " << what;
   }
 }

@@ -176,9 +176,11 @@ TEST(EarlyStopping, StopsAllRanksAfterPatience) {
   EXPECT_EQ(es->stopped_epoch(), 2);
   EXPECT_EQ(es->wait_count(), 2);
   EXPECT_NE(es->stop_reason().find("did not improve"), std::string::npos) << es->stop_reason();
-  // The built-in last.ckpt holds the callback's counters.
+  // The built-in last.ckpt holds the callback's counters, under Lightning's key and types.
   CheckpointData d = LoadCheckpoint(r.last_ckpt);
-  EXPECT_EQ(d.callbacks.at(es->state_key()).at("wait_count"), "2");
+  EXPECT_EQ(es->state_key(), "EarlyStopping{'monitor': 'val_loss', 'mode': 'min'}");
+  EXPECT_TRUE(d.callbacks.at(es->state_key()).at("wait_count") == StateValue(2));
+  EXPECT_TRUE(d.callbacks.at(es->state_key()).at("best_score").is<ScoreTensor>());
 }
 
 // A stop requested on one rank only stops every rank after the same step.

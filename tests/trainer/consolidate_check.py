@@ -17,14 +17,14 @@ def load(path):
 
 
 def plain(value):
-    """Only plain Python containers, numbers, strings and tensors inside."""
+    """Only plain Python containers, numbers, strings, None and tensors inside."""
     if isinstance(value, dict):
         assert type(value) is dict, type(value)
-        return all(isinstance(k, str) and plain(v) for k, v in value.items())
-    if isinstance(value, list):
-        assert type(value) is list, type(value)
+        return all(isinstance(k, (str, int)) and plain(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        assert type(value) in (list, tuple), type(value)
         return all(plain(v) for v in value)
-    return isinstance(value, (torch.Tensor, int, float, str, bool))
+    return value is None or isinstance(value, (torch.Tensor, int, float, str, bool))
 
 
 def main(consolidated, full, sharded=None):
@@ -37,27 +37,35 @@ def main(consolidated, full, sharded=None):
     for k, v in sd.items():
         assert torch.equal(v, b["state_dict"][k]), k
     assert tuple(sd["b1.fc.weight"].shape) == (16, 8), sd["b1.fc.weight"].shape
-    # A plain module loads it.
+    # A plain module loads it, and torch.optim.Adam its optimizer state.
     net = torch.nn.ModuleDict({
         "b1": torch.nn.ModuleDict({"fc": torch.nn.Linear(8, 16)}),
         "b2": torch.nn.ModuleDict({"fc": torch.nn.Linear(16, 16)}),
         "head": torch.nn.Linear(16, 3),
     })
     net.load_state_dict(sd)
-    oa, ob = a["optimizer_full"], b["optimizer_full"]
-    assert oa["kind"] == ob["kind"] == "Adam", (oa["kind"], ob["kind"])
-    assert oa["step"] == ob["step"] and oa["step"], oa["step"]
-    assert set(oa["state"]) == set(sd), sorted(oa["state"])
-    for name, keys in oa["state"].items():
-        assert set(keys) == {"exp_avg", "exp_avg_sq"}, keys.keys()
+    oa, ob = a["optimizer_states"][0], b["optimizer_states"][0]
+    names = [n for g in oa["param_groups"] for n in g["param_names"]]
+    assert names == [n for n, _ in net.named_parameters()], names
+    assert oa["param_groups"] == ob["param_groups"], (oa["param_groups"], ob["param_groups"])
+    opt = torch.optim.Adam(net.parameters())
+    opt.load_state_dict(oa)
+    assert set(oa["state"]) == set(range(len(names))), sorted(oa["state"])
+    for i, keys in oa["state"].items():
+        assert set(keys) == {"step", "exp_avg", "exp_avg_sq"}, keys.keys()
+        assert keys["step"].dtype == torch.float32 and keys["step"].dim() == 0 and keys["step"] > 0, keys["step"]
         for k, t in keys.items():
-            assert t.shape == sd[name].shape and torch.equal(t, ob["state"][name][k]), (name, k)
-    for k in ("epoch", "global_step", "batch_in_epoch", "world_size", "strategy", "hparams"):
+            assert t.shape == (sd[names[i]].shape if k != "step" else ()), (names[i], k)
+            assert torch.equal(t, ob["state"][i][k]), (names[i], k)
+    for k in ("epoch", "global_step", "pytorch-lightning_version", "hyper_parameters", "loops"):
         assert a[k] == b[k], (k, a[k], b[k])
-    assert torch.equal(a["rng_state"], b["rng_state"])
-    # The 16-mixed run's loss scaler, in torch.amp.GradScaler's state_dict layout.
-    gs = a["grad_scaler"]
-    assert gs == b["grad_scaler"], (gs, b["grad_scaler"])
+    assert a["hyper_parameters"] == {"model": "mlp", "lr": 0.02}, a["hyper_parameters"]
+    for k in ("world_size", "batch_in_epoch", "strategy"):
+        assert a["shardtrain"][k] == b["shardtrain"][k], (k, a["shardtrain"][k], b["shardtrain"][k])
+    assert torch.equal(a["shardtrain"]["rng_state"], b["shardtrain"]["rng_state"])
+    # The 16-mixed run's loss scaler, in torch.amp.GradScaler's state_dict layout, where Lightning keeps it.
+    gs = a["MixedPrecision"]
+    assert gs == b["MixedPrecision"], (gs, b["MixedPrecision"])
     scaler = torch.amp.GradScaler("cpu")
     scaler.load_state_dict(gs)
     assert scaler.get_scale() == gs["scale"] > 0, (scaler.get_scale(), gs)

@@ -35,6 +35,7 @@
 #include <memory>
 #include <string>
 
+#include "trainer/checkpoint_io/state_value.h"
 #include "trainer/data/data.h"
 
 namespace torch::optim {
@@ -104,10 +105,22 @@ class Callback {
   // on_exception; then `e` propagates. Exceptions thrown here are logged and dropped.
   virtual void on_exception(Trainer& trainer, TrainingModule& module, const std::exception& e) {}
 
-  // Key under which state_dict() is checkpointed ("" = stateless).
+  // Key under which the state is checkpointed ("" = stateless). Lightning
+  // finds a callback's state by this key: the built-in callbacks use
+  // Lightning's own ("EarlyStopping{'monitor': 'val_loss', 'mode': 'min'}").
   virtual std::string state_key() const { return ""; }
+  // The key an earlier release used ("" = none), tried when state_key() is not in a checkpoint.
+  virtual std::string legacy_state_key() const { return ""; }
+  // The state as text (the form of earlier releases) ...
   virtual std::map<std::string, std::string> state_dict() const { return {}; }
   virtual void load_state_dict(const std::map<std::string, std::string>& state) {}
+  // ... or with types, as the checkpoint holds it. The defaults convert:
+  // checkpoint_state() reads state_dict()'s text as the int, float or bool it
+  // spells (StateValue::Infer), load_checkpoint_state() hands
+  // load_state_dict() each value's text. Override these for Python types of
+  // your own (a score as a tensor: ScoreTensor).
+  virtual StateDict checkpoint_state() const { return InferTypes(state_dict()); }
+  virtual void load_checkpoint_state(const StateDict& state) { load_state_dict(ToStrings(state)); }
 };
 
 using CallbackPtr = std::shared_ptr<Callback>;

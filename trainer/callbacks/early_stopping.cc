@@ -83,7 +83,21 @@ void EarlyStopping::Check(Trainer& trainer) {
 }
 
 std::string EarlyStopping::state_key() const {
+  return "EarlyStopping{'monitor': " + internal::PyRepr(options_.monitor) +
+         ", 'mode': " + internal::PyRepr(options_.mode) + "}";
+}
+
+std::string EarlyStopping::legacy_state_key() const {
   return "EarlyStopping{monitor=" + options_.monitor + ", mode=" + options_.mode + "}";
+}
+
+StateDict EarlyStopping::checkpoint_state() const {
+  return {{"wait_count", wait_count_},
+          {"stopped_epoch", stopped_epoch_},
+          {"best_score", ScoreTensor{best_score_}},
+          {"patience", options_.patience},
+          {"stopping_reason", reason_.empty() ? 0 : 1},  // Lightning's EarlyStoppingReason: 0 not stopped
+          {"stopping_reason_message", reason_.empty() ? StateValue() : StateValue(reason_)}};
 }
 
 std::map<std::string, std::string> EarlyStopping::state_dict() const {

@@ -35,8 +35,11 @@ class EarlyStopping : public Callback {
   explicit EarlyStopping(EarlyStoppingOptions options = {});
   void on_validation_end(Trainer& trainer, TrainingModule& module) override;
   void on_train_epoch_end(Trainer& trainer, TrainingModule& module, int64_t epoch) override;
+  // Lightning's key and state ("best_score" a tensor), so each side resumes the other's.
   std::string state_key() const override;
+  std::string legacy_state_key() const override;
   std::map<std::string, std::string> state_dict() const override;
+  StateDict checkpoint_state() const override;
   void load_state_dict(const std::map<std::string, std::string>& state) override;
 
   int64_t wait_count() const { return wait_count_; }

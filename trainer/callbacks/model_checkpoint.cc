@@ -167,6 +167,41 @@ void ModelCheckpoint::on_train_epoch_end(Trainer& trainer, TrainingModule&, int6
 }
 
 std::string ModelCheckpoint::state_key() const {
+  return "ModelCheckpoint{'monitor': " + internal::PyRepr(options_.monitor, /*none_if_empty=*/true) +
+         ", 'mode': " + internal::PyRepr(options_.mode) +
+         ", 'every_n_train_steps': " + std::to_string(options_.every_n_train_steps) +
+         ", 'every_n_epochs': " + std::to_string(options_.every_n_epochs) + ", 'train_time_interval': None}";
+}
+
+StateDict ModelCheckpoint::checkpoint_state() const {
+  const bool min = options_.mode == "min";
+  StateValue::Scores k;
+  std::string worst;
+  for (const auto& [p, s] : best_k_) {
+    k[p] = ScoreTensor{s};
+    if (worst.empty() || (min ? s > best_k_.at(worst) : s < best_k_.at(worst))) worst = p;
+  }
+  const double inf = std::numeric_limits<double>::infinity();
+  return {{"monitor", options_.monitor.empty() ? StateValue() : StateValue(options_.monitor)},
+          {"best_model_score", best_model_path_.empty() ? StateValue() : StateValue(ScoreTensor{best_model_score_})},
+          {"best_model_path", best_model_path_},
+          {"current_score", StateValue()},
+          {"dirpath", dir_},
+          {"best_k_models", k},
+          {"kth_best_model_path", worst},
+          {"kth_value", ScoreTensor{worst.empty() ? (min ? inf : -inf) : best_k_.at(worst)}},
+          {"last_model_path", last_model_path_}};
+}
+
+void ModelCheckpoint::load_checkpoint_state(const StateDict& state) {
+  std::map<std::string, std::string> text;
+  for (const auto& [k, v] : state) {
+    if (!v.is_none()) text[k] = v.ToString();  // best_k_models: "path\tscore" lines, as state_dict() writes
+  }
+  load_state_dict(text);
+}
+
+std::string ModelCheckpoint::legacy_state_key() const {
   return "ModelCheckpoint{monitor=" + options_.monitor + ", mode=" + options_.mode +
          ", every_n_train_steps=" + std::to_string(options_.every_n_train_steps) +
          ", every_n_epochs=" + std::to_string(options_.every_n_epochs) + "}";

@@ -44,9 +44,13 @@ class ModelCheckpoint : public Callback {
   void on_train_batch_end(Trainer& trainer, TrainingModule& module, const at::Tensor& loss,
                           int64_t batch_idx) override;
   void on_train_epoch_end(Trainer& trainer, TrainingModule& module, int64_t epoch) override;
+  // Lightning's key and state (scores as tensors), so each side resumes the other's.
   std::string state_key() const override;
+  std::string legacy_state_key() const override;
   std::map<std::string, std::string> state_dict() const override;
   void load_state_dict(const std::map<std::string, std::string>& state) override;
+  StateDict checkpoint_state() const override;
+  void load_checkpoint_state(const StateDict& state) override;
 
   const ModelCheckpointOptions& options() const { return options_; }
   // Best checkpoint so far ("" before any) and its score.

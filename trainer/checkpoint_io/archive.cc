@@ -298,10 +298,13 @@ c10::IValue MapArchive(const std::string& path) {
     const at::DataPtr& pickle_ptr = std::get<0>(record);
     const size_t pickle_size = std::get<1>(record);  // not a structured binding: clang 14 cannot capture those
     const char* pickle = static_cast<const char*>(pickle_ptr.get());
-    ScanPickle(pickle, pickle_size, "checkpoint '" + path + "' (data.pkl)");  // before LibTorch reserves its lengths
+    // Scanned before LibTorch reserves its lengths; Python's OrderedDicts made plain dicts.
+    const std::string plain = PlainDictsForLibTorch(pickle, pickle_size, "checkpoint '" + path + "' (data.pkl)");
+    const size_t plain_size = plain.empty() ? pickle_size : plain.size();
+    if (!plain.empty()) pickle = plain.data();
     size_t pos = 0;
     auto read = [&](char* buf, size_t n) -> size_t {
-      n = std::min(n, pickle_size - pos);
+      n = std::min(n, plain_size - pos);
       if (n > 0) std::memcpy(buf, pickle + pos, n);  // an empty data.pkl has no buffer (fuzzer finding, UBSan)
       pos += n;
       return n;

@@ -7,8 +7,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <tuple>
+#include <utility>
 
 #include "base/errors.h"
 
@@ -133,14 +137,17 @@ class Scanner {
   Scanner(const char* data, size_t size, const std::string& file)
       : p_(reinterpret_cast<const unsigned char*>(data)), size_(size), file_(file) {}
 
-  void Run() {
+  // `spans`, where not null, receives each opcode's [start, end).
+  void Run(std::vector<std::pair<size_t, size_t>>* spans) {
     while (pos_ < size_) {
       op_at_ = pos_;
       code_ = p_[pos_++];
       const Op& op = Ops().ops[code_];
       name_ = op.name ? op.name : "(unknown)";
       if (!op.name) Fail("is not an opcode of pickle protocols 0-5");
-      if (Step(op)) return;
+      const bool stop = Step(op);
+      if (spans) spans->emplace_back(op_at_, pos_);
+      if (stop) return;
     }
     op_at_ = size_;
     name_ = nullptr;
@@ -238,8 +245,130 @@ class Scanner {
 
 }  // namespace
 
-void ScanPickle(const char* data, size_t size, const std::string& file) {
-  Scanner(data, size, file).Run();
+void ScanPickle(const char* data, size_t size, const std::string& file) { Scanner(data, size, file).Run(nullptr); }
+
+namespace {
+
+// For each BUILD opcode (by span index), the span index where the state it
+// applies begins: a simulation of where each stack entry's opcodes start.
+// Empty when an opcode's stack effect is not known here.
+std::map<size_t, size_t> BuildStateStarts(const char* data, const std::vector<std::pair<size_t, size_t>>& spans) {
+  struct Entry {
+    size_t start;
+    bool mark;
+  };
+  std::vector<Entry> st;
+  std::map<size_t, size_t> out;
+  auto pop_to_mark = [&]() -> std::optional<size_t> {
+    while (!st.empty() && !st.back().mark) st.pop_back();
+    if (st.empty()) return std::nullopt;
+    const size_t start = st.back().start;
+    st.pop_back();
+    return start;
+  };
+  auto pop = [&](size_t n) -> std::optional<size_t> {
+    if (st.size() < n) return std::nullopt;
+    const size_t start = st[st.size() - n].start;
+    st.resize(st.size() - n);
+    return start;
+  };
+  static const std::string kPush1 =
+      std::string("NIJKMLFGSTUVXBC]})cghjP2") + '\x88' + '\x89' + '\x8a' + '\x8b' + '\x8c' + '\x8d' + '\x8e' + '\x8f';
+  static const std::string kNone = std::string("pqr.") + '\x80' + '\x94' + '\x95';
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const char c = data[spans[i].first];
+    std::optional<size_t> start = i;
+    if (kPush1.find(c) != std::string::npos) {
+      st.push_back({i, false});
+    } else if (kNone.find(c) != std::string::npos) {
+    } else if (c == '(') {
+      st.push_back({i, true});
+    } else if (c == 't' || c == 'l' || c == 'd' || c == '\x91') {
+      if ((start = pop_to_mark())) st.push_back({*start, false});
+    } else if (c == 'e' || c == 'u' || c == '\x90') {
+      start = pop_to_mark();
+    } else if (c == 'a' || c == '0') {
+      start = pop(1);
+    } else if (c == 'b') {
+      if ((start = pop(1))) out[i] = *start;
+    } else if (c == 's') {
+      start = pop(2);
+    } else if (c == 'R' || c == '\x81' || c == '\x93' || c == '\x86') {
+      if ((start = pop(2))) st.push_back({*start, false});
+    } else if (c == 'Q' || c == '\x85') {
+      if ((start = pop(1))) st.push_back({*start, false});
+    } else if (c == '\x87') {
+      if ((start = pop(3))) st.push_back({*start, false});
+    } else {
+      return {};  // an opcode not simulated here
+    }
+    if (!start) return {};
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string PlainDictsForLibTorch(const char* data, size_t size, const std::string& file) {
+  std::vector<std::pair<size_t, size_t>> spans;
+  Scanner(data, size, file).Run(&spans);
+  static const std::string kOrderedDict = "ccollections\nOrderedDict\n";
+  auto text = [&](const std::pair<size_t, size_t>& sp) { return std::string(data + sp.first, sp.second - sp.first); };
+  auto memo_index = [&](const std::pair<size_t, size_t>& sp) -> int64_t {  // PUT/GET variants' index
+    const char c = data[sp.first];
+    const auto* p = reinterpret_cast<const unsigned char*>(data + sp.first + 1);
+    if (c == 'q' || c == 'h') return p[0];
+    if (c == 'r' || c == 'j') return static_cast<int64_t>(LittleEndian(p, 4));
+    if (c == 'p' || c == 'g') return std::strtoll(data + sp.first + 1, nullptr, 10);
+    return -1;
+  };
+  auto is_put = [&](char c) { return c == 'q' || c == 'r' || c == 'p'; };
+  auto is_get = [&](char c) { return c == 'h' || c == 'j' || c == 'g'; };
+  // BUILD applies a state LibTorch cannot (an OrderedDict's "_metadata"):
+  // drop the state's opcodes and BUILD itself, unless a later GET reads a
+  // memo entry they store.
+  std::vector<bool> drop(spans.size(), false);
+  for (const auto& [build, start] : BuildStateStarts(data, spans)) {
+    std::set<int64_t> puts;
+    for (size_t k = start; k <= build; ++k) {
+      if (is_put(data[spans[k].first])) puts.insert(memo_index(spans[k]));
+    }
+    bool read_later = false;
+    for (size_t k = build + 1; k < spans.size() && !read_later; ++k) {
+      read_later = is_get(data[spans[k].first]) && puts.count(memo_index(spans[k]));
+    }
+    if (read_later) continue;
+    for (size_t k = start; k <= build; ++k) drop[k] = true;
+  }
+  std::set<int64_t> od_memo;  // memo entries that hold the OrderedDict class
+  std::string out;
+  bool changed = false;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    if (drop[i]) {
+      changed = true;
+      continue;
+    }
+    const char c = data[spans[i].first];
+    const bool od_global = c == 'c' && text(spans[i]) == kOrderedDict;
+    const bool od_get = is_get(c) && od_memo.count(memo_index(spans[i]));
+    if (od_global || od_get) {
+      // OrderedDict [PUT k] EMPTY_TUPLE REDUCE -> EMPTY_DICT (LibTorch reads the
+      // class as None and then fails on the dict's items).
+      size_t j = i + 1;
+      if (j < spans.size() && is_put(data[spans[j].first])) {
+        if (od_global) od_memo.insert(memo_index(spans[j]));
+        ++j;
+      }
+      if (j + 1 < spans.size() && data[spans[j].first] == ')' && data[spans[j + 1].first] == 'R') {
+        out += '}';  // EMPTY_DICT
+        i = j + 1;
+        changed = true;
+        continue;
+      }
+    }
+    out.append(data + spans[i].first, spans[i].second - spans[i].first);
+  }
+  return changed ? out : std::string();
 }
 
 void ScanPickleArchive(const std::vector<char>& zip, const std::string& file) {

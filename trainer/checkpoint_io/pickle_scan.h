@@ -24,6 +24,16 @@ namespace shardtrain::trainer {
 // data.pkl"), the offset, the opcode and the declared vs available length.
 void ScanPickle(const char* data, size_t size, const std::string& file);
 
+// ScanPickle, then a copy of the pickle that LibTorch's Unpickler reads as
+// Python does, or "" when the pickle needs none: Python's torch.save writes a
+// state dict as collections.OrderedDict() (a class LibTorch reads as None)
+// with BUILD for its "_metadata" attribute; the copy makes each such
+// OrderedDict() a plain dict and leaves out BUILD and the opcodes of the state
+// it applies (LibTorch has no POP; found by following the stack). Byte offsets
+// change, so a protocol-4 FRAME's length would be wrong: torch.save writes
+// protocol 2, which has none.
+std::string PlainDictsForLibTorch(const char* data, size_t size, const std::string& file);
+
 // ScanPickle on the data.pkl of a torch.save-format zip archive held in
 // memory (what torch::jit::pickle_load reads). Throws shardtrain::Error as
 // above, or when the zip holds no data.pkl.

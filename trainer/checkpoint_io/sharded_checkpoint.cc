@@ -266,16 +266,11 @@ void FinishShardedSave(const std::string& path, const CheckpointData& meta) {
     for (const auto& t : meta.cuda_rng_states) states.push_back(t.cpu());
     d.insert("cuda_rng_states", states);
   }
-  c10::Dict<std::string, std::string> hp;
-  for (const auto& [k, v] : meta.hparams) hp.insert(k, v);
-  d.insert("hparams", hp);
+  d.insert("hyper_parameters", StateDictToIValue(meta.hparams));
   auto cbs = NewDict();
-  for (const auto& [key, st] : meta.callbacks) {
-    c10::Dict<std::string, std::string> m;
-    for (const auto& [k, v] : st) m.insert(k, v);
-    cbs.insert(key, m);
-  }
+  for (const auto& [key, st] : meta.callbacks) cbs.insert(key, StateDictToIValue(st));
   d.insert("callbacks", cbs);
+  d.insert("optimizer_groups", OptimizerGroupsToIValue(meta.optimizer_groups));
   if (meta.grad_scaler) d.insert("grad_scaler", GradScalerStateToIValue(*meta.grad_scaler));
   if (!meta.lr_schedulers.empty()) d.insert("lr_schedulers", LRSchedulerStatesToIValue(meta.lr_schedulers));
   d.insert("files", files);
@@ -344,11 +339,17 @@ CheckpointData ReadShardedMetadata(const std::string& path, const std::string& m
     if (md.contains("cuda_rng_states")) {
       for (const auto& t : md.at("cuda_rng_states").toList()) m.cuda_rng_states.push_back(t.get().toTensor());
     }
-    for (const auto& e : md.at("hparams").toGenericDict()) m.hparams[e.key().toStringRef()] = e.value().toStringRef();
-    for (const auto& e : md.at("callbacks").toGenericDict()) {
-      auto& st = m.callbacks[e.key().toStringRef()];
-      for (const auto& k : e.value().toGenericDict()) st[k.key().toStringRef()] = k.value().toStringRef();
+    if (md.contains("hyper_parameters")) {
+      m.hparams = StateDictFromIValue(md.at("hyper_parameters"));
+    } else {  // format 1: strings
+      for (const auto& e : md.at("hparams").toGenericDict()) {
+        m.hparams[e.key().toStringRef()] = StateValue::Infer(e.value().toStringRef());
+      }
     }
+    for (const auto& e : md.at("callbacks").toGenericDict()) {
+      m.callbacks[e.key().toStringRef()] = StateDictFromIValue(e.value());
+    }
+    if (md.contains("optimizer_groups")) m.optimizer_groups = OptimizerGroupsFromIValue(md.at("optimizer_groups"));
     if (md.contains("grad_scaler")) m.grad_scaler = GradScalerStateFromIValue(md.at("grad_scaler"));
     if (md.contains("lr_schedulers")) m.lr_schedulers = LRSchedulerStatesFromIValue(md.at("lr_schedulers"));
     for (const auto& f : md.at("files").toListRef()) files->push_back(f.toStringRef());

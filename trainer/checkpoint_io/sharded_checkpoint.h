@@ -4,8 +4,11 @@
 //
 //   <dir>/metadata.pt   written by rank 0: "format" ("shardtrain.sharded"),
 //                       "format_version", "world_size", "epoch", "global_step",
-//                       "batch_in_epoch", "strategy", "rng_state", "hparams",
-//                       "callbacks", "files" (the rank files, by rank) and,
+//                       "batch_in_epoch", "strategy", "rng_state",
+//                       "hyper_parameters" (typed; format 1: "hparams", strings),
+//                       "callbacks", "optimizer_groups" (the optimizer's
+//                       parameter names and options per group, for the full
+//                       checkpoint's parameter indices), "files" (the rank files, by rank) and,
 //                       for "16-mixed" runs, "grad_scaler", and where CUDA
 //                       devices are visible "cuda_rng_states" (as in full
 //                       checkpoints, trainer/checkpoint_io/checkpoint.h)
@@ -61,7 +64,7 @@
 
 namespace shardtrain::trainer {
 
-inline constexpr int64_t kShardedCheckpointFormatVersion = 1;
+inline constexpr int64_t kShardedCheckpointFormatVersion = 2;  // 2: typed "hyper_parameters", "optimizer_groups"
 inline constexpr const char* kShardedMetadataFile = "metadata.pt";
 inline constexpr const char* kShardedCompleteMarker = "COMPLETE";
 

@@ -80,6 +80,15 @@ CheckpointData ConsolidateShardedCheckpoint(const ShardedCheckpoint& ck) {
     out.state_dict[k] = at::isFloatingType(v.scalar_type()) ? v.to(at::kFloat) : v.clone();
   }
   out.optimizer_full = ConsolidateOptimizerState(ck);
+  if (out.optimizer_groups.empty() && !out.optimizer_full.empty()) {
+    // Format 1 did not record the optimizer's groups: one group, in unit order.
+    OptimizerGroup& g = out.optimizer_groups.emplace_back();
+    for (const auto& u : ck.pieces.front().state.units) {
+      for (const auto& n : u.param_names) {
+        if (out.optimizer_full.state.count(n)) g.params.push_back(n);
+      }
+    }
+  }
   const bool archives = std::all_of(ck.pieces.begin(), ck.pieces.end(),
                                     [](const ShardedPiece& p) { return !p.optimizer_archive.empty(); });
   if (archives) {

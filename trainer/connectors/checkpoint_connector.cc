@@ -91,18 +91,40 @@ void internal::CheckpointConnector::AgreeOrThrow(bool failed, const std::string&
   ST_THROW(Error, what, " failed on another rank (see its error)");
 }
 
-std::map<std::string, std::map<std::string, std::string>> internal::CheckpointConnector::CallbackStates() {
-  std::map<std::string, std::map<std::string, std::string>> out;
+std::map<std::string, StateDict> internal::CheckpointConnector::CallbackStates() {
+  std::map<std::string, StateDict> out;
   for (const auto& cb : t_.options_.callbacks) {
     const std::string key = cb->state_key();
     ST_CHECK_ARG(key != kExtraStateKey, "callback state_key \"", key, "\" is reserved for on_save_checkpoint's state");
-    if (!key.empty()) out[key] = cb->state_dict();
+    if (!key.empty()) out[key] = cb->checkpoint_state();
   }
   std::map<std::string, std::string> extra;
   t_.module_->on_save_checkpoint(extra);
   for (const auto& cb : t_.options_.callbacks) cb->on_save_checkpoint(t_, *t_.module_, extra);
-  if (!extra.empty()) out[kExtraStateKey] = std::move(extra);
+  if (!extra.empty()) {
+    StateDict& e = out[kExtraStateKey];
+    for (auto& [k, v] : extra) e[k] = StateValue(std::move(v));  // text, kept as text
+  }
   return out;
+}
+
+// What both kinds of save record besides the model and optimizer state.
+void internal::CheckpointConnector::FillCommon(CheckpointData& data) {
+  data.optimizer_groups = internal::OptimizerGroups(*t_.strategy_, *t_.opt_.optimizer, [this](std::vector<double> v) {
+    return t_.process_connector_->AllReduceSum(std::move(v));
+  });
+  data.epoch = t_.epoch_;
+  data.global_step = t_.global_step_;
+  data.batch_in_epoch = t_.batch_in_epoch_;
+  data.world_size = t_.world_size();
+  data.strategy = t_.strategy_->name();
+  data.rng_state = at::detail::getDefaultCPUGenerator().get_state();
+  data.cuda_rng_states = CudaRngStates();
+  data.hparams = t_.module_->hyper_parameters();
+  data.callbacks = CallbackStates();
+  if (t_.scaler_) data.grad_scaler = t_.scaler_->state();
+  data.lr_schedulers = t_.lr_stepping_->States();
+  data.accumulate_grad_batches = t_.options_.accumulate_grad_batches;
 }
 
 void internal::CheckpointConnector::Save(const std::string& path, CheckpointFormat format) {
@@ -142,27 +164,17 @@ void internal::CheckpointConnector::SaveFull(const std::string& path) {
     AgreeOrThrow(failed, msg, what);
   }
   CheckpointData data;
-  // The per-rank LibTorch archives only where "optimizer_full" cannot
+  FillCommon(data);
+  // The per-rank LibTorch archives only where the state by name cannot
   // restore the optimizer (then the file resumes at this world size only).
   if (internal::OptimizerKind(*t_.opt_.optimizer).empty()) data.optimizer_states = GatherOptimizerStates();
   internal::StreamedState streamed = internal::StreamFullState(*t_.strategy_, *t_.opt_.optimizer, writer.get());
-  data.epoch = t_.epoch_;
-  data.global_step = t_.global_step_;
-  data.batch_in_epoch = t_.batch_in_epoch_;
-  data.world_size = t_.world_size();
-  data.strategy = t_.strategy_->name();
-  data.rng_state = at::detail::getDefaultCPUGenerator().get_state();
-  data.cuda_rng_states = CudaRngStates();
-  data.hparams = t_.module_->hparams();
-  data.callbacks = CallbackStates();
-  if (t_.scaler_) data.grad_scaler = t_.scaler_->state();
-  data.lr_schedulers = t_.lr_stepping_->States();
   bool failed = false;
   std::string msg;
   if (t_.rank() == 0) {
     try {
       if (!streamed.error.empty()) throw Error(streamed.error);
-      FinishCheckpoint(*writer, data, streamed.state_dict, streamed.optimizer_full);
+      FinishCheckpoint(*writer, data, streamed.state_dict, &streamed.optimizer_full);
     } catch (const std::exception& e) {
       failed = true;
       msg = e.what();
@@ -175,17 +187,7 @@ void internal::CheckpointConnector::SaveFull(const std::string& path) {
 void internal::CheckpointConnector::SaveSharded(const std::string& path) {
   ShardedPiece piece = internal::MakeShardedPiece(*t_.strategy_, *t_.opt_.optimizer);
   CheckpointData meta;
-  meta.epoch = t_.epoch_;
-  meta.global_step = t_.global_step_;
-  meta.batch_in_epoch = t_.batch_in_epoch_;
-  meta.world_size = t_.world_size();
-  meta.strategy = t_.strategy_->name();
-  meta.rng_state = at::detail::getDefaultCPUGenerator().get_state();
-  meta.cuda_rng_states = CudaRngStates();
-  meta.hparams = t_.module_->hparams();
-  meta.callbacks = CallbackStates();
-  if (t_.scaler_) meta.grad_scaler = t_.scaler_->state();
-  meta.lr_schedulers = t_.lr_stepping_->States();
+  FillCommon(meta);
   const std::string what = "saving sharded checkpoint '" + path + "'";
   auto step = [&](bool mine, const std::function<void()>& fn) {
     bool failed = false;
@@ -215,6 +217,61 @@ void internal::CheckpointConnector::SaveSharded(const std::string& path) {
   }
 }
 
+// Gives a loaded file's state the names and keys the loaders read: a file
+// from Python holds its optimizer state by index in the optimizer's order
+// (this run's optimizer says which parameter each index is); format 2 keeps
+// the optimizer's lrs and momentums in its groups, format 1 in each
+// scheduler's state. Returns the groups' lrs and momentums as text ("": none).
+// Collective where the state is by index (every rank loads the same file).
+std::pair<std::string, std::string> internal::CheckpointConnector::NameLoadedState(CheckpointData& ck,
+                                                                                   const std::string& path) {
+  if (!ck.optimizer_indexed.empty()) {
+    // A file from Python: its optimizer state is by index in the optimizer's
+    // order; this run's optimizer says which parameter each index is.
+    const std::string kind = internal::OptimizerKind(*t_.opt_.optimizer);
+    if (kind.empty()) {
+      ST_THROW(Error, "checkpoint '", path,
+               "' holds torch.optim state, which loads into Adam, AdamW or SGD only; "
+               "this run's optimizer is another kind (nothing was loaded)");
+    }
+    std::vector<std::vector<std::string>> names;
+    for (auto& g : internal::OptimizerGroups(*t_.strategy_, *t_.opt_.optimizer, [this](std::vector<double> v) {
+           return t_.process_connector_->AllReduceSum(std::move(v));
+         })) {
+      names.push_back(std::move(g.params));
+    }
+    NameOptimizerState(ck, names, kind, path);
+  }
+  // Format 2 keeps the optimizer's lrs and momentums in its groups (the
+  // truth, also where a scheduler's state carries stale copies), format 1 in
+  // each scheduler's state: give the schedulers' loader what it reads.
+  auto lrs_and_momentums = internal::GroupLrsAndMomentums(ck.optimizer_groups);
+  const auto& [group_lrs, group_momentums] = lrs_and_momentums;
+  if (!group_lrs.empty()) {
+    for (auto& st : ck.lr_schedulers) {
+      st["optimizer_lrs"] = group_lrs;
+      st["optimizer_momentums"] = group_momentums;
+    }
+  }
+  return lrs_and_momentums;
+}
+
+// The generators' states and the callbacks' states of a loaded checkpoint.
+void internal::CheckpointConnector::RestoreRngAndCallbacks(const CheckpointData& ck, const std::string& path) {
+  if (ck.rng_state.defined() && ck.rng_state.numel() > 0) {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(ck.rng_state);
+  }
+  SetCudaRngStates(ck.cuda_rng_states, path, t_.rank());
+  for (const auto& cb : t_.options_.callbacks) {
+    if (cb->state_key().empty()) continue;
+    auto it = ck.callbacks.find(cb->state_key());
+    if (it == ck.callbacks.end() && !cb->legacy_state_key().empty()) it = ck.callbacks.find(cb->legacy_state_key());
+    if (it != ck.callbacks.end()) cb->load_checkpoint_state(it->second);
+  }
+}
+
 void internal::CheckpointConnector::Restore(const std::string& path) {
   // A sharded checkpoint into a sharded strategy: every rank maps the rank
   // files and reads only the ranges of its own new shards (no full model).
@@ -231,6 +288,7 @@ void internal::CheckpointConnector::Restore(const std::string& path) {
   // the state by parameter name reshards anywhere.
   const bool archives =
       static_cast<int>(ck.optimizer_states.size()) == W && ck.world_size == W && ck.strategy == t_.strategy_->name();
+  const auto [group_lrs, group_momentums] = NameLoadedState(ck, path);
   std::function<void()> apply_optimizer;
   std::function<void()> apply_sharded;  // parameters, buffers and optimizer state
   if (direct) {
@@ -266,29 +324,28 @@ void internal::CheckpointConnector::Restore(const std::string& path) {
       apply_optimizer();
     }
   }
+  if (!group_lrs.empty() && ck.optimizer_groups.size() == t_.opt_.optimizer->param_groups().size()) {
+    // As torch.optim's load_state_dict: the groups' learning rates and momentums.
+    SetGroupLrs(*t_.opt_.optimizer, DoublesFromString(group_lrs));
+    const auto momentums = DoublesFromString(group_momentums);
+    if (momentums.size() == GroupMomentums(*t_.opt_.optimizer).size()) SetGroupMomentums(*t_.opt_.optimizer, momentums);
+  }
   apply_lr_schedulers();
-  if (ck.rng_state.defined() && ck.rng_state.numel() > 0) {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(ck.rng_state);
-  }
-  SetCudaRngStates(ck.cuda_rng_states, path, t_.rank());
-  for (const auto& cb : t_.options_.callbacks) {
-    auto it = ck.callbacks.find(cb->state_key());
-    if (!cb->state_key().empty() && it != ck.callbacks.end()) cb->load_state_dict(it->second);
-  }
+  RestoreRngAndCallbacks(ck, path);
   if (scaler) *t_.scaler_ = *scaler;
   t_.epoch_ = ck.epoch;
   t_.global_step_ = ck.global_step;
   t_.batch_in_epoch_ = ck.batch_in_epoch;
   const auto extra = ck.callbacks.find(kExtraStateKey);
   const std::map<std::string, std::string> extra_state =
-      extra != ck.callbacks.end() ? extra->second : std::map<std::string, std::string>{};
+      extra != ck.callbacks.end() ? ToStrings(extra->second) : std::map<std::string, std::string>{};
   t_.module_->on_load_checkpoint(extra_state);
   for (const auto& cb : t_.options_.callbacks) cb->on_load_checkpoint(t_, *t_.module_, extra_state);
   if (t_.rank() == 0) {
-    ST_LOG(INFO) << "resumed from " << path << " (saved at world size " << ck.world_size << ", now " << W
-                 << ") at epoch " << t_.epoch_ << ", global step " << t_.global_step_;
+    ST_LOG(INFO) << "resumed from " << path << " ("
+                 << (ck.world_size > 0 ? "saved at world size " + std::to_string(ck.world_size)
+                                       : std::string("written by Python Lightning"))
+                 << ", now " << W << ") at epoch " << t_.epoch_ << ", global step " << t_.global_step_;
   }
 }
 

@@ -14,6 +14,7 @@
 #include <torch/serialize/output-archive.h>
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -167,25 +168,89 @@ struct StreamSink {
   }
 };
 
-c10::IValue OptimizerFullToIValue(const std::string& kind,
-                                  const std::map<std::string, std::map<std::string, at::Tensor>>& state,
-                                  const std::map<std::string, int64_t>& step) {
-  c10::impl::GenericDict st(c10::StringType::get(), c10::AnyType::get());
-  for (const auto& [name, keys] : state) {
-    c10::Dict<std::string, at::Tensor> ks;
-    for (const auto& [k, t] : keys) ks.insert(k, t);
-    st.insert(name, ks);
+// A group's options with torch.optim's keys, types and defaults (torch 2.x).
+StateDict GroupOptions(const torch::optim::OptimizerOptions& o) {
+  StateDict d = {{"maximize", false}, {"foreach", StateValue()}, {"differentiable", false}, {"fused", StateValue()}};
+  auto adam_like = [&](const auto& a, bool decoupled) {
+    d["lr"] = a.lr();
+    d["betas"] = std::vector<double>{std::get<0>(a.betas()), std::get<1>(a.betas())};
+    d["eps"] = a.eps();
+    d["weight_decay"] = a.weight_decay();
+    d["amsgrad"] = a.amsgrad();
+    d["capturable"] = false;
+    d["decoupled_weight_decay"] = decoupled;
+  };
+  if (auto* a = dynamic_cast<const torch::optim::AdamOptions*>(&o)) {
+    adam_like(*a, false);
+  } else if (auto* w = dynamic_cast<const torch::optim::AdamWOptions*>(&o)) {
+    adam_like(*w, true);
+  } else if (auto* g = dynamic_cast<const torch::optim::SGDOptions*>(&o)) {
+    d["lr"] = g->lr();
+    d["momentum"] = g->momentum();
+    d["dampening"] = g->dampening();
+    d["weight_decay"] = g->weight_decay();
+    d["nesterov"] = g->nesterov();
+  } else {
+    d["lr"] = o.get_lr();
   }
-  c10::Dict<std::string, int64_t> steps;
-  for (const auto& [name, n] : step) steps.insert(name, n);
-  c10::impl::GenericDict of(c10::StringType::get(), c10::AnyType::get());
-  of.insert("kind", kind);
-  of.insert("state", st);
-  of.insert("step", steps);
-  return of;
+  return d;
 }
 
 }  // namespace
+
+std::vector<OptimizerGroup> OptimizerGroups(
+    strategies::Strategy& s, const torch::optim::Optimizer& opt,
+    const std::function<std::vector<double>(std::vector<double>)>& all_reduce_sum) {
+  // Every trainable name, in the module's order; which group steps it, from
+  // every rank's tensors (a rank may hold no elements of some parameters).
+  std::vector<std::string> names;
+  std::map<std::string, size_t> index;
+  for (const auto& item : s.module().named_parameters(true)) {
+    if (index.emplace(item.key(), names.size()).second) names.push_back(item.key());
+  }
+  const size_t N = names.size();
+  std::vector<double> sums(2 * N, 0.0);  // [group + 1 summed | ranks that hold it]
+  const auto& groups = opt.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto held = s.OptimizedParameterNames(groups[g].params());
+    for (const auto& tensor_names : held) {
+      for (const auto& n : tensor_names) {
+        auto it = index.find(n);
+        if (it == index.end()) continue;
+        sums[it->second] += static_cast<double>(g + 1);
+        sums[N + it->second] += 1.0;
+      }
+    }
+  }
+  if (s.world_size() > 1) sums = all_reduce_sum(std::move(sums));
+  std::vector<OptimizerGroup> out(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) out[g].options = GroupOptions(groups[g].options());
+  for (size_t i = 0; i < N; ++i) {
+    if (sums[N + i] <= 0) continue;  // frozen, or an alias of a tied weight
+    const auto g = static_cast<size_t>(std::llround(sums[i] / sums[N + i])) - 1;
+    ST_CHECK_ARG(g < groups.size() && std::abs(sums[i] / sums[N + i] - static_cast<double>(g + 1)) < 1e-9,
+                 "parameter '", names[i], "' is in more than one of the optimizer's parameter groups");
+    out[g].params.push_back(names[i]);
+  }
+  return out;
+}
+
+std::pair<std::string, std::string> GroupLrsAndMomentums(const std::vector<OptimizerGroup>& groups) {
+  std::vector<double> lrs, momentums;
+  for (const auto& g : groups) {
+    auto lr = g.options.find("lr");
+    if (lr == g.options.end()) return {};
+    lrs.push_back(lr->second.AsDouble());
+    if (auto m = g.options.find("momentum"); m != g.options.end()) {
+      momentums.push_back(m->second.AsDouble());
+    } else if (auto b = g.options.find("betas"); b != g.options.end() && b->second.is<std::vector<double>>() &&
+                                                 !b->second.get<std::vector<double>>().empty()) {
+      momentums.push_back(b->second.get<std::vector<double>>()[0]);
+    }
+  }
+  if (!momentums.empty() && momentums.size() != lrs.size()) momentums.clear();
+  return {StateValue(lrs).ToString(), StateValue(momentums).ToString()};
+}
 
 StreamedState StreamFullState(strategies::Strategy& s, torch::optim::Optimizer& opt, ArchiveWriter* writer) {
   at::NoGradGuard no_grad;
@@ -210,7 +275,7 @@ StreamedState StreamFullState(strategies::Strategy& s, torch::optim::Optimizer& 
   if (!root) return out;
   out.error = sink.error;
   out.state_dict = sd;
-  if (!kind.empty()) out.optimizer_full = OptimizerFullToIValue(kind, ostate, osteps);
+  if (!kind.empty()) out.optimizer_full = FullOptimizerState{kind, std::move(ostate), std::move(osteps)};
   return out;
 }
 

@@ -33,7 +33,7 @@ void internal::LoggerConnector::SetupLoggers(TrainingModule& module) {
     for (const auto& l : o.logger_objects) {
       if (l) loggers_.push_back(l);
     }
-    auto hp = module.hparams();
+    auto hp = ToStrings(module.hyper_parameters());
     hp.emplace("strategy", t_.strategy_->name());
     hp.emplace("precision", o.precision);
     hp.emplace("accelerator", t_.accelerator_);

@@ -147,7 +147,9 @@ std::function<void()> internal::LRStepping::PrepareLoad(const std::vector<Schedu
     auto& s = *configs_[i].scheduler;
     const SchedulerState before = s.state_dict();
     try {
-      s.load_state_dict(states[i]);
+      SchedulerState st = states[i];
+      st.emplace("type", s.name());  // Python's schedulers do not write their class name
+      s.load_state_dict(st);
       s.load_state_dict(before);
       auto get = [&](const char* key) {
         auto it = states[i].find(key);
@@ -168,7 +170,11 @@ std::function<void()> internal::LRStepping::PrepareLoad(const std::vector<Schedu
              " parameter groups (lrs and momentums), this run's ", groups, "; nothing was loaded");
   }
   return [this, states, lrs, momentums] {
-    for (size_t i = 0; i < states.size(); ++i) configs_[i].scheduler->load_state_dict(states[i]);
+    for (size_t i = 0; i < states.size(); ++i) {
+      SchedulerState st = states[i];
+      st.emplace("type", configs_[i].scheduler->name());
+      configs_[i].scheduler->load_state_dict(st);
+    }
     SetGroupLrs(*t_.opt_.optimizer, lrs);
     SetGroupMomentums(*t_.opt_.optimizer, momentums);
   };

@@ -27,6 +27,19 @@ inline double ParseNum(const std::string& s) {
   return std::stod(s);
 }
 
+// Python's repr of a str ('val_loss'), or None for "" when `none_if_empty`:
+// the values of Lightning's callback state keys (Callback::state_key).
+inline std::string PyRepr(const std::string& s, bool none_if_empty = false) {
+  if (s.empty() && none_if_empty) return "None";
+  const char q = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
+  std::string out(1, q);
+  for (char c : s) {
+    if (c == q || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + q;
+}
+
 inline std::string Available(const std::map<std::string, double>& metrics) {
   std::vector<std::string> names;
   for (const auto& [k, v] : metrics) names.push_back(k);

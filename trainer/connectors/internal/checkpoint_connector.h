@@ -7,13 +7,16 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "trainer/checkpoint_io/state_value.h"
 #include "trainer/trainer_options.h"  // CheckpointFormat
 
 namespace shardtrain::trainer {
 
 class Trainer;
+struct CheckpointData;
 
 namespace internal {
 
@@ -41,7 +44,12 @@ class CheckpointConnector {
   std::vector<std::string> GatherOptimizerStates();
   // The callbacks' state_dict()s and (under kExtraStateKey) what the
   // on_save_checkpoint hooks write.
-  std::map<std::string, std::map<std::string, std::string>> CallbackStates();
+  std::map<std::string, StateDict> CallbackStates();
+  // Fills what every save records besides the model and optimizer state
+  // (collective: the optimizer's groups are agreed on by every rank).
+  void FillCommon(CheckpointData& data);
+  std::pair<std::string, std::string> NameLoadedState(CheckpointData& ck, const std::string& path);
+  void RestoreRngAndCallbacks(const CheckpointData& ck, const std::string& path);
   // Throws on every rank when `failed` on any (with this rank's message if it failed).
   void AgreeOrThrow(bool failed, const std::string& message, const std::string& what);
 

@@ -34,14 +34,27 @@ std::string SerializeOptimizer(const torch::optim::Optimizer& opt);
 // Loads an archive; throws shardtrain::Error naming `path` when it does not fit.
 void LoadOptimizerArchive(torch::optim::Optimizer& opt, const std::string& bytes, const std::string& path);
 
-// The "state_dict" and "optimizer_full" entries of a full checkpoint, their
-// tensors already written to the archive (placeholders), on rank 0; None
-// elsewhere. `error` is rank 0's first write error ("" when none).
+// The "state_dict" entry and the optimizer state by name of a full
+// checkpoint, their tensors already written to the archive (placeholders), on
+// rank 0; None / empty elsewhere. `error` is rank 0's first write error ("" when none).
 struct StreamedState {
   c10::IValue state_dict;
-  c10::IValue optimizer_full;  // None for optimizers other than Adam, AdamW, SGD
+  FullOptimizerState optimizer_full;  // empty for optimizers other than Adam, AdamW, SGD
   std::string error;
 };
+
+// The optimizer's parameter groups: each group's parameter names (in the
+// module's parameter order; the same on every rank: the ranks' views are
+// summed through `all_reduce_sum`, a collective every rank calls) and its
+// options as torch.optim writes them.
+std::vector<OptimizerGroup> OptimizerGroups(
+    strategies::Strategy& strategy, const torch::optim::Optimizer& opt,
+    const std::function<std::vector<double>(std::vector<double>)>& all_reduce_sum);
+
+// The options the file's groups hold that the Trainer restores ("lr", and
+// "momentum" or "betas"[0]), as the text the lr schedulers' states carried in
+// format 1 ("optimizer_lrs", "optimizer_momentums"); empty when the groups lack them.
+std::pair<std::string, std::string> GroupLrsAndMomentums(const std::vector<OptimizerGroup>& groups);
 
 // Writes the full (unsharded) model state and optimizer state by name into
 // `writer` (rank 0's; nullptr on other ranks), one tensor at a time: sharded
