@@ -161,6 +161,7 @@ void FinishCheckpoint(ArchiveWriter& w, const CheckpointData& data, const c10::I
     archives.push_back(add(at::from_blob(const_cast<char*>(s.data()), {static_cast<int64_t>(s.size())}, at::kByte)));
   }
   own.insert("optimizer_archives", archives);
+  own.insert("optimizer_kind", opt.kind);  // "" for others; torch.optim's state does not say Adam from AdamW
   // The groups again, for optimizers "optimizer_states" cannot hold (their lrs and momentums).
   own.insert("optimizer_groups", OptimizerGroupsToIValue(data.optimizer_groups));
   d.insert("shardtrain", own);
@@ -294,6 +295,9 @@ void ReadLightningLayout(const c10::impl::GenericDict& d, CheckpointData& out) {
   for (const auto& t : own.at("optimizer_archives").toListRef()) {
     at::Tensor b = t.toTensor().contiguous();
     out.optimizer_states.emplace_back(reinterpret_cast<const char*>(b.data_ptr<uint8_t>()), b.numel());
+  }
+  if (own.contains("optimizer_kind") && !out.optimizer_full.empty()) {
+    out.optimizer_full.kind = own.at("optimizer_kind").toStringRef();
   }
   if (out.optimizer_groups.empty() && own.contains("optimizer_groups")) {
     out.optimizer_groups = OptimizerGroupsFromIValue(own.at("optimizer_groups"));

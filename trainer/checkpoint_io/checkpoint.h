@@ -37,6 +37,7 @@
 //                        archive per rank, for optimizers other than Adam,
 //                        AdamW and SGD: such a file resumes only the same
 //                        strategy at the same world size),
+//                        "optimizer_kind": "Adam" | "AdamW" | "SGD" | "",
 //                        "optimizer_groups": [{"param_names", "options"}]
 //                        (the groups again, also for those optimizers),
 //                        "format_version": 2}
