@@ -214,18 +214,20 @@ class GptModule : public trainer::TrainingModule {
     }
     return c;
   }
-  std::map<std::string, std::string> hparams() const override {
+  // Typed, as Lightning's save_hyperparameters() keeps them: the checkpoint's
+  // "hyper_parameters" (docs/checkpoints.md) and hparams.yaml.
+  shardtrain::trainer::StateDict hyper_parameters() const override {
     return {{"model", "gpt"},
-            {"vocab_size", std::to_string(config_.vocab_size)},
-            {"block_size", std::to_string(config_.block_size)},
-            {"n_layer", std::to_string(config_.n_layer)},
-            {"n_head", std::to_string(config_.n_head)},
-            {"n_embd", std::to_string(config_.n_embd)},
-            {"dropout", shardtrain::trainer::HparamValue(config_.dropout)},
-            {"lr", shardtrain::trainer::HparamValue(lr_)},
-            {"weight_decay", shardtrain::trainer::HparamValue(weight_decay_)},
+            {"vocab_size", config_.vocab_size},
+            {"block_size", config_.block_size},
+            {"n_layer", config_.n_layer},
+            {"n_head", config_.n_head},
+            {"n_embd", config_.n_embd},
+            {"dropout", config_.dropout},
+            {"lr", lr_},
+            {"weight_decay", weight_decay_},
             {"lr_scheduler", schedule_},
-            {"warmup_steps", std::to_string(warmup_steps_)}};
+            {"warmup_steps", warmup_steps_}};
   }
 
   // Samples `n` tokens after `prompt` ([1, T]). Collective: every rank calls it
