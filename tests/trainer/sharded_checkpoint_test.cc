@@ -98,6 +98,23 @@ TEST(ShardedCheckpoint, LoadsIntoAnotherWrapping) {
   ExpectContinues(b.losses, full.losses, 6, 1e-5);
 }
 
+// With use_orig_params at W=4 some ranks hold no element of the small
+// parameters (head.bias has 3): the full checkpoint's optimizer order still
+// names every parameter once, in the module's order (the ranks agree on it).
+TEST(ShardedCheckpoint, UseOrigParamsFullCheckpointNamesEveryParameterInOrder) {
+  TrainerOptions o = Sharded(TmpDir("orig_names"), 4, {{"use_orig_params", "true"}});
+  o.max_steps = 2;
+  const std::string path = (fs::path(TmpDir("orig_names")) / "full.ckpt").string();
+  Fit(4, o, "", {}, [&](int, Trainer& t, fixtures::Classifier&) { t.SaveCheckpoint(path, CheckpointFormat::kFull); });
+  CheckpointData d = LoadCheckpoint(path);
+  const std::vector<std::string> names = {"b1.fc.weight", "b1.fc.bias", "b2.fc.weight",
+                                          "b2.fc.bias",   "head.weight", "head.bias"};
+  ASSERT_EQ(d.optimizer_groups.size(), 1u);
+  EXPECT_EQ(d.optimizer_groups[0].params, names);
+  EXPECT_EQ(d.optimizer_full.state.size(), names.size());
+  EXPECT_EQ(d.optimizer_full.state.at("head.bias").at("exp_avg").numel(), 3);
+}
+
 TEST(ShardedCheckpoint, FullCheckpointResumesAtOtherWorldSizeAndStrategy) {
   // Full checkpoints carry the optimizer state by parameter name as well.
   FitResult full = Fit(2, [] {

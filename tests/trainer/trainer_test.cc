@@ -130,9 +130,13 @@ TEST(Checkpoint, FitWritesItsStateAndATruncatedCopyFailsClearly) {
   EXPECT_EQ(d.epoch, 1);
   EXPECT_EQ(d.world_size, 2);
   EXPECT_EQ(d.strategy, "fsdp");
-  EXPECT_TRUE(d.optimizer_states.empty()) << "Adam state is stored once, by name (optimizer_full)";
+  EXPECT_TRUE(d.optimizer_states.empty()) << "Adam state is stored once, as torch.optim's (optimizer_states)";
   EXPECT_EQ(d.optimizer_full.kind, "Adam");
   EXPECT_EQ(d.hparams.at("model"), "mlp");
+  // The optimizer's one group holds every parameter, in the module's order (what Python's parameters() gives).
+  ASSERT_EQ(d.optimizer_groups.size(), 1u);
+  EXPECT_EQ(d.optimizer_groups[0].params, (std::vector<std::string>{"b1.fc.weight", "b1.fc.bias", "b2.fc.weight",
+                                                                     "b2.fc.bias", "head.weight", "head.bias"}));
   EXPECT_EQ(d.state_dict.count("b1.fc.weight"), 1u);
   EXPECT_EQ(d.state_dict.at("b1.fc.weight").sizes(), (std::vector<int64_t>{16, 8}));
   // No temporary files are left next to it.
