@@ -86,7 +86,11 @@ TEST(ModelCheckpoint, EveryNTrainStepsKeepsAllWithoutMonitorAndReplacesBuiltin) 
   FitResult r = Fit(2, o, "", {}, nullptr, PerRank(mo, mc));
   // No last.ckpt: a ModelCheckpoint callback replaces the built-in checkpointing.
   EXPECT_EQ(Files(r.ckpt_dir), (std::set<std::string>{"epoch=1-step=5.ckpt", "epoch=2-step=10.ckpt"}));
-  EXPECT_EQ(LoadCheckpoint((fs::path(r.ckpt_dir) / "epoch=2-step=10.ckpt").string()).global_step, 10);
+  CheckpointData d = LoadCheckpoint((fs::path(r.ckpt_dir) / "epoch=2-step=10.ckpt").string());
+  EXPECT_EQ(d.global_step, 10);
+  // Without a monitor the score is the step: the worst kept (Lightning's kth) is the earliest.
+  EXPECT_TRUE(d.callbacks.at(mc->state_key()).at("kth_best_model_path") ==
+              StateValue((fs::path(r.ckpt_dir) / "epoch=1-step=5.ckpt").string()));
 }
 
 TEST(ModelCheckpoint, MaxModeOnALoggedMetricWithShardedDirectories) {

@@ -119,15 +119,10 @@ void ModelCheckpoint::Save(Trainer& trainer, int64_t epoch) {
                                                            : -std::numeric_limits<double>::infinity();
     }
   }
-  const bool max_mode = by_step || options_.mode == "max";
-  auto better = [&](double a, double b) { return max_mode ? a > b : a < b; };
   const int64_t k = options_.save_top_k;
   if (have && k != 0) {
-    std::string worst;
-    for (const auto& [p, s] : best_k_) {
-      if (worst.empty() || better(best_k_.at(worst), s)) worst = p;
-    }
-    if (k < 0 || static_cast<int64_t>(best_k_.size()) < k || better(score, best_k_.at(worst))) {
+    const std::string worst = WorstKept();
+    if (k < 0 || static_cast<int64_t>(best_k_.size()) < k || Better(score, best_k_.at(worst))) {
       const std::string path = (fs::path(dir_) / FormatName(epoch, step, metrics)).string();
       best_k_[path] = score;
       std::string evict;
@@ -137,7 +132,7 @@ void ModelCheckpoint::Save(Trainer& trainer, int64_t epoch) {
       }
       best_model_path_.clear();
       for (const auto& [p, s] : best_k_) {
-        if (best_model_path_.empty() || better(s, best_model_score_)) {
+        if (best_model_path_.empty() || Better(s, best_model_score_)) {
           best_model_path_ = p;
           best_model_score_ = s;
         }
@@ -173,15 +168,26 @@ std::string ModelCheckpoint::state_key() const {
          ", 'every_n_epochs': " + std::to_string(options_.every_n_epochs) + ", 'train_time_interval': None}";
 }
 
-StateDict ModelCheckpoint::checkpoint_state() const {
-  const bool min = options_.mode == "min";
-  StateValue::Scores k;
+bool ModelCheckpoint::Better(double a, double b) const {
+  // Without a monitor the score is the step: later is better.
+  return options_.monitor.empty() || options_.mode == "max" ? a > b : a < b;
+}
+
+std::string ModelCheckpoint::WorstKept() const {
   std::string worst;
   for (const auto& [p, s] : best_k_) {
-    k[p] = ScoreTensor{s};
-    if (worst.empty() || (min ? s > best_k_.at(worst) : s < best_k_.at(worst))) worst = p;
+    if (worst.empty() || Better(best_k_.at(worst), s)) worst = p;
   }
-  const double inf = std::numeric_limits<double>::infinity();
+  return worst;
+}
+
+StateDict ModelCheckpoint::checkpoint_state() const {
+  StateValue::Scores k;
+  for (const auto& [p, s] : best_k_) k[p] = ScoreTensor{s};
+  const std::string worst = WorstKept();
+  // Lightning's kth_value before anything is kept: the worst possible score.
+  const double none_kept =
+      Better(0, 1) ? -std::numeric_limits<double>::infinity() : std::numeric_limits<double>::infinity();
   return {{"monitor", options_.monitor.empty() ? StateValue() : StateValue(options_.monitor)},
           {"best_model_score", best_model_path_.empty() ? StateValue() : StateValue(ScoreTensor{best_model_score_})},
           {"best_model_path", best_model_path_},
@@ -189,7 +195,7 @@ StateDict ModelCheckpoint::checkpoint_state() const {
           {"dirpath", dir_},
           {"best_k_models", k},
           {"kth_best_model_path", worst},
-          {"kth_value", ScoreTensor{worst.empty() ? (min ? inf : -inf) : best_k_.at(worst)}},
+          {"kth_value", ScoreTensor{worst.empty() ? none_kept : best_k_.at(worst)}},
           {"last_model_path", last_model_path_}};
 }
 

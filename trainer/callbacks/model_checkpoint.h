@@ -64,6 +64,10 @@ class ModelCheckpoint : public Callback {
 
  private:
   void Save(Trainer& trainer, int64_t epoch);
+  // Whether score a beats b (mode, or the step when there is no monitor).
+  bool Better(double a, double b) const;
+  // The kept checkpoint with the worst score ("" when none is kept).
+  std::string WorstKept() const;
 
   ModelCheckpointOptions options_;
   std::string dir_;

@@ -15,6 +15,7 @@
 #include "base/errors.h"
 #include "trainer/checkpoint_io/archive.h"
 #include "trainer/checkpoint_io/internal/layout.h"
+#include "trainer/optim/lr_scheduler.h"  // DoublesFromString: SchedulerState's lists
 
 namespace shardtrain::trainer {
 namespace fs = std::filesystem;
@@ -63,10 +64,8 @@ std::string PickleSavePlain(const c10::IValue& value) {
 
 namespace {
 
-// SchedulerState keys whose text is a comma-separated list of floats.
-bool IsFloatList(const std::string& key) {
-  return key == "base_lrs" || key == "_last_lr" || key == "optimizer_lrs" || key == "optimizer_momentums";
-}
+// SchedulerState keys whose text is a comma-separated list of floats (DoublesToString).
+bool IsFloatList(const std::string& key) { return key == "base_lrs" || key == "_last_lr"; }
 
 // One scheduler's text state with Python types; "3.last_epoch" (a child of
 // SequentialLR) goes to "_schedulers"[3], as PyTorch's SequentialLR keeps it.
@@ -81,9 +80,7 @@ c10::impl::GenericDict SchedulerToIValue(const std::map<std::string, std::string
     if (dot != std::string::npos && dot > 0 && std::all_of(k.begin(), k.begin() + dot, ::isdigit)) {
       children[std::stoul(k.substr(0, dot))][k.substr(dot + 1)] = v;
     } else if (IsFloatList(k)) {
-      std::vector<double> xs;
-      for (const auto& x : internal::DoublesFromText(v)) xs.push_back(x);
-      d.insert(k, c10::List<double>(xs));
+      d.insert(k, c10::List<double>(DoublesFromString(v)));
     } else {
       d.insert(k, internal::ToIValue(k == "type" ? StateValue(v) : StateValue::Infer(v), nullptr));
     }
@@ -109,18 +106,6 @@ void SchedulerFromIValue(const c10::IValue& v, const std::string& prefix, std::m
 }
 
 }  // namespace
-
-std::vector<double> internal::DoublesFromText(const std::string& s) {
-  std::vector<double> out;
-  size_t start = 0;
-  while (start < s.size()) {
-    size_t end = s.find(',', start);
-    if (end == std::string::npos) end = s.size();
-    out.push_back(StateValue::Infer(s.substr(start, end - start)).AsDouble());
-    start = end + 1;
-  }
-  return out;
-}
 
 void FinishCheckpoint(ArchiveWriter& w, const CheckpointData& data, const c10::IValue& streamed_state_dict,
                       const FullOptimizerState* streamed_optimizer_full) {
@@ -258,12 +243,8 @@ void SaveCheckpoint(const std::string& path, const CheckpointData& data) {
 namespace {
 
 void ReadLightningLayout(const c10::impl::GenericDict& d, CheckpointData& out) {
-  auto need = [&](const char* key) {
-    TORCH_CHECK(d.contains(key), "no '", key, "' entry");
-    return d.at(key);
-  };
-  out.epoch = need("epoch").toInt();
-  out.global_step = need("global_step").toInt();
+  out.epoch = internal::At(d, "epoch").toInt();
+  out.global_step = internal::At(d, "global_step").toInt();
   if (d.contains("loops") && d.at("loops").isGenericDict() && d.at("loops").toGenericDict().contains("fit_loop")) {
     internal::PositionFromLoops(d.at("loops"), out);
   }

@@ -14,26 +14,21 @@ std::map<std::string, std::string> Strings(const c10::IValue& v) {
   return out;
 }
 
-c10::IValue Need(const c10::impl::GenericDict& d, const char* key) {
-  TORCH_CHECK(d.contains(key), "no '", key, "' entry");
-  return d.at(key);
-}
-
 }  // namespace
 
 void ReadLegacyLayout(const c10::impl::GenericDict& d, CheckpointData& out) {
   out.legacy_layout = true;
-  for (const auto& t : Need(d, "optimizer_states").toList()) {
+  for (const auto& t : At(d, "optimizer_states").toList()) {
     at::Tensor b = t.get().toTensor().contiguous();
     out.optimizer_states.emplace_back(reinterpret_cast<const char*>(b.data_ptr<uint8_t>()), b.numel());
   }
-  out.epoch = Need(d, "epoch").toInt();
-  out.global_step = Need(d, "global_step").toInt();
-  out.batch_in_epoch = Need(d, "batch_in_epoch").toInt();
-  out.world_size = Need(d, "world_size").toInt();
-  out.strategy = Need(d, "strategy").toStringRef();
-  out.rng_state = Need(d, "rng_state").toTensor();
-  out.hparams = InferTypes(Strings(Need(d, "hparams")));
+  out.epoch = At(d, "epoch").toInt();
+  out.global_step = At(d, "global_step").toInt();
+  out.batch_in_epoch = At(d, "batch_in_epoch").toInt();
+  out.world_size = At(d, "world_size").toInt();
+  out.strategy = At(d, "strategy").toStringRef();
+  out.rng_state = At(d, "rng_state").toTensor();
+  out.hparams = InferTypes(Strings(At(d, "hparams")));
   if (d.contains("cuda_rng_states")) {
     for (const auto& t : d.at("cuda_rng_states").toList()) out.cuda_rng_states.push_back(t.get().toTensor());
   }

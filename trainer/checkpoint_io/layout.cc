@@ -15,11 +15,6 @@ using GenericDict = c10::impl::GenericDict;
 
 GenericDict StrDict() { return GenericDict(c10::StringType::get(), c10::AnyType::get()); }
 
-c10::IValue At(const GenericDict& d, const char* key) {
-  if (!d.contains(key)) TORCH_CHECK(false, "no '", key, "' entry");
-  return d.at(key);
-}
-
 // Lightning's progress counters: {"ready", "completed"[, "started"[, "processed"]]}.
 GenericDict Counts(int64_t n, int fields) {
   static const char* const kNames[] = {"ready", "completed", "started", "processed"};
@@ -49,6 +44,11 @@ GenericDict EvalLoop() {
 }
 
 }  // namespace
+
+c10::IValue At(const GenericDict& d, const char* key) {
+  TORCH_CHECK(d.contains(key), "no '", key, "' entry");
+  return d.at(key);
+}
 
 c10::IValue ToIValue(const StateValue& v, const TensorAdder& add) {
   struct Visitor {
@@ -273,9 +273,8 @@ c10::IValue LoopsToIValue(const CheckpointData& d) {
   fit.insert("epoch_loop.automatic_optimization.optim_progress", optim_progress);
   fit.insert("epoch_loop.manual_optimization.state_dict", StrDict());
   fit.insert("epoch_loop.manual_optimization.optim_step_progress", Progress(0, 0, 2));
-  GenericDict val = EvalLoop();
   fit.insert("epoch_loop.val_loop.state_dict", StrDict());
-  fit.insert("epoch_loop.val_loop.batch_progress", val.at("batch_progress"));
+  fit.insert("epoch_loop.val_loop.batch_progress", BatchProgress(0, 0, false));
   fit.insert("epoch_progress", epoch_progress);
   GenericDict loops = StrDict();
   loops.insert("fit_loop", fit);

@@ -2,32 +2,18 @@
 
 #include <cerrno>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 
 #include "base/errors.h"
+#include "base/numbers.h"
 
 namespace shardtrain::trainer {
 namespace {
 
+// ShortestDecimal's text, which a float keeps when read back: "2" -> "2.0".
 std::string Exact(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[40];
-  std::snprintf(buf, sizeof(buf), "%.17g", v);
-  // The shortest form that reads back the same (1e-05, not 1.0000000000000001e-05).
-  for (int p = 1; p < 17; ++p) {
-    char s[40];
-    std::snprintf(s, sizeof(s), "%.*g", p, v);
-    if (std::strtod(s, nullptr) == v) {
-      std::string out = s;
-      // A float must not read back as an int: "2" -> "2.0".
-      if (out.find_first_of(".eEn") == std::string::npos) out += ".0";
-      return out;
-    }
-  }
-  std::string out = buf;
-  if (out.find_first_of(".eEn") == std::string::npos) out += ".0";
+  std::string out = ShortestDecimal(v);
+  if (out.find_first_of(".eEn") == std::string::npos) out += ".0";  // not nan, inf, 1e+20
   return out;
 }
 

@@ -221,13 +221,10 @@ void internal::CheckpointConnector::SaveSharded(const std::string& path) {
 // from Python holds its optimizer state by index in the optimizer's order
 // (this run's optimizer says which parameter each index is); format 2 keeps
 // the optimizer's lrs and momentums in its groups, format 1 in each
-// scheduler's state. Returns the groups' lrs and momentums as text ("": none).
+// scheduler's state. Returns the groups' lrs and momentums (empty: none).
 // Collective where the state is by index (every rank loads the same file).
-std::pair<std::string, std::string> internal::CheckpointConnector::NameLoadedState(CheckpointData& ck,
-                                                                                   const std::string& path) {
+internal::GroupLrs internal::CheckpointConnector::NameLoadedState(CheckpointData& ck, const std::string& path) {
   if (!ck.optimizer_indexed.empty()) {
-    // A file from Python: its optimizer state is by index in the optimizer's
-    // order; this run's optimizer says which parameter each index is.
     const std::string kind = internal::OptimizerKind(*t_.opt_.optimizer);
     if (kind.empty()) {
       ST_THROW(Error, "checkpoint '", path,
@@ -245,15 +242,14 @@ std::pair<std::string, std::string> internal::CheckpointConnector::NameLoadedSta
   // Format 2 keeps the optimizer's lrs and momentums in its groups (the
   // truth, also where a scheduler's state carries stale copies), format 1 in
   // each scheduler's state: give the schedulers' loader what it reads.
-  auto lrs_and_momentums = internal::GroupLrsAndMomentums(ck.optimizer_groups);
-  const auto& [group_lrs, group_momentums] = lrs_and_momentums;
-  if (!group_lrs.empty()) {
+  internal::GroupLrs groups = internal::GroupLrsAndMomentums(ck.optimizer_groups);
+  if (!groups.lrs.empty()) {
     for (auto& st : ck.lr_schedulers) {
-      st["optimizer_lrs"] = group_lrs;
-      st["optimizer_momentums"] = group_momentums;
+      st["optimizer_lrs"] = DoublesToString(groups.lrs);
+      st["optimizer_momentums"] = DoublesToString(groups.momentums);
     }
   }
-  return lrs_and_momentums;
+  return groups;
 }
 
 // The generators' states and the callbacks' states of a loaded checkpoint.
@@ -288,7 +284,7 @@ void internal::CheckpointConnector::Restore(const std::string& path) {
   // the state by parameter name reshards anywhere.
   const bool archives =
       static_cast<int>(ck.optimizer_states.size()) == W && ck.world_size == W && ck.strategy == t_.strategy_->name();
-  const auto [group_lrs, group_momentums] = NameLoadedState(ck, path);
+  const internal::GroupLrs group_lrs = NameLoadedState(ck, path);
   std::function<void()> apply_optimizer;
   std::function<void()> apply_sharded;  // parameters, buffers and optimizer state
   if (direct) {
@@ -324,11 +320,12 @@ void internal::CheckpointConnector::Restore(const std::string& path) {
       apply_optimizer();
     }
   }
-  if (!group_lrs.empty() && ck.optimizer_groups.size() == t_.opt_.optimizer->param_groups().size()) {
+  if (!group_lrs.lrs.empty() && group_lrs.lrs.size() == t_.opt_.optimizer->param_groups().size()) {
     // As torch.optim's load_state_dict: the groups' learning rates and momentums.
-    SetGroupLrs(*t_.opt_.optimizer, DoublesFromString(group_lrs));
-    const auto momentums = DoublesFromString(group_momentums);
-    if (momentums.size() == GroupMomentums(*t_.opt_.optimizer).size()) SetGroupMomentums(*t_.opt_.optimizer, momentums);
+    SetGroupLrs(*t_.opt_.optimizer, group_lrs.lrs);
+    if (group_lrs.momentums.size() == GroupMomentums(*t_.opt_.optimizer).size()) {
+      SetGroupMomentums(*t_.opt_.optimizer, group_lrs.momentums);
+    }
   }
   apply_lr_schedulers();
   RestoreRngAndCallbacks(ck, path);

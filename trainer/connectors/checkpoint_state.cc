@@ -235,7 +235,7 @@ std::vector<OptimizerGroup> OptimizerGroups(
   return out;
 }
 
-std::pair<std::string, std::string> GroupLrsAndMomentums(const std::vector<OptimizerGroup>& groups) {
+GroupLrs GroupLrsAndMomentums(const std::vector<OptimizerGroup>& groups) {
   std::vector<double> lrs, momentums;
   for (const auto& g : groups) {
     auto lr = g.options.find("lr");
@@ -249,7 +249,7 @@ std::pair<std::string, std::string> GroupLrsAndMomentums(const std::vector<Optim
     }
   }
   if (!momentums.empty() && momentums.size() != lrs.size()) momentums.clear();
-  return {StateValue(lrs).ToString(), StateValue(momentums).ToString()};
+  return {std::move(lrs), std::move(momentums)};
 }
 
 StreamedState StreamFullState(strategies::Strategy& s, torch::optim::Optimizer& opt, ArchiveWriter* writer) {

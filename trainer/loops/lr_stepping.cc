@@ -141,19 +141,20 @@ std::function<void()> internal::LRStepping::PrepareLoad(const std::vector<Schedu
     ST_THROW(Error, "checkpoint '", path, "' holds the state of ", states.size(), " lr schedulers (", Names(states),
              ") but configure_optimizers returned ", configs_.size(), " (", Names(configs_), "); nothing was loaded");
   }
+  // Python's schedulers do not write their class name: a state without one is its scheduler's.
+  std::vector<SchedulerState> typed = states;
+  for (size_t i = 0; i < typed.size(); ++i) typed[i].emplace("type", configs_[i].scheduler->name());
   std::vector<double> lrs, momentums;
   // Load each into its scheduler to check it, then put the current state back.
-  for (size_t i = 0; i < states.size(); ++i) {
+  for (size_t i = 0; i < typed.size(); ++i) {
     auto& s = *configs_[i].scheduler;
     const SchedulerState before = s.state_dict();
     try {
-      SchedulerState st = states[i];
-      st.emplace("type", s.name());  // Python's schedulers do not write their class name
-      s.load_state_dict(st);
+      s.load_state_dict(typed[i]);
       s.load_state_dict(before);
       auto get = [&](const char* key) {
-        auto it = states[i].find(key);
-        ST_CHECK_ARG(it != states[i].end(), "scheduler state lacks the key '", key, "'");
+        auto it = typed[i].find(key);
+        ST_CHECK_ARG(it != typed[i].end(), "scheduler state lacks the key '", key, "'");
         return DoublesFromString(it->second);
       };
       lrs = get("optimizer_lrs");
@@ -169,12 +170,8 @@ std::function<void()> internal::LRStepping::PrepareLoad(const std::vector<Schedu
     ST_THROW(Error, "checkpoint '", path, "': the saved optimizer has ", lrs.size(),
              " parameter groups (lrs and momentums), this run's ", groups, "; nothing was loaded");
   }
-  return [this, states, lrs, momentums] {
-    for (size_t i = 0; i < states.size(); ++i) {
-      SchedulerState st = states[i];
-      st.emplace("type", configs_[i].scheduler->name());
-      configs_[i].scheduler->load_state_dict(st);
-    }
+  return [this, typed, lrs, momentums] {
+    for (size_t i = 0; i < typed.size(); ++i) configs_[i].scheduler->load_state_dict(typed[i]);
     SetGroupLrs(*t_.opt_.optimizer, lrs);
     SetGroupMomentums(*t_.opt_.optimizer, momentums);
   };

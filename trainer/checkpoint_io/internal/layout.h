@@ -20,6 +20,9 @@ namespace shardtrain::trainer::internal {
 // placeholder; the tensor itself for PickleSavePlain).
 using TensorAdder = std::function<at::Tensor(const at::Tensor&)>;
 
+// d[key]; throws c10::Error "no 'key' entry" (LoadCheckpoint names the file).
+c10::IValue At(const c10::impl::GenericDict& d, const char* key);
+
 c10::IValue ToIValue(const StateValue& v, const TensorAdder& add);
 // None for values StateValue has no form for (nested containers, ...).
 std::optional<StateValue> FromIValue(const c10::IValue& v);
@@ -40,10 +43,6 @@ void OptimizerStatesFromIValue(const c10::IValue& v, CheckpointData& out);
 // batch_in_epoch, global_step); and the position back from them.
 c10::IValue LoopsToIValue(const CheckpointData& data);
 void PositionFromLoops(const c10::IValue& loops, CheckpointData& out);
-
-// "0.1,2e-05" -> {0.1, 2e-05} (also "nan", "inf"); throws InvalidArgumentError
-// naming the text otherwise.
-std::vector<double> DoublesFromText(const std::string& text);
 
 // A file of an earlier release (keys "hparams", "optimizer_full", ...).
 void ReadLegacyLayout(const c10::impl::GenericDict& d, CheckpointData& out);

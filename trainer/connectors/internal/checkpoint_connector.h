@@ -7,7 +7,6 @@
 
 #include <map>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "trainer/checkpoint_io/state_value.h"
@@ -19,6 +18,8 @@ class Trainer;
 struct CheckpointData;
 
 namespace internal {
+
+struct GroupLrs;  // checkpoint_state.h
 
 class CheckpointConnector {
  public:
@@ -48,7 +49,7 @@ class CheckpointConnector {
   // Fills what every save records besides the model and optimizer state
   // (collective: the optimizer's groups are agreed on by every rank).
   void FillCommon(CheckpointData& data);
-  std::pair<std::string, std::string> NameLoadedState(CheckpointData& ck, const std::string& path);
+  GroupLrs NameLoadedState(CheckpointData& ck, const std::string& path);
   void RestoreRngAndCallbacks(const CheckpointData& ck, const std::string& path);
   // Throws on every rank when `failed` on any (with this rank's message if it failed).
   void AgreeOrThrow(bool failed, const std::string& message, const std::string& what);

@@ -51,10 +51,13 @@ std::vector<OptimizerGroup> OptimizerGroups(
     strategies::Strategy& strategy, const torch::optim::Optimizer& opt,
     const std::function<std::vector<double>(std::vector<double>)>& all_reduce_sum);
 
-// The options the file's groups hold that the Trainer restores ("lr", and
-// "momentum" or "betas"[0]), as the text the lr schedulers' states carried in
-// format 1 ("optimizer_lrs", "optimizer_momentums"); empty when the groups lack them.
-std::pair<std::string, std::string> GroupLrsAndMomentums(const std::vector<OptimizerGroup>& groups);
+// The options of the file's groups that the Trainer restores: each group's
+// "lr", and "momentum" or "betas"[0] (empty unless every group has one).
+// Both empty when a group lacks "lr".
+struct GroupLrs {
+  std::vector<double> lrs, momentums;
+};
+GroupLrs GroupLrsAndMomentums(const std::vector<OptimizerGroup>& groups);
 
 // Writes the full (unsharded) model state and optimizer state by name into
 // `writer` (rank 0's; nullptr on other ranks), one tensor at a time: sharded
