@@ -81,7 +81,16 @@ void ReleaseMapping(void* ctx) { delete static_cast<std::shared_ptr<Mapping>*>(c
 std::string CheckTensorsInRecords(const c10::IValue& v, const std::unordered_map<const void*, size_t>& records) {
   if (v.isTensor()) {
     const at::Tensor& t = v.toTensor();
-    if (!t.defined() || !t.has_storage()) return "";
+    if (!t.defined()) return "";
+    // Placeholder dtypes (torch.uint1-7, int1-7, bits*) load but have no
+    // kernels: the first copy would throw from deep inside LibTorch (fuzzer finding).
+    const at::ScalarType st = t.scalar_type();
+    if (!c10::isFloatingType(st) && !c10::isComplexType(st) && !c10::isIntegralType(st, /*includeBool=*/true) &&
+        !c10::isQIntType(st)) {
+      return std::string("a tensor of dtype ") + c10::toString(st) +
+             " (valid: floating, complex, integer, bool and quantized dtypes)";
+    }
+    if (!t.has_storage()) return "";
     const size_t nbytes = t.storage().nbytes();
     auto it = records.find(t.storage().data());
     if (nbytes > 0 && (it == records.end() || nbytes > it->second)) {
