@@ -14,6 +14,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <stdexcept>
 #include <unordered_map>
 #include <vector>
 
@@ -56,19 +58,22 @@ struct Mapping {
   }
 };
 
+// Bytes [offset, offset + length) of a mapping, as the zip reader sees them.
 class MappingReader final : public caffe2::serialize::ReadAdapterInterface {
  public:
-  explicit MappingReader(std::shared_ptr<Mapping> m) : m_(std::move(m)) {}
-  size_t size() const override { return m_->size; }
+  MappingReader(std::shared_ptr<Mapping> m, size_t offset, size_t length)
+      : m_(std::move(m)), offset_(offset), length_(length) {}
+  size_t size() const override { return length_; }
   size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
-    if (pos >= m_->size) return 0;
-    n = std::min<size_t>(n, m_->size - pos);
-    std::memcpy(buf, static_cast<const char*>(m_->base) + pos, n);
+    if (pos >= length_) return 0;
+    n = std::min<size_t>(n, length_ - pos);
+    std::memcpy(buf, static_cast<const char*>(m_->base) + offset_ + pos, n);
     return n;
   }
 
  private:
   std::shared_ptr<Mapping> m_;
+  size_t offset_, length_;
 };
 
 void ReleaseMapping(void* ctx) { delete static_cast<std::shared_ptr<Mapping>*>(ctx); }
@@ -158,92 +163,104 @@ c10::IValue PlainForPickle(const c10::IValue& v) {
   return v;
 }
 
-struct ArchiveWriter::State {
-  std::string tmp;
-  int fd = -1;
-  int err = 0;             // errno of the first failed write
-  bool abandoned = false;  // writes become no-ops (the temporary file is going)
-  bool finished = false;
-  std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> zip;
-  std::unordered_map<const void*, std::string> keys;  // placeholder storage -> record key
-  std::vector<at::Tensor> placeholders;               // keeps the keys' storages unique
-};
+namespace {
 
-ArchiveWriter::ArchiveWriter(std::string path) : path_(std::move(path)), state_(std::make_unique<State>()) {
-  static std::atomic<int64_t> counter{0};
-  fs::path p(path_);
-  ST_CHECK_ARG(p.has_filename(), "ArchiveWriter: '", path_, "' names no file (give a file path, not a directory)");
-  fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  state_->tmp = TemporaryBeside(path_, std::to_string(counter++));
-  state_->fd = ::open(state_->tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (state_->fd < 0) ST_THROW(Error, "cannot create '", state_->tmp, "': ", std::strerror(errno));
-  State* s = state_.get();
-  state_->zip = std::make_unique<caffe2::serialize::PyTorchStreamWriter>([s](const void* data, size_t n) -> size_t {
-    if (s->abandoned) return n;
-    if (s->err) return 0;
+// A file written through a temporary beside it: bytes are appended with
+// Write (the first error is kept, later writes are no-ops), Commit fsyncs and
+// renames it into place; destroyed uncommitted, it removes the temporary.
+class FileSink {
+ public:
+  explicit FileSink(const std::string& path) : path_(path) {
+    static std::atomic<int64_t> counter{0};
+    fs::path p(path_);
+    ST_CHECK_ARG(p.has_filename(), "'", path_, "' names no file (give a file path, not a directory)");
+    std::error_code ec;
+    fs::create_directories(p.has_parent_path() ? p.parent_path() : fs::path("."), ec);
+    tmp_ = TemporaryBeside(path_, std::to_string(counter++));
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) ST_THROW(Error, "cannot create '", tmp_, "': ", std::strerror(errno));
+  }
+  ~FileSink() {
+    if (committed_) return;
+    if (fd_ >= 0) ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+  // Returns n, or fewer after an error (the zip writer then throws).
+  size_t Write(const void* data, size_t n) {
+    if (abandoned_) return n;
+    if (err_) return 0;
     const char* p = static_cast<const char*>(data);
     size_t off = 0;
     while (off < n) {
-      ssize_t w = ::write(s->fd, p + off, n - off);
+      ssize_t w = ::write(fd_, p + off, n - off);
       if (w < 0 && errno == EINTR) continue;
       if (w <= 0) {
-        s->err = w < 0 ? errno : EIO;
+        err_ = w < 0 ? errno : EIO;
         return off;
       }
       off += static_cast<size_t>(w);
     }
+    written_ += n;
     return n;
-  });
-}
-
-ArchiveWriter::~ArchiveWriter() {
-  if (!state_ || state_->finished) return;
-  state_->abandoned = true;
-  try {
-    if (!state_->zip->finalized()) state_->zip->writeEndOfFile();
-  } catch (...) {
   }
-  state_->zip.reset();
-  if (state_->fd >= 0) ::close(state_->fd);
-  ::unlink(state_->tmp.c_str());
+  [[noreturn]] void Fail(const std::exception& e) const {
+    ST_THROW(Error, "failed writing '", tmp_, "': ", err_ ? ErrnoText(err_) : FirstLine(e));
+  }
+  void Commit() {
+    if (::fsync(fd_) != 0 || ::close(fd_) != 0) {
+      fd_ = -1;
+      ST_THROW(Error, "failed flushing '", tmp_, "': ", std::strerror(errno));
+    }
+    fd_ = -1;
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+      ST_THROW(Error, "cannot rename '", tmp_, "' to '", path_, "': ", std::strerror(errno));
+    }
+    committed_ = true;
+    fs::path p(path_);
+    FsyncDir(p.has_parent_path() ? p.parent_path() : fs::path("."));
+  }
+  void Abandon() { abandoned_ = true; }
+  bool committed() const { return committed_; }
+  uint64_t written() const { return written_; }
+
+ private:
+  std::string path_, tmp_;
+  int fd_ = -1;
+  int err_ = 0;             // errno of the first failed write
+  bool abandoned_ = false;  // writes become no-ops (the temporary file is going)
+  bool committed_ = false;
+  uint64_t written_ = 0;
+};
+
+// Zip writes go to the sink.
+std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> ZipInto(FileSink* sink) {
+  return std::make_unique<caffe2::serialize::PyTorchStreamWriter>(
+      [sink](const void* data, size_t n) -> size_t { return sink->Write(data, n); });
 }
 
-at::Tensor ArchiveWriter::Add(const at::Tensor& t) {
-  ST_CHECK_ARG(!state_->finished, "ArchiveWriter::Add after Finish ('", path_, "')");
-  ST_CHECK_ARG(t.defined(), "ArchiveWriter::Add: undefined tensor ('", path_, "')");
-  ST_CHECK_ARG(t.layout() == at::kStrided && !t.is_quantized(),
-               "ArchiveWriter::Add: only dense (strided, not quantized) tensors can be written, got layout ",
-               t.layout(), " ('", path_, "')");
+// t's elements as a record of `zip` under `key`; the data-less placeholder that stands for it.
+at::Tensor WriteTensorRecord(caffe2::serialize::PyTorchStreamWriter& zip, const FileSink& sink, const at::Tensor& t,
+                             const std::string& key, const std::string& path) {
+  ST_CHECK_ARG(t.defined(), "writing '", path, "': undefined tensor");
+  ST_CHECK_ARG(t.layout() == at::kStrided && !t.is_quantized(), "writing '", path,
+               "': only dense (strided, not quantized) tensors can be written, got layout ", t.layout());
   at::Tensor c = t.detach();
   if (!c.device().is_cpu()) c = c.cpu();
   c = c.resolve_conj().resolve_neg().contiguous();
   const size_t nbytes = static_cast<size_t>(c.numel()) * c.element_size();
-  const std::string key = std::to_string(state_->placeholders.size());
   static const char kEmpty = 0;
   try {
-    state_->zip->writeRecord("data/" + key, nbytes ? c.data_ptr() : &kEmpty, nbytes);
+    zip.writeRecord("data/" + key, nbytes ? c.data_ptr() : &kEmpty, nbytes);
   } catch (const c10::Error& e) {
-    ST_THROW(Error, "failed writing '", state_->tmp, "': ", state_->err ? ErrnoText(state_->err) : FirstLine(e));
+    sink.Fail(e);
   }
-  at::Tensor ph = Placeholder(c.scalar_type(), c.sizes(), nbytes);
-  state_->keys[ph.storage().unsafeGetStorageImpl()] = key;
-  state_->placeholders.push_back(ph);
-  return ph;
+  return Placeholder(c.scalar_type(), c.sizes(), nbytes);
 }
 
-void ArchiveWriter::Finish(const c10::IValue& root) {
-  ST_CHECK_ARG(!state_->finished, "ArchiveWriter::Finish called twice ('", path_, "')");
+// Pickles `root` as data.pkl (tensors by their record keys) and ends the archive.
+void FinishZip(caffe2::serialize::PyTorchStreamWriter& zip, const FileSink& sink, const c10::IValue& root,
+               const std::function<std::string(const at::Tensor&)>& key_of) {
   std::vector<char> pickled;
-  auto key_of = [&](const at::Tensor& t) -> std::string {
-    auto it = state_->keys.find(t.storage().unsafeGetStorageImpl());
-    if (it == state_->keys.end()) {
-      ST_THROW(InvalidArgumentError, "ArchiveWriter::Finish: the root object holds a tensor (", t.scalar_type(), " ",
-               t.sizes(), ") that Add() did not return; pass only the placeholders Add() returns ('", path_, "')");
-    }
-    return it->second;
-  };
   torch::jit::Pickler pickler([&](const char* data, size_t n) { pickled.insert(pickled.end(), data, data + n); },
                               /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
                               key_of, /*tag_aggregates=*/false);
@@ -251,23 +268,105 @@ void ArchiveWriter::Finish(const c10::IValue& root) {
   pickler.pushIValue(PlainForPickle(root));
   pickler.stop();
   try {
-    state_->zip->writeRecord("data.pkl", pickled.data(), pickled.size());
-    state_->zip->writeEndOfFile();
+    zip.writeRecord("data.pkl", pickled.data(), pickled.size());
+    zip.writeEndOfFile();
   } catch (const c10::Error& e) {
-    ST_THROW(Error, "failed writing '", state_->tmp, "': ", state_->err ? ErrnoText(state_->err) : FirstLine(e));
+    sink.Fail(e);
   }
-  if (::fsync(state_->fd) != 0 || ::close(state_->fd) != 0) {
-    state_->fd = -1;
-    ST_THROW(Error, "failed flushing '", state_->tmp, "': ", std::strerror(errno));
-  }
-  state_->fd = -1;
-  if (::rename(state_->tmp.c_str(), path_.c_str()) != 0) {
-    ST_THROW(Error, "cannot rename '", state_->tmp, "' to '", path_, "': ", std::strerror(errno));
-  }
-  state_->finished = true;
-  fs::path p(path_);
-  FsyncDir(p.has_parent_path() ? p.parent_path() : fs::path("."));
 }
+
+}  // namespace
+
+struct ArchiveWriter::State {
+  std::unique_ptr<FileSink> sink;
+  std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> zip;
+  std::unordered_map<const void*, std::string> keys;  // placeholder storage -> record key
+  std::vector<at::Tensor> placeholders;               // keeps the keys' storages unique
+};
+
+ArchiveWriter::ArchiveWriter(std::string path) : path_(std::move(path)), state_(std::make_unique<State>()) {
+  state_->sink = std::make_unique<FileSink>(path_);
+  state_->zip = ZipInto(state_->sink.get());
+}
+
+ArchiveWriter::~ArchiveWriter() {
+  if (!state_ || state_->sink->committed()) return;
+  state_->sink->Abandon();
+  try {
+    if (!state_->zip->finalized()) state_->zip->writeEndOfFile();
+  } catch (...) {
+  }
+}
+
+at::Tensor ArchiveWriter::Add(const at::Tensor& t) {
+  ST_CHECK_ARG(!state_->sink->committed(), "ArchiveWriter::Add after Finish ('", path_, "')");
+  const std::string key = std::to_string(state_->placeholders.size());
+  at::Tensor ph = WriteTensorRecord(*state_->zip, *state_->sink, t, key, path_);
+  state_->keys[ph.storage().unsafeGetStorageImpl()] = key;
+  state_->placeholders.push_back(ph);
+  return ph;
+}
+
+void ArchiveWriter::Finish(const c10::IValue& root) {
+  ST_CHECK_ARG(!state_->sink->committed(), "ArchiveWriter::Finish called twice ('", path_, "')");
+  FinishZip(*state_->zip, *state_->sink, root, [&](const at::Tensor& t) -> std::string {
+    auto it = state_->keys.find(t.storage().unsafeGetStorageImpl());
+    if (it == state_->keys.end()) {
+      ST_THROW(InvalidArgumentError, "ArchiveWriter::Finish: the root object holds a tensor (", t.scalar_type(), " ",
+               t.sizes(), ") that Add() did not return; pass only the placeholders Add() returns ('", path_, "')");
+    }
+    return it->second;
+  });
+  state_->sink->Commit();
+}
+
+struct ArchiveSequenceWriter::State {
+  std::unique_ptr<FileSink> sink;
+};
+
+ArchiveSequenceWriter::ArchiveSequenceWriter(std::string path)
+    : path_(std::move(path)), state_(std::make_unique<State>()) {
+  state_->sink = std::make_unique<FileSink>(path_);
+}
+
+ArchiveSequenceWriter::~ArchiveSequenceWriter() = default;
+
+namespace {
+
+// Pads the sink to a 64-byte boundary, writes one archive with `body`, and
+// returns where it lies.
+ArchiveSequenceWriter::Span AppendArchive(FileSink& sink, const std::string& path,
+                                          const std::function<void(caffe2::serialize::PyTorchStreamWriter&)>& body) {
+  ST_CHECK_ARG(!sink.committed(), "ArchiveSequenceWriter: append after Finish ('", path, "')");
+  static const char kZeros[64] = {};
+  const uint64_t pad = (64 - sink.written() % 64) % 64;
+  if (sink.Write(kZeros, pad) != pad) sink.Fail(std::runtime_error("short write"));
+  ArchiveSequenceWriter::Span span{sink.written(), 0};
+  auto zip = ZipInto(&sink);
+  body(*zip);
+  span.length = sink.written() - span.offset;
+  return span;
+}
+
+}  // namespace
+
+ArchiveSequenceWriter::Span ArchiveSequenceWriter::AppendTensor(const at::Tensor& t) {
+  return AppendArchive(*state_->sink, path_, [&](caffe2::serialize::PyTorchStreamWriter& zip) {
+    at::Tensor ph = WriteTensorRecord(zip, *state_->sink, t, "0", path_);
+    FinishZip(zip, *state_->sink, ph, [](const at::Tensor&) { return std::string("0"); });
+  });
+}
+
+ArchiveSequenceWriter::Span ArchiveSequenceWriter::AppendObject(const c10::IValue& v) {
+  return AppendArchive(*state_->sink, path_, [&](caffe2::serialize::PyTorchStreamWriter& zip) {
+    FinishZip(zip, *state_->sink, v, [&](const at::Tensor&) -> std::string {
+      ST_THROW(InvalidArgumentError, "ArchiveSequenceWriter::AppendObject: the value holds a tensor ('", path_,
+               "'); use AppendTensor");
+    });
+  });
+}
+
+void ArchiveSequenceWriter::Finish() { state_->sink->Commit(); }
 
 void ReleaseMappedPages(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage() || !t.is_cpu()) return;
@@ -285,7 +384,11 @@ void ReleaseMappedPages(const at::Tensor& t) {
   if (lo < hi) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
 }
 
-c10::IValue MapArchive(const std::string& path) {
+struct MappedFile::Mapped {
+  std::shared_ptr<Mapping> m;
+};
+
+MappedFile::MappedFile(const std::string& path) : path_(path), m_(std::make_shared<Mapped>()) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) ST_THROW(Error, "cannot open checkpoint '", path, "': ", std::strerror(errno));
   struct stat st {};
@@ -301,14 +404,27 @@ c10::IValue MapArchive(const std::string& path) {
   ::close(fd);
   if (m->size == 0) ST_THROW(Error, "checkpoint '", path, "' is empty (0 bytes; not a torch.save archive)");
   if (m->base == MAP_FAILED) ST_THROW(Error, "cannot map '", path, "': ", std::strerror(map_err));
+  m_->m = std::move(m);
+}
+
+uint64_t MappedFile::size() const { return m_->m->size; }
+
+c10::IValue MappedFile::Archive(uint64_t offset, uint64_t length, const std::string& what) const {
+  const std::shared_ptr<Mapping>& m = m_->m;
+  const std::string& path = path_;
+  if (offset > m->size || length > m->size - offset) {
+    ST_THROW(Error, "checkpoint '", path, "': ", what, " lies at bytes [", offset, ", ", offset + length,
+             ") but the file has ", m->size, " bytes (truncated?)");
+  }
+  const std::string name = what.empty() ? "checkpoint '" + path + "'" : "checkpoint '" + path + "' (" + what + ")";
   try {
-    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MappingReader>(m));
+    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MappingReader>(m, offset, length));
     auto record = reader.getRecord("data.pkl");
     const at::DataPtr& pickle_ptr = std::get<0>(record);
     const size_t pickle_size = std::get<1>(record);  // not a structured binding: clang 14 cannot capture those
     const char* pickle = static_cast<const char*>(pickle_ptr.get());
     // Scanned before LibTorch reserves its lengths; Python's OrderedDicts made plain dicts.
-    const std::string plain = PlainDictsForLibTorch(pickle, pickle_size, "checkpoint '" + path + "' (data.pkl)");
+    const std::string plain = PlainDictsForLibTorch(pickle, pickle_size, name + " (data.pkl)");
     const size_t plain_size = plain.empty() ? pickle_size : plain.size();
     if (!plain.empty()) pickle = plain.data();
     size_t pos = 0;
@@ -320,13 +436,13 @@ c10::IValue MapArchive(const std::string& path) {
     };
     std::unordered_map<const void*, size_t> records;  // first byte -> size, for CheckTensorsInRecords
     auto read_record = [&](const std::string& key) -> at::DataPtr {
-      const std::string name = "data/" + key;
-      const size_t size = reader.getRecordSize(name);
-      const size_t offset = reader.getRecordOffset(name);
-      if (offset > m->size || size > m->size - offset) {
-        ST_THROW(Error, "checkpoint '", path, "': record '", name, "' lies past the end of the file");
+      const std::string rec = "data/" + key;
+      const size_t size = reader.getRecordSize(rec);
+      const size_t rec_offset = reader.getRecordOffset(rec);
+      if (rec_offset > length || size > length - rec_offset) {
+        ST_THROW(Error, name, ": record '", rec, "' lies past the end of the file");
       }
-      char* data = static_cast<char*>(m->base) + offset;
+      char* data = static_cast<char*>(m->base) + offset + rec_offset;
       records[data] = std::max(records[data], size);
       return at::DataPtr(data, new std::shared_ptr<Mapping>(m), &ReleaseMapping, c10::Device(c10::kCPU));
     };
@@ -335,14 +451,18 @@ c10::IValue MapArchive(const std::string& path) {
     unpickler.set_version(reader.version());
     c10::IValue root = unpickler.parse_ivalue();
     const std::string bad = CheckTensorsInRecords(root, records);
-    if (!bad.empty()) ST_THROW(Error, "checkpoint '", path, "' is corrupt: it holds ", bad);
+    if (!bad.empty()) ST_THROW(Error, name, " is corrupt: it holds ", bad);
     return root;
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    ST_THROW(Error, "checkpoint '", path, "' is truncated or corrupt (", m->size,
-             " bytes; cannot be read: ", FirstLine(e), ")");
+    ST_THROW(Error, name, " is truncated or corrupt (", length, " bytes; cannot be read: ", FirstLine(e), ")");
   }
+}
+
+c10::IValue MapArchive(const std::string& path) {
+  MappedFile file(path);
+  return file.Archive(0, file.size(), "");
 }
 
 }  // namespace shardtrain::trainer

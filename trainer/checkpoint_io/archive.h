@@ -16,6 +16,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -54,6 +55,57 @@ class ArchiveWriter {
   struct State;
   std::string path_;
   std::unique_ptr<State> state_;
+};
+
+// Several whole torch.save-format archives back to back in one file (PyTorch
+// DCP's rank files: each tensor chunk and each other value is torch.save'd on
+// its own and found by offset and length). Each archive starts on a 64-byte
+// boundary of the file, so its records do too. Like ArchiveWriter, the file
+// appears at `path` only when Finish() succeeds.
+class ArchiveSequenceWriter {
+ public:
+  struct Span {
+    uint64_t offset = 0;
+    uint64_t length = 0;
+  };
+  explicit ArchiveSequenceWriter(std::string path);
+  ~ArchiveSequenceWriter();  // without Finish(): removes the temporary file
+  ArchiveSequenceWriter(const ArchiveSequenceWriter&) = delete;
+  ArchiveSequenceWriter& operator=(const ArchiveSequenceWriter&) = delete;
+
+  // An archive whose root is a tensor of t's dtype and shape holding t's
+  // elements (what torch.save(t.contiguous()) writes), written from t itself.
+  Span AppendTensor(const at::Tensor& t);
+  // An archive whose root is `v`, which holds no tensor (a number, string, list...).
+  Span AppendObject(const c10::IValue& v);
+  // Fsyncs, closes and renames the file into place.
+  void Finish();
+
+  const std::string& path() const { return path_; }
+
+ private:
+  struct State;
+  std::string path_;
+  std::unique_ptr<State> state_;
+};
+
+// A file mapped once (read-only, private), for reading several archives out
+// of it (MapArchive reads a whole-file archive).
+class MappedFile {
+ public:
+  // Throws shardtrain::Error naming the file when it is missing or empty.
+  explicit MappedFile(const std::string& path);
+  uint64_t size() const;
+  const std::string& path() const { return path_; }
+  // The archive in bytes [offset, offset + length) of the file, as
+  // MapArchive reads a file: tensors are zero-copy views of the mapping.
+  // `what` names the item in errors (e.g. "chunk of 'model.w' at offset 0").
+  c10::IValue Archive(uint64_t offset, uint64_t length, const std::string& what) const;
+
+ private:
+  struct Mapped;
+  std::string path_;
+  std::shared_ptr<Mapped> m_;
 };
 
 // Opens a torch.save-format archive with every tensor a zero-copy view of
