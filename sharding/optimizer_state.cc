@@ -289,32 +289,41 @@ OptimizerStates OptimizerStatesFromShards(const ShardedModel& model, const std::
   std::vector<std::string> problems;
   const auto plans = model.PlanShardedLoad(pieces, by_rank, &problems);
   const auto units = model.units();
-  const auto locs = Locate(model, params);
-  OptimizerStates out(params.size());
-  for (size_t u = 0; u < units.size(); ++u) {
-    std::map<std::string, at::Tensor> dense;
-    int64_t step = -1;
+  return OptimizerStatesFromUnits(model, params, [&](size_t u) {
+    UnitShardState st;
     for (const auto& c : plans[u]) {
       const ShardedOptimizerState& p = optimizer[by_rank[c.src_rank]];
       if (p.units.empty()) continue;
-      step = std::max(step, p.steps[c.src_unit]);
+      st.step = std::max(st.step, p.steps[c.src_unit]);
       for (const auto& [k, t] : p.units[c.src_unit]) {
-        at::Tensor& d = dense[k];
+        at::Tensor& d = st.tensors[k];
         if (!d.defined()) d = at::zeros({units[u].shard_numel}, at::kFloat);
         d.narrow(0, c.dst_offset, c.len).copy_(t.reshape({-1}).narrow(0, c.src_offset, c.len));
         SourceReleaseScope::Release(t);  // e.g. drop the mapped record's pages: one source range resident at a time
       }
     }
-    if (dense.empty()) continue;
+    return st;
+  });
+}
+
+OptimizerStates OptimizerStatesFromUnits(const ShardedModel& model, const std::vector<at::Tensor>& params,
+                                         const std::function<UnitShardState(size_t unit)>& unit_state) {
+  at::NoGradGuard no_grad;
+  const auto units = model.units();
+  const auto locs = Locate(model, params);
+  OptimizerStates out(params.size());
+  for (size_t u = 0; u < units.size(); ++u) {
+    const UnitShardState dense = unit_state(u);
+    if (dense.tensors.empty()) continue;
     for (size_t i = 0; i < params.size(); ++i) {
       const Loc& loc = locs[i];
       if (loc.unit != static_cast<int>(u)) continue;
       OptimizerTensorState st;
-      for (const auto& [k, t] : dense) {
+      for (const auto& [k, t] : dense.tensors) {
         at::Tensor part = loc.offset == 0 && loc.len == t.numel() ? t : t.narrow(0, loc.offset, loc.len).clone();
         st.tensors[k] = part.view(params[i].sizes()).to(params[i].options());
       }
-      st.step = step;
+      st.step = dense.step;
       out[i] = std::move(st);
     }
   }

@@ -66,6 +66,11 @@ OptimizerStates OptimizerStatesFromFull(const ShardedModel& model, const std::ve
                                         const std::map<std::string, std::map<std::string, at::Tensor>>& state,
                                         const std::map<std::string, int64_t>& step);
 
+// This rank's state of each optimized tensor from each unit's state laid out
+// like its shard (`unit_state(u)`, called once per unit, in order).
+OptimizerStates OptimizerStatesFromUnits(const ShardedModel& model, const std::vector<at::Tensor>& params,
+                                         const std::function<UnitShardState(size_t unit)>& unit_state);
+
 // This rank's state of each optimized tensor from the pieces of a sharded
 // checkpoint saved at any world size (`optimizer[i]` is pieces[i]'s state):
 // per unit, only the ranges of the saved shards that overlap this rank's

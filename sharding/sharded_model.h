@@ -148,6 +148,13 @@ class ShardedModel {
   // unit and order, else by name; names, sizes and buffer shapes are checked
   // first and on mismatch nothing changes and the error lists every problem.
   void LoadShardedStateDict(const std::vector<ShardedStateDict>& pieces);
+  // Loads from storage laid out per parameter (PyTorch DCP): `fill(u, shard)`
+  // writes this rank's shard of unit u (units()[u]: float32, shard_numel
+  // elements, zeroed first, so the padding stays zero), one unit at a time;
+  // then every buffer of the module from `buffers` (by name, same shape;
+  // InvalidArgumentError naming the first missing one before anything changes).
+  void LoadShardsWith(const std::function<void(size_t unit, at::Tensor& shard)>& fill,
+                      const std::map<std::string, at::Tensor>& buffers);
   // What LoadShardedStateDict would refuse, one line per problem (empty: the
   // pieces fit). No communication; nothing changes.
   std::vector<std::string> CheckShardedStateDict(const std::vector<ShardedStateDict>& pieces) const;

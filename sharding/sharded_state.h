@@ -62,6 +62,13 @@ struct ShardedOptimizerState {
   std::vector<int64_t> steps;
 };
 
+// One unit's optimizer state laid out like its shard: state tensors by key
+// (shard_numel float32 elements each; empty: none) and the unit's step.
+struct UnitShardState {
+  std::map<std::string, at::Tensor> tensors;
+  int64_t step = -1;
+};
+
 // For each shard rank of the run that saved `pieces`, the index of its piece
 // (HYBRID_SHARD replicas hold equal shards: the first is taken). Throws
 // InvalidArgumentError when the pieces disagree on the shard group or one is

@@ -208,6 +208,23 @@ std::vector<std::vector<ShardCopy>> ShardedModel::PlanShardedLoad(const std::vec
   return plans;
 }
 
+void ShardedModel::LoadShardsWith(const std::function<void(size_t unit, at::Tensor& shard)>& fill,
+                                  const std::map<std::string, at::Tensor>& buffers) {
+  for (const auto& item : module_->named_buffers(true)) {
+    auto it = buffers.find(item.key());
+    ST_CHECK_ARG(it != buffers.end() && it->second.sizes() == item.value().sizes(), "buffer '", item.key(), "' ",
+                 it == buffers.end() ? "is missing" : "has another shape", " (nothing was loaded)");
+  }
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    at::Tensor shard = units_[i]->flat->shard().detach();
+    shard.zero_();
+    fill(i, shard);
+  }
+  for (const auto& item : module_->named_buffers(true)) item.value().copy_(buffers.at(item.key()));
+  for (auto& u : units_) Reshard(u.get());
+}
+
 std::vector<std::string> ShardedModel::CheckShardedStateDict(const std::vector<ShardedStateDict>& pieces) const {
   std::vector<std::string> problems;
   PlanShardedLoad(pieces, PieceOfShardRank(pieces), &problems);

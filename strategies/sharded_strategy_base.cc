@@ -242,6 +242,18 @@ sharding::OptimizerStates ShardedStrategyBase::OptimizerStatesFromShards(
   return sharding::OptimizerStatesFromShards(*sm_, params, pieces, optimizer);
 }
 
+void ShardedStrategyBase::LoadShardsWith(const std::function<void(size_t, at::Tensor&)>& fill,
+                                         const std::map<std::string, at::Tensor>& buffers) {
+  if (!sm_) NotSharded("LoadShardsWith");
+  sm_->LoadShardsWith(fill, buffers);
+}
+
+sharding::OptimizerStates ShardedStrategyBase::OptimizerStatesFromUnits(
+    const std::vector<at::Tensor>& params, const std::function<sharding::UnitShardState(size_t)>& unit_state) const {
+  if (!sm_) NotSharded("OptimizerStatesFromUnits");
+  return sharding::OptimizerStatesFromUnits(*sm_, params, unit_state);
+}
+
 void CheckTypeList(const std::string& strategy, const std::string& key, const std::vector<std::string>& types) {
   ST_CHECK_ARG(!types.empty(), "strategy '", strategy, "': ", key,
                " needs at least one module type name, e.g. BlockImpl,MlpImpl");

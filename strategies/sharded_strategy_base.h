@@ -72,6 +72,11 @@ class ShardedStrategyBase : public Strategy {
   sharding::OptimizerStates OptimizerStatesFromShards(
       const std::vector<at::Tensor>& params, const std::vector<sharding::ShardedStateDict>& pieces,
       const std::vector<sharding::ShardedOptimizerState>& optimizer) const override;
+  void LoadShardsWith(const std::function<void(size_t unit, at::Tensor& shard)>& fill,
+                      const std::map<std::string, at::Tensor>& buffers) override;
+  sharding::OptimizerStates OptimizerStatesFromUnits(
+      const std::vector<at::Tensor>& params,
+      const std::function<sharding::UnitShardState(size_t unit)>& unit_state) const override;
 
   // The sharding core, for tests and benchmarks that inspect it (units,
   // communication times). The Trainer does not use it.

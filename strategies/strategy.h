@@ -239,6 +239,15 @@ class Strategy {
   virtual sharding::OptimizerStates OptimizerStatesFromShards(
       const std::vector<at::Tensor>& params, const std::vector<sharding::ShardedStateDict>& pieces,
       const std::vector<sharding::ShardedOptimizerState>& optimizer) const;
+  // Loading storage laid out per parameter (PyTorch DCP): `fill(u, shard)`
+  // writes this rank's shard of each unit of ShardedState() (zeroed first),
+  // then the buffers by name; this rank's state of `params` from each unit's
+  // state laid out like its shard (sharding/optimizer_state.h).
+  virtual void LoadShardsWith(const std::function<void(size_t unit, at::Tensor& shard)>& fill,
+                              const std::map<std::string, at::Tensor>& buffers);
+  virtual sharding::OptimizerStates OptimizerStatesFromUnits(
+      const std::vector<at::Tensor>& params,
+      const std::function<sharding::UnitShardState(size_t unit)>& unit_state) const;
 
  protected:
   void CheckSetUp(const char* what) const;

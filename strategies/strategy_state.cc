@@ -107,4 +107,13 @@ sharding::OptimizerStates Strategy::OptimizerStatesFromShards(const std::vector<
   NotSharded("OptimizerStatesFromShards");
 }
 
+void Strategy::LoadShardsWith(const std::function<void(size_t, at::Tensor&)>&, const std::map<std::string, at::Tensor>&) {
+  NotSharded("LoadShardsWith");
+}
+
+sharding::OptimizerStates Strategy::OptimizerStatesFromUnits(
+    const std::vector<at::Tensor>&, const std::function<sharding::UnitShardState(size_t)>&) const {
+  NotSharded("OptimizerStatesFromUnits");
+}
+
 }  // namespace shardtrain::strategies

@@ -12,6 +12,7 @@
 #include "base/errors.h"
 #include "tests/trainer/fixtures.h"
 #include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/dcp_checkpoint.h"
 #include "trainer/checkpoint_io/sharded_checkpoint.h"
 
 namespace shardtrain::trainer {
@@ -46,7 +47,7 @@ void ResumeAtOtherWorldSizes(const std::string& optimizer, strategies::StrategyO
   ASSERT_EQ(a.losses.size(), 6u);
   for (size_t i = 0; i < 6; ++i) EXPECT_EQ(a.losses[i], full.losses[i]);
   ASSERT_TRUE(fs::is_directory(a.last_ckpt)) << a.last_ckpt;
-  for (const char* f : {"metadata.pt", "rank_0.pt", "rank_1.pt", "COMPLETE"}) {
+  for (const char* f : {".metadata", "meta.pt", "__0_0.distcp", "__1_0.distcp"}) {
     EXPECT_TRUE(fs::exists(fs::path(a.last_ckpt) / f)) << f;
   }
   for (int w : worlds) {
@@ -81,13 +82,15 @@ TEST(ShardedCheckpoint, LoadsIntoAnotherWrapping) {
   load.max_steps = 6;  // loads, then stops
   const std::string again = (fs::path(TmpDir("wrap_again")) / "ckpt").string();
   Fit(4, load, a.last_ckpt, {}, [&](int, Trainer& t, Classifier&) { t.SaveCheckpoint(again, CheckpointFormat::kSharded); });
-  const ShardedCheckpoint before = LoadShardedCheckpoint(a.last_ckpt), after = LoadShardedCheckpoint(again);
-  EXPECT_EQ(before.pieces.front().state.units.size(), 3u);
-  EXPECT_EQ(after.pieces.front().state.units.size(), 1u);
-  const auto pb = ConsolidateParameters(before), pa = ConsolidateParameters(after);
+  const DcpCheckpoint db = OpenDcpCheckpoint(a.last_ckpt), da = OpenDcpCheckpoint(again);
+  // 3 units over 2 ranks, then one unit over 4: other chunks of the same parameter.
+  EXPECT_NE(db.reader->metadata().tensors.at("model.b2.fc.weight").chunks.size(),
+            da.reader->metadata().tensors.at("model.b2.fc.weight").chunks.size());
+  const CheckpointData before = ConsolidateDcpCheckpoint(db), after = ConsolidateDcpCheckpoint(da);
+  const auto &pb = before.state_dict, &pa = after.state_dict;
   ASSERT_EQ(pb.size(), pa.size());
   for (const auto& [k, v] : pb) EXPECT_TRUE(v.equal(pa.at(k))) << k;
-  const auto ob = ConsolidateOptimizerState(before), oa = ConsolidateOptimizerState(after);
+  const auto &ob = before.optimizer_full, &oa = after.optimizer_full;
   EXPECT_EQ(ob.kind, "Adam");
   EXPECT_EQ(ob.step, oa.step);
   ASSERT_EQ(ob.state.size(), pb.size());
@@ -146,7 +149,7 @@ TEST(ShardedCheckpoint, ConsolidatedCheckpointResumesAtOtherWorldSize) {
   first.max_steps = 6;
   FitResult a = Fit(2, first);
   const std::string out = (fs::path(TmpDir("cons_out")) / "full.ckpt").string();
-  SaveCheckpoint(out, ConsolidateShardedCheckpoint(LoadShardedCheckpoint(a.last_ckpt)));
+  SaveCheckpoint(out, ConsolidateDcpCheckpoint(OpenDcpCheckpoint(a.last_ckpt)));
   CheckpointData d = LoadCheckpoint(out);
   EXPECT_EQ(d.global_step, 6);
   EXPECT_EQ(d.world_size, 2);
@@ -196,20 +199,20 @@ TEST(ShardedCheckpoint, ErrorsNameTheFileAndChangeNothing) {
     fs::copy(a.last_ckpt, dst, fs::copy_options::recursive);
     return dst;
   };
-  {  // a missing shard file
+  {  // a missing rank file
     const fs::path d = copy("missing");
-    fs::remove(d / "rank_1.pt");
-    ExpectLoadFails(d.string(), {"missing the shard file", (d / "rank_1.pt").string()});
+    fs::remove(d / "__1_0.distcp");
+    ExpectLoadFails(d.string(), {"missing the file", (d / "__1_0.distcp").string()});
     try {
-      LoadShardedCheckpoint(d.string());
+      OpenDcpCheckpoint(d.string());
       ADD_FAILURE() << "no error";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find((d / "rank_1.pt").string()), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find((d / "__1_0.distcp").string()), std::string::npos) << e.what();
     }
   }
-  {  // a truncated shard file
+  {  // a truncated rank file
     const fs::path d = copy("truncated");
-    const fs::path f = d / "rank_0.pt";
+    const fs::path f = d / "__0_0.distcp";
     std::string bytes;
     {
       std::ifstream in(f, std::ios::binary);
@@ -219,12 +222,24 @@ TEST(ShardedCheckpoint, ErrorsNameTheFileAndChangeNothing) {
       std::ofstream out(f, std::ios::binary | std::ios::trunc);
       out.write(bytes.data(), static_cast<std::streamsize>(bytes.size() / 2));
     }
+    ExpectLoadFails(d.string(), {"(truncated?)", f.string()});
+  }
+  {  // a chunk whose bytes are corrupt (its archive does not parse): the end of its zip directory
+    const fs::path d = copy("corrupt");
+    const fs::path f = d / "__1_0.distcp";
+    const dcp::Reader r(d.string());
+    const dcp::Chunk& c = r.metadata().tensors.at("model.head.weight").chunks.back();
+    ASSERT_EQ(c.where.file, "__1_0.distcp");
+    std::fstream io(f, std::ios::binary | std::ios::in | std::ios::out);
+    io.seekp(static_cast<std::streamoff>(c.where.offset + c.where.length - 22));
+    io.write("XXXXXXXXXXXXXXXXXXXXXX", 22);
+    io.close();
     ExpectLoadFails(d.string(), {"truncated or corrupt", f.string()});
   }
-  {  // an unfinished save (no COMPLETE marker)
+  {  // an unfinished save (no .metadata, written last)
     const fs::path d = copy("incomplete");
-    fs::remove(d / "COMPLETE");
-    ExpectLoadFails(d.string(), {"incomplete", (d / "COMPLETE").string()});
+    fs::remove(d / ".metadata");
+    ExpectLoadFails(d.string(), {"incomplete", (d / ".metadata").string()});
   }
   {  // another model (4 classes instead of 3)
     ClassifierConfig other;
@@ -240,19 +255,17 @@ TEST(ShardedCheckpoint, InterruptedSaveKeepsThePreviousCheckpoint) {
   TrainerOptions o = Sharded(TmpDir("atomic"), 2);
   o.max_steps = 2;
   FitResult a = Fit(2, o);
-  ShardedCheckpoint before = LoadShardedCheckpoint(a.last_ckpt);
-  EXPECT_EQ(before.meta.global_step, 2);
+  EXPECT_EQ(OpenDcpCheckpoint(a.last_ckpt).meta.global_step, 2);
   // A crash mid-save leaves the temporary directory with some files; the
   // checkpoint at the path is untouched and still loads.
   const std::string tmp = ShardedTempDir(a.last_ckpt);
   fs::create_directories(tmp);
-  std::ofstream(fs::path(tmp) / "rank_0.pt") << "partial";
-  EXPECT_EQ(LoadShardedCheckpoint(a.last_ckpt).meta.global_step, 2);
+  std::ofstream(fs::path(tmp) / "__0_0.distcp") << "partial";
+  EXPECT_EQ(OpenDcpCheckpoint(a.last_ckpt).meta.global_step, 2);
   // The next save replaces the checkpoint and clears the leftovers.
-  ShardedCheckpoint next = before;
-  next.meta.global_step = 3;
-  SaveShardedCheckpoint(a.last_ckpt, next);
-  EXPECT_EQ(LoadShardedCheckpoint(a.last_ckpt).meta.global_step, 3);
+  o.max_steps = 3;
+  Fit(2, o, a.last_ckpt, {}, [&](int, Trainer& t, Classifier&) { t.SaveCheckpoint(a.last_ckpt, CheckpointFormat::kSharded); });
+  EXPECT_EQ(OpenDcpCheckpoint(a.last_ckpt).meta.global_step, 3);
   EXPECT_FALSE(fs::exists(tmp));
   for (const auto& e : fs::directory_iterator(fs::path(a.last_ckpt).parent_path())) {
     EXPECT_EQ(e.path().filename().string().find("tmp"), std::string::npos) << e.path();

@@ -107,20 +107,26 @@ void SchedulerFromIValue(const c10::IValue& v, const std::string& prefix, std::m
 
 }  // namespace
 
-void FinishCheckpoint(ArchiveWriter& w, const CheckpointData& data, const c10::IValue& streamed_state_dict,
-                      const FullOptimizerState* streamed_optimizer_full) {
-  const internal::TensorAdder add = [&](const at::Tensor& t) { return w.Add(t.detach()); };
+namespace {
+
+// The checkpoint's root dict; without `model_state`, no "state_dict" and
+// "optimizer_states" (a sharded checkpoint's meta.pt).
+c10::impl::GenericDict CheckpointRoot(const CheckpointData& data, const internal::TensorAdder& add, bool model_state,
+                                      const c10::IValue& streamed_state_dict,
+                                      const FullOptimizerState* streamed_optimizer_full) {
   c10::impl::GenericDict d(c10::StringType::get(), c10::AnyType::get());
-  if (!streamed_state_dict.isNone()) {
-    d.insert("state_dict", streamed_state_dict);
-  } else {
-    c10::Dict<std::string, at::Tensor> sd;
-    for (const auto& [k, v] : data.state_dict) sd.insert(k, add(v));
-    d.insert("state_dict", sd);
-  }
   const FullOptimizerState& opt = streamed_optimizer_full ? *streamed_optimizer_full : data.optimizer_full;
-  d.insert("optimizer_states",
-           internal::OptimizerStatesToIValue(opt, streamed_optimizer_full != nullptr, data.optimizer_groups, add));
+  if (model_state) {
+    if (!streamed_state_dict.isNone()) {
+      d.insert("state_dict", streamed_state_dict);
+    } else {
+      c10::Dict<std::string, at::Tensor> sd;
+      for (const auto& [k, v] : data.state_dict) sd.insert(k, add(v));
+      d.insert("state_dict", sd);
+    }
+    d.insert("optimizer_states",
+             internal::OptimizerStatesToIValue(opt, streamed_optimizer_full != nullptr, data.optimizer_groups, add));
+  }
   d.insert("lr_schedulers", LRSchedulerStatesToIValue(data.lr_schedulers));
   d.insert("epoch", data.epoch);
   d.insert("global_step", data.global_step);
@@ -150,7 +156,21 @@ void FinishCheckpoint(ArchiveWriter& w, const CheckpointData& data, const c10::I
   // The groups again, for optimizers "optimizer_states" cannot hold (their lrs and momentums).
   own.insert("optimizer_groups", OptimizerGroupsToIValue(data.optimizer_groups));
   d.insert("shardtrain", own);
-  w.Finish(c10::IValue(d));
+  return d;
+}
+
+}  // namespace
+
+void FinishCheckpoint(ArchiveWriter& w, const CheckpointData& data, const c10::IValue& streamed_state_dict,
+                      const FullOptimizerState* streamed_optimizer_full) {
+  const internal::TensorAdder add = [&](const at::Tensor& t) { return w.Add(t.detach()); };
+  w.Finish(CheckpointRoot(data, add, true, streamed_state_dict, streamed_optimizer_full));
+}
+
+void SaveCheckpointMeta(const std::string& path, const CheckpointData& data) {
+  ArchiveWriter w(path);
+  const internal::TensorAdder add = [&](const at::Tensor& t) { return w.Add(t.detach()); };
+  w.Finish(CheckpointRoot(data, add, false, c10::IValue(), nullptr));
 }
 
 c10::IValue StateDictToIValue(const StateDict& d) {
@@ -287,7 +307,9 @@ void ReadLightningLayout(const c10::impl::GenericDict& d, CheckpointData& out) {
 
 }  // namespace
 
-CheckpointData LoadCheckpoint(const std::string& path) {
+namespace {
+
+CheckpointData ReadCheckpointFile(const std::string& path, bool model_state) {
   // Tensors are views of the mapped file: a loader that copies only its
   // slice of each tensor reads only those pages.
   c10::IValue v = MapArchive(path);
@@ -304,8 +326,12 @@ CheckpointData LoadCheckpoint(const std::string& path) {
     } else {
       ReadLightningLayout(d, out);
     }
-    for (const auto& e : need("state_dict").toGenericDict()) {
-      out.state_dict[e.key().toStringRef()] = e.value().toTensor();
+    if (model_state) {
+      for (const auto& e : need("state_dict").toGenericDict()) {
+        out.state_dict[e.key().toStringRef()] = e.value().toTensor();
+      }
+    } else if (d.contains("shardtrain") && d.at("shardtrain").toGenericDict().contains("optimizer_kind")) {
+      out.optimizer_full.kind = d.at("shardtrain").toGenericDict().at("optimizer_kind").toStringRef();  // no state here
     }
   } catch (const c10::Error& e) {
     std::string what = e.what();
@@ -315,5 +341,10 @@ CheckpointData LoadCheckpoint(const std::string& path) {
   }
   return out;
 }
+
+}  // namespace
+
+CheckpointData LoadCheckpoint(const std::string& path) { return ReadCheckpointFile(path, true); }
+CheckpointData LoadCheckpointMeta(const std::string& path) { return ReadCheckpointFile(path, false); }
 
 }  // namespace shardtrain::trainer

@@ -153,6 +153,12 @@ inline constexpr int64_t kFormatVersion = 2;
 void FinishCheckpoint(ArchiveWriter& writer, const CheckpointData& data, const c10::IValue& streamed_state_dict,
                       const FullOptimizerState* streamed_optimizer_full);
 
+// A sharded checkpoint's meta.pt as Lightning writes it: the entries of the
+// full checkpoint except "state_dict" and "optimizer_states" (those are in
+// the DCP files); and back (the entries LoadCheckpoint reads, but for those two).
+void SaveCheckpointMeta(const std::string& path, const CheckpointData& data);
+CheckpointData LoadCheckpointMeta(const std::string& path);
+
 // Reads and validates a checkpoint; its tensors are zero-copy views of the
 // memory-mapped file (MapArchive), read from disk only where touched. A missing, truncated or corrupt file, or
 // one without the expected entries, throws shardtrain::Error naming the path.

@@ -424,6 +424,32 @@ std::vector<Box> BoxesOfRange(const std::vector<int64_t>& shape, int64_t begin, 
   return out;
 }
 
+int64_t FlatIndex(const std::vector<int64_t>& shape, const std::vector<int64_t>& offsets) {
+  int64_t index = 0;
+  for (size_t d = 0; d < shape.size(); ++d) index = index * shape[d] + offsets[d];
+  return index;
+}
+
+void ForEachRun(const std::vector<int64_t>& shape, const Box& box,
+                const std::function<void(int64_t at, int64_t in_box, int64_t len)>& fn) {
+  const int64_t n = box.numel();
+  if (n == 0) return;
+  // k: the first dimension from which the box is whole to the end; a run spans dims k-1.. (or all).
+  size_t k = shape.size();
+  while (k > 0 && box.sizes[k - 1] == shape[k - 1]) --k;
+  int64_t len = 1;
+  for (size_t d = (k == 0 ? 0 : k - 1); d < shape.size(); ++d) len *= box.sizes[d];
+  const size_t outer = k == 0 ? 0 : k - 1;  // dimensions enumerated one index at a time
+  std::vector<int64_t> at = box.offsets;
+  for (int64_t in_box = 0; in_box < n; in_box += len) {
+    fn(FlatIndex(shape, at), in_box, len);
+    for (size_t d = outer; d-- > 0;) {  // the next index of the outer dimensions (last fastest)
+      if (++at[d] < box.offsets[d] + box.sizes[d]) break;
+      at[d] = box.offsets[d];
+    }
+  }
+}
+
 std::string FlatKey(const std::vector<PathPart>& path) {
   std::string s;
   for (const auto& p : path) {

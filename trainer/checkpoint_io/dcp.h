@@ -27,6 +27,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -61,6 +62,15 @@ struct Box {
 // partial first row, whole rows, a partial last row, recursively. A 0-d
 // tensor's range [0, 1) is one box with no dimensions.
 std::vector<Box> BoxesOfRange(const std::vector<int64_t>& shape, int64_t begin, int64_t end);
+
+// The contiguous runs of a box in its tensor's row-major order, in the box's
+// own order: fn(first element's index in the tensor, its index in the box,
+// length). A box whose trailing dimensions are whole is one run; one cut
+// along its last dimension (DTensor's Shard(1) of a matrix) is a run per row.
+void ForEachRun(const std::vector<int64_t>& shape, const Box& box,
+                const std::function<void(int64_t at, int64_t in_box, int64_t len)>& fn);
+// The index in a tensor of `shape` (row-major) of the element at `offsets`.
+int64_t FlatIndex(const std::vector<int64_t>& shape, const std::vector<int64_t>& offsets);
 
 // Where a torch.save'd item lies: bytes [offset, offset + length) of `file`
 // (a name inside the directory).

@@ -37,7 +37,8 @@ std::string FindLatestCheckpoint(const std::string& root_dir, const std::string&
       if (name.empty() || name[0] == '.' || e.path().extension() != ".ckpt") continue;
       std::error_code st;
       const bool complete = fs::is_regular_file(e.path(), st) ||
-                            (fs::is_directory(e.path(), st) && fs::exists(e.path() / kCompleteMarkerName, st));
+                            (fs::is_directory(e.path(), st) && (fs::exists(e.path() / kCompleteMarkerName, st) ||
+                                                                fs::exists(e.path() / kDcpMetadataName, st)));
       if (!complete) continue;
       const auto t = fs::last_write_time(e.path(), st);
       if (st) continue;

@@ -13,6 +13,8 @@ namespace shardtrain::trainer {
 // kShardedCompleteMarker of trainer/checkpoint_io/sharded_checkpoint.h; this header stays
 // free of torch).
 inline constexpr const char* kCompleteMarkerName = "COMPLETE";
+// A PyTorch DCP directory is complete once its .metadata is there (written last).
+inline constexpr const char* kDcpMetadataName = ".metadata";
 
 // The checkpoint directories of the runs under `root_dir`: every
 // <root_dir>/<logger_name>/version_N/checkpoints and <root_dir>/checkpoints
@@ -21,7 +23,7 @@ std::vector<std::string> RunCheckpointDirs(const std::string& root_dir, const st
 
 // The newest complete checkpoint in those directories: a full checkpoint
 // file (*.ckpt; written by rename, so complete once visible) or a sharded
-// directory holding its COMPLETE marker, by modification time — the last one
+// directory holding its COMPLETE marker or DCP .metadata, by modification time — the last one
 // written by the newest run, whether periodic, at a preemption or at the end
 // (never an older run's last.ckpt when a newer run saved later). "" if none.
 std::string FindLatestCheckpoint(const std::string& root_dir, const std::string& logger_name);

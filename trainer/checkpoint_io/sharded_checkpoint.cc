@@ -245,7 +245,6 @@ void WriteShardedPiece(const std::string& path, const ShardedPiece& piece) {
 
 void FinishShardedSave(const std::string& path, const CheckpointData& meta) {
   const fs::path tmp = ShardedTempDir(path);
-  const fs::path target = fs::path(path).lexically_normal();
   c10::List<std::string> files;
   for (int64_t r = 0; r < meta.world_size; ++r) {
     const fs::path f = tmp / ShardedPieceFileName(r);
@@ -279,6 +278,12 @@ void FinishShardedSave(const std::string& path, const CheckpointData& meta) {
   WriteFileAtomically((tmp / kShardedCompleteMarker).string(),
                       "shardtrain sharded checkpoint, format version " +
                           std::to_string(kShardedCheckpointFormatVersion) + "\n");
+  CommitShardedDir(path);
+}
+
+void CommitShardedDir(const std::string& path) {
+  const fs::path tmp = ShardedTempDir(path);
+  const fs::path target = fs::path(path).lexically_normal();
   FsyncDir(tmp);
   std::error_code ec;
   const bool existed = fs::exists(fs::symlink_status(target, ec));
@@ -417,6 +422,11 @@ ShardedCheckpoint LoadShardedCheckpoint(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(dir, ec)) ST_THROW(Error, "cannot open checkpoint '", path, "': it does not exist");
   if (!fs::is_directory(dir, ec)) ST_THROW(Error, "checkpoint '", path, "' is not a sharded checkpoint directory");
+  if (!fs::exists(dir / kShardedMetadataFile, ec) && !fs::exists(dir / kShardedCompleteMarker, ec)) {
+    // Not this format's: a DCP directory (what sharded saves write) is complete once .metadata is there.
+    ST_THROW(Error, "sharded checkpoint '", path, "' is incomplete: '", (dir / ".metadata").string(),
+             "' is missing (the save did not finish, or this is not a checkpoint directory)");
+  }
   if (!fs::exists(dir / kShardedCompleteMarker, ec)) {
     ST_THROW(Error, "sharded checkpoint '", path, "' is incomplete: '", (dir / kShardedCompleteMarker).string(),
              "' is missing (the save did not finish)");

@@ -110,6 +110,10 @@ std::string ShardedTempDir(const std::string& path);
 void BeginShardedSave(const std::string& path);
 void WriteShardedPiece(const std::string& path, const ShardedPiece& piece);
 void FinishShardedSave(const std::string& path, const CheckpointData& meta);
+// Fsyncs the temporary directory of `path` and swaps it into place (the
+// previous directory at `path` is removed only after): FinishShardedSave's
+// last step, also for the DCP layout (trainer/checkpoint_io/dcp_checkpoint.h).
+void CommitShardedDir(const std::string& path);
 // Single-process convenience: all three steps.
 void SaveShardedCheckpoint(const std::string& path, const ShardedCheckpoint& ckpt);
 

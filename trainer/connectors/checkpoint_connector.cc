@@ -85,10 +85,12 @@ std::vector<std::string> internal::CheckpointConnector::GatherOptimizerStates() 
 }
 
 void internal::CheckpointConnector::AgreeOrThrow(bool failed, const std::string& message, const std::string& what) {
-  const double any = t_.strategy_->ReduceMax(failed ? 1.0 : 0.0);
-  if (any <= 0) return;
+  const int failing = static_cast<int>(t_.strategy_->ReduceMax(failed ? t_.rank() : -1.0));
+  if (failing < 0) return;
+  // Every rank stops with the (highest) failing rank's message.
+  const std::string shared = t_.process_connector_->BroadcastString(message, failing);
   if (failed) throw Error(message);
-  ST_THROW(Error, what, " failed on another rank (see its error)");
+  throw Error(what + " failed on rank " + std::to_string(failing) + ": " + shared);
 }
 
 std::map<std::string, StateDict> internal::CheckpointConnector::CallbackStates() {
@@ -185,9 +187,9 @@ void internal::CheckpointConnector::SaveFull(const std::string& path) {
 }
 
 void internal::CheckpointConnector::SaveSharded(const std::string& path) {
-  ShardedPiece piece = internal::MakeShardedPiece(*t_.strategy_, *t_.opt_.optimizer);
   CheckpointData meta;
   FillCommon(meta);
+  meta.optimizer_full.kind = internal::OptimizerKind(*t_.opt_.optimizer);  // meta.pt says which (no state there)
   const std::string what = "saving sharded checkpoint '" + path + "'";
   auto step = [&](bool mine, const std::function<void()>& fn) {
     bool failed = false;
@@ -204,8 +206,8 @@ void internal::CheckpointConnector::SaveSharded(const std::string& path) {
   };
   try {
     step(t_.rank() == 0, [&] { BeginShardedSave(path); });
-    step(true, [&] { WriteShardedPiece(path, piece); });
-    step(t_.rank() == 0, [&] { FinishShardedSave(path, meta); });
+    step(true, [&] { internal::WriteDcpRank(*t_.strategy_, *t_.opt_.optimizer, path, meta.optimizer_groups); });
+    step(t_.rank() == 0, [&] { FinishDcpSave(path, meta, t_.world_size()); });
   } catch (...) {
     // Every rank throws at the same step (or a peer died): rank 0 removes the
     // temporary directory, so a failed save leaves nothing behind.
@@ -272,10 +274,21 @@ void internal::CheckpointConnector::Restore(const std::string& path) {
   // A sharded checkpoint into a sharded strategy: every rank maps the rank
   // files and reads only the ranges of its own new shards (no full model).
   // Replicated strategies need the full model anyway: they load it consolidated.
+  // A PyTorch DCP directory (what sharded saves write) or one of the format
+  // of earlier releases.
+  std::optional<DcpCheckpoint> dcp;
   std::optional<ShardedCheckpoint> sharded;
-  if (IsShardedCheckpoint(path)) sharded = LoadShardedCheckpoint(path);
-  const bool direct = sharded && t_.strategy_->has_sharded_state();
-  CheckpointData ck = direct ? sharded->meta : sharded ? ConsolidateShardedCheckpoint(*sharded) : LoadCheckpoint(path);
+  if (IsDcpCheckpoint(path)) {
+    dcp = OpenDcpCheckpoint(path);
+  } else if (IsShardedCheckpoint(path)) {
+    sharded = LoadShardedCheckpoint(path);
+  }
+  const bool direct = (sharded || dcp) && t_.strategy_->has_sharded_state();
+  CheckpointData ck = direct && dcp ? dcp->meta
+                      : dcp         ? ConsolidateDcpCheckpoint(*dcp, internal::OptimizerKind(*t_.opt_.optimizer))
+                      : direct      ? sharded->meta
+                      : sharded     ? ConsolidateShardedCheckpoint(*sharded)
+                                    : LoadCheckpoint(path);
   // Each rank copies its slices of the mapped records, then drops their pages.
   sharding::SourceReleaseScope release_pages(&ReleaseMappedPages);
   const int W = t_.world_size();
@@ -287,7 +300,18 @@ void internal::CheckpointConnector::Restore(const std::string& path) {
   const internal::GroupLrs group_lrs = NameLoadedState(ck, path);
   std::function<void()> apply_optimizer;
   std::function<void()> apply_sharded;  // parameters, buffers and optimizer state
-  if (direct) {
+  if (direct && dcp) {
+    // Each rank reads other chunks: all ranks agree before any installs.
+    bool failed = false;
+    std::string msg;
+    try {
+      apply_sharded = internal::PrepareDcpLoad(*t_.strategy_, *t_.opt_.optimizer, *dcp, path);
+    } catch (const std::exception& e) {
+      failed = true;
+      msg = e.what();
+    }
+    AgreeOrThrow(failed, msg, "loading checkpoint '" + path + "'");
+  } else if (direct) {
     apply_sharded = internal::PrepareShardedLoad(*t_.strategy_, *t_.opt_.optimizer, *sharded, path);
   } else if (!archives) {
     if (!ck.optimizer_full.empty()) {

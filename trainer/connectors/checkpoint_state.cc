@@ -17,6 +17,7 @@
 #include <cmath>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "base/errors.h"
@@ -65,6 +66,8 @@ std::unique_ptr<torch::optim::OptimizerParamState> MakeAdamLike(const TensorStat
   return s;
 }
 
+}  // namespace
+
 void SetState(torch::optim::Optimizer& opt, const std::string& kind, const at::Tensor& p,
               const std::optional<TensorState>& st) {
   void* key = p.unsafeGetTensorImpl();
@@ -91,19 +94,35 @@ std::vector<at::Tensor> OptimizerParams(const torch::optim::Optimizer& opt) {
   return out;
 }
 
-// The state of each tensor the optimizer steps (no copies).
 sharding::OptimizerStates StatesOf(const torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params) {
   sharding::OptimizerStates out;
   for (const auto& p : params) out.push_back(GetState(opt, p));
   return out;
 }
 
-// Full parameter shapes by name (the module keeps them while sharded).
 std::map<std::string, std::vector<int64_t>> ParamShapes(strategies::Strategy& s) {
   std::map<std::string, std::vector<int64_t>> out;
   for (const auto& item : s.module().named_parameters(true)) out[item.key()] = item.value().sizes().vec();
   return out;
 }
+
+std::map<std::string, std::string> TiedAliases(strategies::Strategy& s, const sharding::ShardedStateDict& sd) {
+  std::set<std::string> primary;
+  for (const auto& u : sd.units) primary.insert(u.param_names.begin(), u.param_names.end());
+  std::map<const void*, std::string> primary_of;  // tensor -> its name in the units
+  const auto params = s.module().named_parameters(true);
+  for (const auto& item : params) {
+    if (primary.count(item.key())) primary_of[item.value().unsafeGetTensorImpl()] = item.key();
+  }
+  std::map<std::string, std::string> out;
+  for (const auto& item : params) {
+    auto it = primary_of.find(item.value().unsafeGetTensorImpl());
+    if (!primary.count(item.key()) && it != primary_of.end()) out[item.key()] = it->second;
+  }
+  return out;
+}
+
+namespace {
 
 // LibTorch's TorchScript archives (torch::serialize: torch::jit::load and
 // the module export behind OutputArchive) build process-wide JIT state on

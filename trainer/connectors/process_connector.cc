@@ -88,13 +88,13 @@ std::vector<double> internal::ProcessConnector::AllReduceSum(std::vector<double>
 }
 
 // Rank 0's `s` on every rank.
-std::string internal::ProcessConnector::BroadcastString(const std::string& s) {
+std::string internal::ProcessConnector::BroadcastString(const std::string& s, int root) {
   if (t_.world_size() == 1) return s;
   at::Tensor len = at::full({1}, static_cast<int64_t>(s.size()), at::kLong);
-  t_.strategy_->Broadcast(len, 0);
+  t_.strategy_->Broadcast(len, root);
   at::Tensor buf = at::zeros({len.item<int64_t>()}, at::kByte);
-  if (t_.rank() == 0 && !s.empty()) std::memcpy(buf.data_ptr<uint8_t>(), s.data(), s.size());
-  t_.strategy_->Broadcast(buf, 0);
+  if (t_.rank() == root && !s.empty()) std::memcpy(buf.data_ptr<uint8_t>(), s.data(), s.size());
+  t_.strategy_->Broadcast(buf, root);
   return std::string(reinterpret_cast<const char*>(buf.data_ptr<uint8_t>()), buf.numel());
 }
 

@@ -51,7 +51,9 @@ class CheckpointConnector {
   void FillCommon(CheckpointData& data);
   GroupLrs NameLoadedState(CheckpointData& ck, const std::string& path);
   void RestoreRngAndCallbacks(const CheckpointData& ck, const std::string& path);
-  // Throws on every rank when `failed` on any (with this rank's message if it failed).
+  // Throws on every rank when `failed` on any: a failed rank its own
+  // message, the others "<what> failed on rank r: <its message>" (the
+  // highest failed rank's).
   void AgreeOrThrow(bool failed, const std::string& message, const std::string& what);
 
   Trainer& t_;

@@ -12,13 +12,17 @@
 #define SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_CHECKPOINT_STATE_H_
 
 #include <functional>
+#include <map>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <ATen/core/ivalue.h>
 
 #include "strategies/strategy.h"
 #include "trainer/checkpoint_io/archive.h"
 #include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/dcp_checkpoint.h"
 #include "trainer/checkpoint_io/sharded_checkpoint.h"
 
 namespace torch::optim {
@@ -26,6 +30,18 @@ class Optimizer;
 }
 
 namespace shardtrain::trainer::internal {
+
+// The optimizer's tensors, in its groups' order; the state of each (no
+// copies); installing one tensor's state (nullopt: none) for `kind`.
+std::vector<at::Tensor> OptimizerParams(const torch::optim::Optimizer& opt);
+sharding::OptimizerStates StatesOf(const torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params);
+void SetState(torch::optim::Optimizer& opt, const std::string& kind, const at::Tensor& p,
+              const std::optional<sharding::OptimizerTensorState>& st);
+// Full parameter shapes by name (the module keeps them while sharded;
+// a tied weight under each of its names).
+std::map<std::string, std::vector<int64_t>> ParamShapes(strategies::Strategy& s);
+// The further names of tied weights: alias -> its name in the units of `sd`.
+std::map<std::string, std::string> TiedAliases(strategies::Strategy& s, const sharding::ShardedStateDict& sd);
 
 // "Adam", "AdamW", "SGD", or "" for optimizers without reshardable state support.
 std::string OptimizerKind(const torch::optim::Optimizer& opt);
@@ -82,6 +98,20 @@ ShardedPiece MakeShardedPiece(strategies::Strategy& strategy, torch::optim::Opti
 // `path`, with nothing changed, when the checkpoint does not fit.
 std::function<void()> PrepareShardedLoad(strategies::Strategy& strategy, torch::optim::Optimizer& opt,
                                          const ShardedCheckpoint& ckpt, const std::string& path);
+
+// Sharded checkpoints in PyTorch DCP's layout (trainer/checkpoint_io/
+// dcp_checkpoint.h). WriteDcpRank writes this rank's file and its part of
+// the metadata into the temporary directory of `path` (no communication):
+// the boxes its shards cover of each parameter and, for Adam, AdamW and
+// SGD, of each optimizer state tensor (other optimizers: their LibTorch
+// archive); rank 0 also the buffers and `groups`. PrepareDcpLoad is
+// PrepareShardedLoad for such a checkpoint: every problem is found before
+// anything changes, and each rank reads only the chunks' runs that overlap
+// its shards.
+void WriteDcpRank(strategies::Strategy& strategy, torch::optim::Optimizer& opt, const std::string& path,
+                  const std::vector<OptimizerGroup>& groups);
+std::function<void()> PrepareDcpLoad(strategies::Strategy& strategy, torch::optim::Optimizer& opt,
+                                     const DcpCheckpoint& ckpt, const std::string& path);
 
 // Computes this rank's optimizer state from `state` (resharding for sharded
 // strategies, by name for replicated ones) and returns the function that

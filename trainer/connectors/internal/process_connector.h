@@ -26,8 +26,8 @@ class ProcessConnector {
   int LocalRank() const;
   // `values` summed over the ranks (one all-reduce; none at W=1).
   std::vector<double> AllReduceSum(std::vector<double> values);
-  // Rank 0's `s` on every rank.
-  std::string BroadcastString(const std::string& s);
+  // Rank `root`'s `s` on every rank.
+  std::string BroadcastString(const std::string& s, int root = 0);
 
  private:
   Trainer& t_;
