@@ -1,5 +1,6 @@
-// consolidate: turns a sharded checkpoint directory (one file per rank,
-// trainer/checkpoint_io/sharded_checkpoint.h) into one full checkpoint file, the format the
+// consolidate: turns a sharded checkpoint directory (PyTorch DCP as
+// Lightning writes it, trainer/checkpoint_io/dcp_checkpoint.h, or the
+// format of earlier releases, sharded_checkpoint.h) into one full checkpoint file, the format the
 // Trainer writes for full checkpoints (trainer/checkpoint_io/checkpoint.h): the model's full
 // state dict (a plain {name: tensor} dict for Python's torch.load), the
 // optimizer state by parameter name, loop state, RNG state, hyperparameters
@@ -16,6 +17,7 @@
 #include <string>
 
 #include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/dcp_checkpoint.h"
 #include "trainer/checkpoint_io/sharded_checkpoint.h"
 
 namespace {
@@ -37,12 +39,16 @@ int main(int argc, char** argv) {
   const std::string out = FromUserDir(argv[2]);
   try {
     using namespace shardtrain::trainer;
-    ShardedCheckpoint ck = LoadShardedCheckpoint(dir);
-    CheckpointData data = ConsolidateShardedCheckpoint(ck);
+    CheckpointData data;
+    if (IsDcpCheckpoint(dir)) {
+      data = ConsolidateDcpCheckpoint(OpenDcpCheckpoint(dir));
+    } else {
+      data = ConsolidateShardedCheckpoint(LoadShardedCheckpoint(dir));
+    }
     SaveCheckpoint(out, data);
     int64_t numel = 0;
     for (const auto& [k, v] : data.state_dict) numel += v.numel();
-    std::cout << "consolidated " << dir << " (" << ck.pieces.size() << " ranks, strategy " << data.strategy
+    std::cout << "consolidated " << dir << " (" << data.world_size << " ranks, strategy " << data.strategy
               << ", epoch " << data.epoch << ", step " << data.global_step << ") into " << out << ": "
               << data.state_dict.size() << " tensors, " << numel << " elements"
               << (data.optimizer_full.empty() ? ", no reshardable optimizer state"

@@ -17,6 +17,7 @@
 #include "base/errors.h"
 #include "tests/trainer/fixtures.h"
 #include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/dcp_checkpoint.h"
 #include "trainer/checkpoint_io/sharded_checkpoint.h"
 #include "trainer/loggers/tensorboard_logger.h"
 
@@ -114,7 +115,8 @@ TEST(ModelCheckpoint, MaxModeOnALoggedMetricWithShardedDirectories) {
   EXPECT_TRUE(fs::is_directory(fs::path(r.ckpt_dir) / only));
   EXPECT_EQ(mc->best_model_path(), (fs::path(r.ckpt_dir) / only).string());
   EXPECT_GT(mc->best_model_score(), 0.5);
-  EXPECT_EQ(LoadShardedCheckpoint(mc->best_model_path()).pieces.size(), 2u);
+  EXPECT_TRUE(fs::exists(fs::path(mc->best_model_path()) / "__1_0.distcp"));  // one file per rank
+  EXPECT_EQ(OpenDcpCheckpoint(mc->best_model_path()).meta.world_size, 2);
 }
 
 TEST(ModelCheckpoint, MissingMonitorAfterValidationIsAnError) {

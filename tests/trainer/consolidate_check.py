@@ -76,9 +76,11 @@ def main(consolidated, full, sharded=None):
                 d = load(os.path.join(sharded, name))
                 assert plain(d), name
                 files.append(name)
-        assert "metadata.pt" in files and "rank_0.pt" in files and "rank_1.pt" in files, files
-        meta = load(os.path.join(sharded, "metadata.pt"))
-        assert meta["grad_scaler"] == gs, (meta["grad_scaler"], gs)
+        assert files == ["meta.pt"], files
+        assert sorted(os.listdir(sharded)) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"], os.listdir(sharded)
+        meta = load(os.path.join(sharded, "meta.pt"))
+        assert meta["MixedPrecision"] == gs, (meta["MixedPrecision"], gs)
+        assert "state_dict" not in meta and "optimizer_states" not in meta, sorted(meta)
     print(f"python (weights_only=True): {consolidated} == {full}: {len(sd)} tensors, step {a['global_step']}, "
           f"epoch {a['epoch']}, grad scale {gs['scale']}; sharded files {files}")
 

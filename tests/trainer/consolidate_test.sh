@@ -14,7 +14,7 @@ python="${SHARDTRAIN_PYTHON:-$(cd "$libdir/../../../../.." 2>/dev/null && pwd)/b
 tmp="${TEST_TMPDIR:-$(mktemp -d)}/consolidate"
 rm -rf "$tmp"; mkdir -p "$tmp"
 "$fixture" make "$tmp/sharded.ckpt" "$tmp/full.ckpt"
-[[ -d "$tmp/sharded.ckpt" && -f "$tmp/sharded.ckpt/COMPLETE" ]] || fail "no sharded checkpoint directory"
+[[ -d "$tmp/sharded.ckpt" && -f "$tmp/sharded.ckpt/.metadata" ]] || fail "no sharded (DCP) checkpoint directory"
 
 "$consolidate" "$tmp/sharded.ckpt" "$tmp/consolidated.ckpt"
 "$fixture" compare "$tmp/consolidated.ckpt" "$tmp/full.ckpt" || fail "consolidated != full (C++)"
@@ -22,13 +22,13 @@ rm -rf "$tmp"; mkdir -p "$tmp"
 
 # A missing shard file: exit status 1, the file named, nothing written.
 cp -r "$tmp/sharded.ckpt" "$tmp/broken.ckpt"
-rm "$tmp/broken.ckpt/rank_1.pt"
+rm "$tmp/broken.ckpt/__1_0.distcp"
 set +e
 err="$("$consolidate" "$tmp/broken.ckpt" "$tmp/out.ckpt" 2>&1)"; rc=$?
 set -e
 echo "$err"
 [[ $rc -eq 1 ]] || fail "exit status $rc for a missing shard file"
-[[ "$err" == *"$tmp/broken.ckpt/rank_1.pt"* ]] || fail "the error does not name the missing file"
+[[ "$err" == *"$tmp/broken.ckpt/__1_0.distcp"* ]] || fail "the error does not name the missing file"
 [[ ! -e "$tmp/out.ckpt" ]] || fail "a broken checkpoint produced output"
 set +e
 "$consolidate" >/dev/null 2>&1; rc=$?

@@ -8,6 +8,13 @@
 //     to MAX_EPOCHS with the data in order (batches of 8), writes each step's
 //     loss, one per line, and checks the restored optimizer lr against the
 //     file's.
+//   lightning_fixture save_sharded OUT_DIR OUT.ckpt
+//     as save, and writes both a sharded (PyTorch DCP) and a full checkpoint
+//     of the same state (for dcp_interop_test.sh).
+//   lightning_fixture resume_sharded IN W MAX_EPOCHS LOSSES.txt [no_scheduler]
+//     as resume, with fsdp_native on W threads-as-ranks (global batches of
+//     8); no_scheduler: without the StepLR (for a directory that holds no
+//     scheduler state).
 //   lightning_fixture dump IN.ckpt
 //     prints what LoadCheckpoint reads (sums of the tensors; for debugging).
 #include <ATen/ATen.h>
@@ -84,9 +91,10 @@ class Net : public TrainingModule {
   OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
     OptimizerConfig c;
     c.optimizer = std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.05));
-    c.lr_schedulers = {{std::make_shared<StepLR>(c.optimizer, 5, 0.5), "step"}};
+    if (scheduler) c.lr_schedulers = {{std::make_shared<StepLR>(c.optimizer, 5, 0.5), "step"}};
     return c;
   }
+  bool scheduler = true;
   // Typed, as Lightning's save_hyperparameters() keeps them (Net.__init__'s arguments in Python).
   StateDict hyper_parameters() const override { return {{"width", 8}, {"lr", 0.01}, {"act", "tanh"}, {"bias", true}}; }
   std::shared_ptr<NetImpl> net_;
@@ -117,6 +125,40 @@ int Save(const std::string& out) {
     trainer.SaveCheckpoint(out, CheckpointFormat::kFull);
   });
   std::cout << "wrote " << out << std::endl;
+  return 0;
+}
+
+int SaveSharded(const std::string& dir, const std::string& full) {
+  auto data = Data();
+  TrainerOptions o = Options(2, 2);
+  o.strategy = "fsdp_native";
+  shardtrain::testing::RunRanks(2, [&](int, const auto& comm) {
+    Net module;
+    Trainer trainer(o, comm);
+    trainer.Fit(module, *data);
+    trainer.SaveCheckpoint(dir, CheckpointFormat::kSharded);
+    trainer.SaveCheckpoint(full, CheckpointFormat::kFull);
+  });
+  std::cout << "wrote " << dir << " and " << full << std::endl;
+  return 0;
+}
+
+int ResumeSharded(const std::string& in, int world, int64_t max_epochs, const std::string& losses, bool scheduler) {
+  auto data = Data();
+  TrainerOptions o = Options(world, max_epochs);
+  o.strategy = "fsdp_native";
+  std::vector<double> out;
+  shardtrain::testing::RunRanks(world, [&](int rank, const auto& comm) {
+    Net module;
+    module.scheduler = scheduler;
+    Trainer trainer(o, comm);
+    trainer.Fit(module, *data, nullptr, in);
+    if (rank == 0) out = trainer.step_losses();
+  });
+  std::ofstream f(losses);
+  f << std::setprecision(17);
+  for (double l : out) f << l << "\n";
+  std::cout << "resumed " << in << " at W=" << world << ": " << out.size() << " losses in " << losses << std::endl;
   return 0;
 }
 
@@ -153,6 +195,10 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "save" && argc == 3) return Save(argv[2]);
   if (mode == "dump" && argc == 3) return Dump(argv[2]);
+  if (mode == "save_sharded" && argc == 4) return SaveSharded(argv[2], argv[3]);
+  if (mode == "resume_sharded" && (argc == 6 || (argc == 7 && std::string(argv[6]) == "no_scheduler"))) {
+    return ResumeSharded(argv[2], std::stoi(argv[3]), std::stoll(argv[4]), argv[5], argc == 6);
+  }
   if (mode == "resume" && argc == 5) return Resume(argv[2], std::stoll(argv[3]), argv[4]);
   std::cerr << "usage: lightning_fixture save OUT.ckpt | resume IN.ckpt MAX_EPOCHS LOSSES.txt" << std::endl;
   return 2;

@@ -19,6 +19,7 @@
 #include "trainer/callbacks/callback.h"
 #include "trainer/callbacks/learning_rate_monitor.h"
 #include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/dcp_checkpoint.h"
 #include "trainer/checkpoint_io/sharded_checkpoint.h"
 #include "trainer/optim/lr_scheduler.h"
 
@@ -170,8 +171,8 @@ void ExpectExactResume(const std::string& kind, const std::string& sdt, Classifi
   ASSERT_EQ(full.losses.size(), 12u);
   const std::string ckpt = full.ckpt_dir + "/step=6.ckpt";
   if (sdt == "sharded") {
-    ASSERT_TRUE(IsShardedCheckpoint(ckpt));
-    EXPECT_FALSE(LoadShardedCheckpoint(ckpt).meta.lr_schedulers.empty());
+    ASSERT_TRUE(IsDcpCheckpoint(ckpt));
+    EXPECT_FALSE(OpenDcpCheckpoint(ckpt).meta.lr_schedulers.empty());
   } else {
     EXPECT_FALSE(LoadCheckpoint(ckpt).lr_schedulers.empty());
   }

@@ -13,6 +13,7 @@
 
 #include "tests/trainer/fixtures.h"
 #include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/dcp_checkpoint.h"
 #include "trainer/checkpoint_io/sharded_checkpoint.h"
 #include "trainer/optim/grad_scaler.h"
 
@@ -155,7 +156,7 @@ TEST(MixedPrecision, ResumeRestoresTheScalerExactly) {
     ASSERT_EQ(a.losses.size(), 6u);
     // The saved state is not the initial one, so resuming without it would differ.
     GradScalerState saved = sdt == "full" ? *LoadCheckpoint(a.last_ckpt).grad_scaler
-                                          : *LoadShardedCheckpoint(a.last_ckpt).meta.grad_scaler;
+                                          : *OpenDcpCheckpoint(a.last_ckpt).meta.grad_scaler;
     EXPECT_TRUE(saved.scale != std::ldexp(1.0, 18) || saved.growth_tracker != 0)
         << "scale " << saved.scale << " tracker " << saved.growth_tracker;
     FitResult b = Fit(2, opts("fp16_resume_b_"), a.last_ckpt, {}, [&](int rank, Trainer& t, Classifier&) {

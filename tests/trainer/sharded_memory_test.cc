@@ -37,6 +37,7 @@
 #include "tests/testing/proc_status.h"
 #include "tests/trainer/fixtures.h"
 #include "tests/trainer/unit_stack.h"
+#include "trainer/checkpoint_io/dcp_checkpoint.h"
 #include "trainer/checkpoint_io/sharded_checkpoint.h"
 
 namespace shardtrain::trainer {
@@ -109,11 +110,11 @@ int64_t OptimizerStateBytes(Trainer& t) {
   return 2 * 4 * n;
 }
 
-void ExpectEqualState(const ShardedCheckpoint& a, const ShardedCheckpoint& b) {
-  auto pa = ConsolidateParameters(a), pb = ConsolidateParameters(b);
+void ExpectEqualState(const CheckpointData& a, const CheckpointData& b) {
+  const auto &pa = a.state_dict, &pb = b.state_dict;
   ASSERT_EQ(pa.size(), pb.size());
   for (const auto& [k, v] : pa) EXPECT_TRUE(v.equal(pb.at(k))) << k;
-  auto oa = ConsolidateOptimizerState(a), ob = ConsolidateOptimizerState(b);
+  const auto &oa = a.optimizer_full, &ob = b.optimizer_full;
   EXPECT_EQ(oa.kind, "Adam");
   EXPECT_EQ(oa.kind, ob.kind);
   EXPECT_EQ(oa.step, ob.step);
@@ -144,7 +145,7 @@ void SaveAndLoad(const strategies::StrategyOptions& extra, const std::vector<int
     trainer.SaveCheckpoint(saved, CheckpointFormat::kSharded);
     save_peak[rank] = PeakCpuBytesOfThisThread() - base;
   });
-  const ShardedCheckpoint before = LoadShardedCheckpoint(saved);
+  const CheckpointData before = ConsolidateDcpCheckpoint(OpenDcpCheckpoint(saved));
   const int64_t full_state = 3 * 4 * (kUnits * (kDim * kDim + kDim) + kDim * kClasses + kClasses);
   const int64_t save_budget = static_cast<int64_t>((kUnitBytes + kWriterBufferBytes) * 1.15) + kSlackBytes;
   for (int r = 0; r < 4; ++r) {
@@ -171,7 +172,7 @@ void SaveAndLoad(const strategies::StrategyOptions& extra, const std::vector<int
       EXPECT_GT(load_peak[r], 0);
       EXPECT_LE(load_peak[r], budget[r]) << "rank " << r;
     }
-    ExpectEqualState(before, LoadShardedCheckpoint(again));
+    ExpectEqualState(before, ConsolidateDcpCheckpoint(OpenDcpCheckpoint(again)));
   }
 }
 

@@ -1,0 +1,154 @@
+"""PyTorch DCP, FSDP2 and Lightning against ShardTrain's sharded checkpoint (dcp_interop_test.sh).
+
+  dcp_interop_check.py python DIR
+    DIR/st_sharded (ShardTrain fsdp_native at 2 ranks after 2 epochs, DCP),
+    DIR/st_full.ckpt (the full checkpoint of the same state) and
+    DIR/st_cont.txt (ShardTrain's own continuation of st_sharded to epoch 3).
+    Checks: torch's dcp_to_torch_save gives st_full's tensors; PyTorch FSDP2
+    (fully_shard, Gloo, W = 1, 2 and 4) loads it with dcp.load and
+    set_state_dict: parameters and AdamW moments equal st_full's, and its
+    epoch-3 losses equal ShardTrain's within 1e-5; Lightning's
+    consolidate_checkpoint turns it into a file LightningModule.load_from_checkpoint
+    loads with the same weights. Then writes DIR/py_sharded (FSDP2 at W=2:
+    dcp.save of get_state_dict after epoch 3, top-level keys "model" and
+    "optim") and DIR/py_cont.txt (FSDP2's next 8 steps from it, no
+    scheduler), for ShardTrain to resume.
+  dcp_interop_check.py compare EXPECTED.txt ACTUAL.txt
+"""
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.fsdp import fully_shard
+
+warnings.filterwarnings("ignore")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lightning_interop_check import TOL, Net, compare, read  # noqa: E402
+
+BATCH = 8
+
+
+def data():
+    x = torch.sin(torch.arange(64 * 4, dtype=torch.float32).reshape(64, 4) * 0.37)
+    return x, torch.stack([x[:, 0] * x[:, 1], x[:, 2] - x[:, 3]], 1)
+
+
+def fsdp2_model(world):
+    torch.manual_seed(0)
+    net = Net(width=8)
+    fully_shard(net.b1)
+    fully_shard(net.b2)
+    fully_shard(net)
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.05)
+    return net, opt
+
+
+def train(net, opt, sched, steps, rank, world):
+    """`steps` steps over the data in order (global batches of 8, split over the ranks); the global losses."""
+    x, y = data()
+    per = BATCH // world
+    losses = []
+    for s in range(steps):
+        i = (s * BATCH) % 64
+        xb, yb = x[i + rank * per:i + (rank + 1) * per], y[i + rank * per:i + (rank + 1) * per]
+        loss = torch.nn.functional.mse_loss(net(xb), yb)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+        g = loss.detach().clone()
+        dist.all_reduce(g)
+        losses.append(g.item() / world)
+    return losses
+
+
+def full(t):
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def fsdp2_rank(rank, world, port, d, write):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    net, opt = fsdp2_model(world)
+    msd, osd = get_state_dict(net, opt)
+    state = {"model": msd, "optimizer_0": osd}
+    dcp.load(state, checkpoint_id=os.path.join(d, "st_sharded"))
+    set_state_dict(net, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer_0"])
+    ref = torch.load(os.path.join(d, "st_full.ckpt"))
+    names = ref["optimizer_states"][0]["param_groups"][0]["param_names"]
+    for i, (n, p) in enumerate(net.named_parameters()):
+        assert n == names[i], (n, names[i])
+        assert torch.equal(full(p.detach()), ref["state_dict"][n]), n
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(full(opt.state[p][k]), ref["optimizer_states"][0]["state"][i][k]), (n, k)
+        assert full(opt.state[p]["step"]).item() == 16.0, (n, opt.state[p]["step"])
+    assert opt.param_groups[0]["lr"] == 0.01 * 0.5 ** 3, opt.param_groups[0]["lr"]
+    meta = torch.load(os.path.join(d, "st_sharded", "meta.pt"))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
+    sched.load_state_dict(meta["lr_schedulers"][0])
+    losses = train(net, opt, sched, 8, rank, world)
+    worst = compare(read(os.path.join(d, "st_cont.txt")), losses, f"FSDP2 at W={world} vs ShardTrain")
+    if rank == 0:
+        print(f"FSDP2 W={world} loaded ShardTrain's DCP checkpoint; epoch 3 within {worst:.2g}")
+    if write:
+        msd, osd = get_state_dict(net, opt)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=os.path.join(d, "py_sharded"))
+        cont = train(net, opt, None, 8, rank, world)
+        if rank == 0:
+            with open(os.path.join(d, "py_cont.txt"), "w") as f:
+                f.write("".join(f"{v!r}\n" for v in cont))
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def python(d):
+    sharded = os.path.join(d, "st_sharded")
+    assert sorted(os.listdir(sharded)) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"], os.listdir(sharded)
+    ref = torch.load(os.path.join(d, "st_full.ckpt"))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "all.pt")
+        dcp_to_torch_save(sharded, out)
+        sd = torch.load(out)
+    for k, v in ref["state_dict"].items():
+        assert torch.equal(sd["model"][k], v), k
+    names = ref["optimizer_states"][0]["param_groups"][0]["param_names"]
+    for i, n in enumerate(names):
+        for k, v in ref["optimizer_states"][0]["state"][i].items():
+            assert torch.equal(sd["optimizer_0"]["state"][n][k], v), (n, k)
+    assert sd["optimizer_0"]["param_groups"][0]["params"] == names, sd["optimizer_0"]["param_groups"]
+    print(f"dcp_to_torch_save: {len(ref['state_dict'])} tensors and the AdamW state equal the full checkpoint's")
+    for world in (1, 2, 4):
+        mp.spawn(fsdp2_rank, args=(world, free_port(), d, world == 2), nprocs=world)
+    # Lightning's converter, then load_from_checkpoint.
+    conv = os.path.join(d, "consolidated.ckpt")
+    subprocess.run([sys.executable, "-m", "lightning.pytorch.utilities.consolidate_checkpoint", sharded,
+                    "--output_file", conv], check=True, capture_output=True)
+    m = Net.load_from_checkpoint(conv)
+    assert dict(m.hparams) == {"width": 8, "lr": 0.01, "act": "tanh", "bias": True}, dict(m.hparams)
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, ref["state_dict"][k]), k
+    print("Lightning consolidate_checkpoint + load_from_checkpoint: same weights and hyper-parameters")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "python":
+        python(sys.argv[2])
+    elif sys.argv[1] == "compare":
+        w = compare(read(sys.argv[2]), read(sys.argv[3]), "ShardTrain's continuation vs FSDP2's")
+        print(f"within {w:.2g} relative")
