@@ -13,6 +13,8 @@
 #include "base/errors.h"
 #include "trainer/checkpoint_io/archive.h"
 #include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/dcp.h"
+#include "trainer/checkpoint_io/dcp_checkpoint.h"
 #include "trainer/checkpoint_io/sharded_checkpoint.h"
 
 namespace shardtrain::fuzz {
@@ -92,6 +94,41 @@ trainer::ShardedCheckpoint SmallShardedCheckpoint() {
   return ck;
 }
 
+// A DCP checkpoint of one rank in Lightning's layout: a 2x3 weight in two
+// chunks (a row and a partial row, as flat shards cut it), a bias, a 0-d
+// buffer, Adam's state with its 0-d step, the parameter groups, meta.pt.
+void WriteSmallDcpCheckpoint(const fs::path& dir) {
+  fs::create_directories(dir);
+  trainer::dcp::Metadata md;
+  trainer::dcp::RankFileWriter f(dir.string(), trainer::dcp::RankFileName(0));
+  const at::Tensor w = at::arange(6, at::kFloat).reshape({2, 3});
+  for (const auto& [b, e] : std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {4, 6}}) {
+    for (const auto& box : trainer::dcp::BoxesOfRange({2, 3}, b, e)) {
+      at::Tensor part = w.narrow(0, box.offsets[0], box.sizes[0]).narrow(1, box.offsets[1], box.sizes[1]);
+      trainer::AddDcpChunk(md, trainer::DcpModelPath("fc.weight"), at::kFloat, {2, 3}, {box, f.AddTensor(part)});
+      trainer::AddDcpChunk(md, trainer::DcpOptimizerStatePath("fc.weight", "exp_avg"), at::kFloat, {2, 3},
+                           {box, f.AddTensor(part * 0.5)});
+    }
+  }
+  trainer::AddDcpChunk(md, trainer::DcpModelPath("fc.bias"), at::kFloat, {2}, {{{0}, {2}}, f.AddTensor(at::ones({2}))});
+  trainer::AddDcpChunk(md, trainer::DcpModelPath("bn.num_batches_tracked"), at::kLong, {},
+                       {{}, f.AddTensor(at::full({}, 7, at::kLong))});
+  trainer::AddDcpChunk(md, trainer::DcpOptimizerStatePath("fc.weight", "step"), at::kFloat, {},
+                       {{}, f.AddTensor(at::full({}, 12.0, at::kFloat))});
+  trainer::OptimizerGroup g;
+  g.params = {"fc.weight", "fc.bias"};
+  g.options = {{"lr", 0.001}, {"amsgrad", false}};
+  trainer::WriteDcpParamGroups(f, {g}, md);
+  f.Finish();
+  trainer::CheckpointData meta = SmallCheckpoint();
+  meta.state_dict.clear();
+  meta.optimizer_states.clear();
+  meta.optimizer_full = {};
+  meta.optimizer_groups = {g};
+  trainer::SaveCheckpointMeta((dir / trainer::kDcpMetaFile).string(), meta);
+  trainer::dcp::WriteMetadata(dir.string(), md);
+}
+
 std::vector<uint8_t> ReadFile(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -105,8 +142,8 @@ void WriteFile(const fs::path& p, const uint8_t* data, size_t size) {
 // A per-process scratch directory holding a valid sharded checkpoint ("valid")
 // and the directory each input is written into ("input").
 struct Scratch {
-  fs::path root, valid, input;
-  std::vector<uint8_t> valid_metadata, valid_rank0, valid_pickle;
+  fs::path root, valid, input, input_dcp;
+  std::vector<uint8_t> valid_metadata, valid_rank0, valid_pickle, valid_dcp_metadata, valid_dcp_rank0;
   std::vector<std::pair<std::string, std::string>> records;  // the full checkpoint's data/* records
   Scratch() {
     const char* tmp = std::getenv("TEST_TMPDIR");
@@ -133,6 +170,10 @@ struct Scratch {
     input = root / "input";
     fs::create_directories(input);
     WriteFile(input / trainer::kShardedCompleteMarker, nullptr, 0);
+    input_dcp = root / "input_dcp";
+    WriteSmallDcpCheckpoint(input_dcp);
+    valid_dcp_metadata = ReadFile(input_dcp / trainer::dcp::kMetadataFile);
+    valid_dcp_rank0 = ReadFile(input_dcp / trainer::dcp::RankFileName(0));
   }
   ~Scratch() {
     std::error_code ec;
@@ -195,6 +236,16 @@ bool FuzzCheckpointReaders(const uint8_t* data, size_t size) {
         WriteArchiveWithPickle(s, file, bytes, n);
         TouchCheckpoint(trainer::LoadCheckpoint(file.string()));
         break;
+      case 6:
+      case 7: {
+        const bool meta_fuzzed = reader == 6;
+        const auto& other = meta_fuzzed ? s.valid_dcp_rank0 : s.valid_dcp_metadata;
+        WriteFile(s.input_dcp / trainer::dcp::kMetadataFile, meta_fuzzed ? bytes : other.data(), meta_fuzzed ? n : other.size());
+        WriteFile(s.input_dcp / trainer::dcp::RankFileName(0), meta_fuzzed ? other.data() : bytes,
+                  meta_fuzzed ? other.size() : n);
+        TouchCheckpoint(trainer::ConsolidateDcpCheckpoint(trainer::OpenDcpCheckpoint(s.input_dcp.string())));
+        break;
+      }
     }
   } catch (const Error&) {
     return false;
@@ -218,7 +269,9 @@ std::vector<Seed> ValidSeeds() {
           {"sharded_metadata", with(2, s.valid_metadata)},
           {"sharded_rank_file", with(3, s.valid_rank0)},
           {"archive_pickle", with(4, s.valid_pickle)},
-          {"full_checkpoint_pickle", with(5, s.valid_pickle)}};
+          {"full_checkpoint_pickle", with(5, s.valid_pickle)},
+          {"dcp_metadata", with(6, s.valid_dcp_metadata)},
+          {"dcp_rank_file", with(7, s.valid_dcp_rank0)}};
 }
 
 }  // namespace shardtrain::fuzz

@@ -14,6 +14,12 @@
 //      a full checkpoint whose tensor records are kept, zipped with valid
 //      CRCs (a random change to a zip's data.pkl only fails its CRC check;
 //      this reaches the unpickler and the checks after it)
+//   6  OpenDcpCheckpoint + ConsolidateDcpCheckpoint (trainer/checkpoint_io/
+//      dcp_checkpoint.h): the bytes are <dir>/.metadata (PyTorch DCP's
+//      pickle, read by trainer/checkpoint_io/py_pickle.h), next to a valid
+//      __0_0.distcp and meta.pt
+//   7  the same: the bytes are <dir>/__0_0.distcp (torch.save archives back
+//      to back), next to a valid .metadata and meta.pt
 // Every tensor a reader returns is read in full (as a caller would), so a
 // tensor that claims more bytes than its record holds is found. A reader may
 // only succeed or throw shardtrain::Error; any other exception escapes.
@@ -27,14 +33,15 @@
 
 namespace shardtrain::fuzz {
 
-inline constexpr int kNumReaders = 6;
+inline constexpr int kNumReaders = 8;
 
 // Runs the reader `data[0] % kNumReaders` on data[1..]. Returns true when the
 // reader accepted the input, false when it threw shardtrain::Error.
 bool FuzzCheckpointReaders(const uint8_t* data, size_t size);
 
 // The seed inputs: for each reader a valid file written by the real writers
-// (SaveCheckpoint, SaveShardedCheckpoint), with the selector byte in front.
+// (SaveCheckpoint, SaveShardedCheckpoint, the DCP writers), with the
+// selector byte in front.
 struct Seed {
   std::string name;
   std::vector<uint8_t> bytes;

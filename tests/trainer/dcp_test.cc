@@ -127,6 +127,30 @@ TEST(DcpTest, BoxesOfRangeCoverExactlyTheRange) {
   EXPECT_THROW(BoxesOfRange({2, 3}, 4, 7), InvalidArgumentError);
 }
 
+TEST(DcpTest, RunsOfABoxAreItsElementsInOrder) {
+  const std::vector<int64_t> shape = {4, 3, 5};
+  const at::Tensor index = at::arange(60, at::kLong).reshape(shape);
+  const std::vector<Box> boxes = {{{0, 0, 0}, {4, 3, 5}}, {{1, 0, 0}, {2, 3, 5}}, {{1, 1, 0}, {2, 2, 5}},
+                                  {{0, 0, 2}, {4, 3, 2}}, {{3, 2, 4}, {1, 1, 1}}, {{0, 1, 1}, {1, 2, 3}}};
+  for (const Box& box : boxes) {
+    const at::Tensor want = index.narrow(0, box.offsets[0], box.sizes[0])
+                                .narrow(1, box.offsets[1], box.sizes[1])
+                                .narrow(2, box.offsets[2], box.sizes[2])
+                                .reshape({-1});
+    std::vector<int64_t> got;
+    int64_t next = 0;
+    ForEachRun(shape, box, [&](int64_t at, int64_t in_box, int64_t len) {
+      EXPECT_EQ(in_box, next);
+      next += len;
+      for (int64_t i = 0; i < len; ++i) got.push_back(at + i);
+    });
+    EXPECT_TRUE(at::equal(at::tensor(got, at::kLong), want)) << c10::IntArrayRef(box.offsets);
+  }
+  int runs = 0;
+  ForEachRun({}, Box{}, [&](int64_t at, int64_t in_box, int64_t len) { runs += at == 0 && in_box == 0 && len == 1; });
+  EXPECT_EQ(runs, 1);  // a 0-d tensor: one element
+}
+
 // A small checkpoint: tensors chunked over two rank files, values, paths.
 struct Written {
   std::map<std::string, at::Tensor> tensors;

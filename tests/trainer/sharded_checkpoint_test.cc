@@ -161,6 +161,59 @@ TEST(ShardedCheckpoint, ConsolidatedCheckpointResumesAtOtherWorldSize) {
   ExpectContinues(Fit(4, b, out).losses, full.losses, 6, 1e-5);
 }
 
+// The sharded format of earlier releases (metadata.pt, rank_<r>.pt) still
+// resumes: the state of a DCP checkpoint rewritten in it, as one unit laid
+// out over 2 shard ranks, continues like the uninterrupted run at W=4.
+TEST(ShardedCheckpoint, EarlierFormatStillResumes) {
+  FitResult full = Fit(2, Sharded(TmpDir("legacy_full"), 2));
+  TrainerOptions first = Sharded(TmpDir("legacy_a"), 2);
+  first.max_steps = 6;
+  FitResult a = Fit(2, first);
+  const CheckpointData d = ConsolidateDcpCheckpoint(OpenDcpCheckpoint(a.last_ckpt));
+  ShardedCheckpoint legacy;
+  legacy.meta = d;
+  legacy.meta.state_dict.clear();
+  legacy.meta.optimizer_full = FullOptimizerState();
+  sharding::UnitInfo unit;
+  std::vector<std::vector<int64_t>> shapes;
+  std::map<std::string, std::vector<at::Tensor>> flat;  // "" (parameters) and each state key
+  for (const auto& name : d.optimizer_groups.at(0).params) {  // the module's order
+    const at::Tensor& p = d.state_dict.at(name);
+    unit.param_names.push_back(name);
+    shapes.push_back(p.sizes().vec());
+    unit.numel += p.numel();
+    flat[""].push_back(p.reshape({-1}));
+    for (const auto& [k, t] : d.optimizer_full.state.at(name)) flat[k].push_back(t.reshape({-1}));
+  }
+  unit.shard_numel = (unit.numel + 1) / 2;
+  unit.padded_numel = 2 * unit.shard_numel;
+  for (int r = 0; r < 2; ++r) {
+    ShardedPiece& piece = legacy.pieces.emplace_back();
+    piece.rank = r;
+    piece.world_size = 2;
+    piece.state.shard_rank = r;
+    piece.state.shard_world = 2;
+    piece.state.units = {unit};
+    piece.state.param_shapes = {shapes};
+    auto shard = [&](const std::vector<at::Tensor>& parts) {
+      at::Tensor all = at::constant_pad_nd(at::cat(parts), {0, unit.padded_numel - unit.numel});
+      return all.narrow(0, r * unit.shard_numel, unit.shard_numel).clone();
+    };
+    piece.state.shards = {shard(flat.at(""))};
+    piece.optimizer_kind = "Adam";
+    piece.optimizer.units.emplace_back();
+    for (const auto& [k, parts] : flat) {
+      if (!k.empty()) piece.optimizer.units[0][k] = shard(parts);
+    }
+    piece.optimizer.steps = {d.optimizer_full.step.at("head.bias")};
+  }
+  const std::string path = (fs::path(TmpDir("legacy_dir")) / "step=6.ckpt").string();
+  SaveShardedCheckpoint(path, legacy);
+  ASSERT_TRUE(fs::exists(fs::path(path) / "rank_1.pt") && !IsDcpCheckpoint(path));
+  FitResult b = Fit(4, Sharded(TmpDir("legacy_b"), 4), path);
+  ExpectContinues(b.losses, full.losses, 6, 1e-5);
+}
+
 // Runs a W=2 fit that must fail to load `ckpt` and checks nothing changed.
 void ExpectLoadFails(const std::string& ckpt, const std::vector<std::string>& needles, ClassifierConfig c = {}) {
   auto train = MakeData(64, 1);

@@ -298,40 +298,6 @@ StreamedState StreamFullState(strategies::Strategy& s, torch::optim::Optimizer& 
   return out;
 }
 
-ShardedPiece MakeShardedPiece(strategies::Strategy& s, torch::optim::Optimizer& opt) {
-  ST_CHECK_ARG(s.has_sharded_state(), "strategy '", s.name(), "' is not sharded: it cannot write sharded checkpoints");
-  at::NoGradGuard no_grad;
-  sharding::ShardedStateDict sd = s.ShardedState();
-  const auto shapes = ParamShapes(s);
-  sd.param_shapes.clear();
-  for (const auto& u : sd.units) {
-    auto& unit_shapes = sd.param_shapes.emplace_back();
-    for (const auto& n : u.param_names) {
-      auto it = shapes.find(n);
-      ST_CHECK_ARG(it != shapes.end(), "sharded checkpoint: unit parameter '", n, "' is not a parameter of the module");
-      unit_shapes.push_back(it->second);
-    }
-  }
-  for (auto& t : sd.shards) t = t.to(at::kFloat);  // float32 already: the live shard, not a copy
-  ShardedPiece piece;
-  piece.rank = s.rank();
-  piece.world_size = s.world_size();
-  piece.state = std::move(sd);
-  piece.optimizer_kind = OptimizerKind(opt);
-  if (piece.optimizer_kind.empty()) {
-    piece.optimizer_archive = SerializeOptimizer(opt);
-  } else {
-    // Steps now; the state one unit at a time while the file is written
-    // (copies, where a unit's state is several tensors, never all alive).
-    const auto params = OptimizerParams(opt);
-    piece.optimizer.steps = s.ShardedOptimizerSteps(params, StatesOf(opt, params));
-    piece.optimizer_unit_source = [&s, params, &opt](size_t u) {
-      return s.ShardedOptimizerUnit(params, StatesOf(opt, params), static_cast<int>(u));
-    };
-  }
-  return piece;
-}
-
 std::function<void()> PrepareOptimizerLoad(strategies::Strategy& s, torch::optim::Optimizer& opt,
                                            const FullOptimizerState& state, const std::string& path) {
   if (state.empty()) return [] {};

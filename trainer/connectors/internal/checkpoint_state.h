@@ -83,10 +83,6 @@ GroupLrs GroupLrsAndMomentums(const std::vector<OptimizerGroup>& groups);
 // writing but not its part in the collectives (returned in `error`).
 StreamedState StreamFullState(strategies::Strategy& strategy, torch::optim::Optimizer& opt, ArchiveWriter* writer);
 
-// This rank's piece of a sharded checkpoint (no communication). The strategy
-// must be sharded (Strategy::has_sharded_state()).
-ShardedPiece MakeShardedPiece(strategies::Strategy& strategy, torch::optim::Optimizer& opt);
-
 // Loading a sharded checkpoint into a sharded strategy at any world size
 // without building the full model: checks the saved layout against the
 // model (names and sizes; the error lists every problem), computes this
