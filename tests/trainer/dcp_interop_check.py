@@ -12,7 +12,9 @@
     loads with the same weights. Then writes DIR/py_sharded (FSDP2 at W=2:
     dcp.save of get_state_dict after epoch 3, top-level keys "model" and
     "optim") and DIR/py_cont.txt (FSDP2's next 8 steps from it, no
-    scheduler), for ShardTrain to resume.
+    scheduler), for ShardTrain to resume; and DIR/py_plain (dcp.save of an
+    unsharded module's state_dict(), single process: top-level keys, no
+    optimizer) with DIR/py_plain_cont.txt (8 steps of a fresh AdamW from it).
   dcp_interop_check.py compare EXPECTED.txt ACTUAL.txt
 """
 import math
@@ -144,6 +146,21 @@ def python(d):
     for k, v in m.state_dict().items():
         assert torch.equal(v, ref["state_dict"][k]), k
     print("Lightning consolidate_checkpoint + load_from_checkpoint: same weights and hyper-parameters")
+    # An unsharded module's state_dict() saved by DCP in one process, and a fresh AdamW's next 8 steps from it.
+    net = Net(width=8)
+    net.load_state_dict(ref["state_dict"])
+    dcp.save(net.state_dict(), checkpoint_id=os.path.join(d, "py_plain"))
+    opt = torch.optim.AdamW(net.parameters(), lr=0.01, weight_decay=0.05)
+    x, y = data()
+    cont = []
+    for s in range(8):
+        loss = torch.nn.functional.mse_loss(net(x[s * BATCH:(s + 1) * BATCH]), y[s * BATCH:(s + 1) * BATCH])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        cont.append(loss.item())
+    with open(os.path.join(d, "py_plain_cont.txt"), "w") as f:
+        f.write("".join(f"{v!r}\n" for v in cont))
 
 
 if __name__ == "__main__":

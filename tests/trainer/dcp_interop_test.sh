@@ -6,7 +6,8 @@
 #   (dcp_to_torch_save), FSDP2 resumes it at W=1, 2, 4 with the same losses,
 #   Lightning consolidates it; FSDP2 writes py_sharded (keys "model", "optim")
 #   and continues it; ShardTrain resumes py_sharded at W=1, 2, 4 with FSDP2's
-#   losses, and at W=3 too (global batches of 6 there: it only has to load).
+#   losses, and at W=3 too (global batches of 6 there: it only has to load);
+#   ShardTrain resumes (W=2) the DCP save of an unsharded module's state_dict().
 set -euo pipefail
 fixture="$1"; checker="$2"; defs="$3"
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -32,4 +33,7 @@ for w in 1 2 4; do
   "$python" "$checker" compare "$tmp/py_cont.txt" "$tmp/st_cont_py$w.txt" || fail "ShardTrain at W=$w on FSDP2's checkpoint"
 done
 "$fixture" resume_sharded "$tmp/py_sharded" 3 1 "$tmp/st_cont_py3.txt" no_scheduler
+# An unsharded model's state_dict() saved by DCP: weights only, a fresh optimizer.
+"$fixture" resume_sharded "$tmp/py_plain" 2 1 "$tmp/st_cont_plain.txt" no_scheduler
+"$python" "$checker" compare "$tmp/py_plain_cont.txt" "$tmp/st_cont_plain.txt" || fail "ShardTrain on an unsharded model's DCP checkpoint"
 echo PASS
