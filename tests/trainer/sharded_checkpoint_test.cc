@@ -8,6 +8,7 @@
 
 #include <fstream>
 #include <iterator>
+#include <set>
 
 #include "base/errors.h"
 #include "tests/trainer/fixtures.h"
@@ -159,6 +160,65 @@ TEST(ShardedCheckpoint, ConsolidatedCheckpointResumesAtOtherWorldSize) {
   TrainerOptions b = Sharded(TmpDir("cons_b"), 4);
   b.strategy_options = {};  // state_dict_type=full: writes full checkpoints
   ExpectContinues(Fit(4, b, out).losses, full.losses, 6, 1e-5);
+}
+
+// HYBRID_SHARD (W=4: shard groups {0,1}, {2,3}) and NO_SHARD replicas hold
+// equal shards: only the first replica writes chunks (DCP keeps one copy),
+// and the checkpoint resumes FULL_SHARD at W=2 like the uninterrupted run.
+TEST(ShardedCheckpoint, ReplicasWriteTheirShardsOnce) {
+  for (const char* strategy : {"HYBRID_SHARD", "NO_SHARD"}) {
+    SCOPED_TRACE(strategy);
+    const strategies::StrategyOptions replicated = {
+        {"sharding_strategy", strategy},
+        {"hybrid_shard_group_size", std::string(strategy) == "HYBRID_SHARD" ? "2" : "0"}};
+    const std::string tag = strategy;
+    FitResult full = Fit(4, Sharded(TmpDir("repl_full" + tag), 4, replicated));
+    TrainerOptions first = Sharded(TmpDir("repl_a" + tag), 4, replicated);
+    first.max_steps = 6;
+    FitResult a = Fit(4, first);
+    const dcp::Reader r(a.last_ckpt);
+    std::set<std::string> files;
+    for (const auto& [key, e] : r.metadata().tensors) {
+      int64_t n = 0;
+      for (const auto& c : e.chunks) {
+        files.insert(c.where.file);
+        n += c.box.numel();
+      }
+      EXPECT_EQ(n, c10::multiply_integers(e.shape)) << key << ": written more than once, or not at all";
+    }
+    const std::set<std::string> writers = std::string(strategy) == "HYBRID_SHARD"
+                                              ? std::set<std::string>{"__0_0.distcp", "__1_0.distcp"}
+                                              : std::set<std::string>{"__0_0.distcp"};
+    EXPECT_EQ(files, writers);
+    ExpectContinues(Fit(2, Sharded(TmpDir("repl_b" + tag), 2), a.last_ckpt).losses, full.losses, 6, 1e-5);
+  }
+}
+
+// Optimizers other than Adam, AdamW and SGD keep their LibTorch archive per
+// rank: the checkpoint resumes at the same world size and stops with a
+// message at another.
+TEST(ShardedCheckpoint, OtherOptimizersResumeAtTheSameWorldSizeOnly) {
+  ClassifierConfig c;
+  c.optimizer = "rmsprop";
+  FitResult full = Fit(2, Sharded(TmpDir("rms_full"), 2), "", c);
+  TrainerOptions first = Sharded(TmpDir("rms_a"), 2);
+  first.max_steps = 6;
+  FitResult a = Fit(2, first, "", c);
+  ExpectContinues(Fit(2, Sharded(TmpDir("rms_b"), 2), a.last_ckpt, c).losses, full.losses, 6, 1e-5);
+  auto train = MakeData(64, 1);
+  shardtrain::testing::RunRanks(4, [&](int rank, const auto& comm) {
+    Classifier module(c);
+    Trainer trainer(Sharded(TmpDir("rms_fail" + std::to_string(rank)), 4), comm);
+    try {
+      trainer.Fit(module, *train, nullptr, a.last_ckpt);
+      ADD_FAILURE() << "loading at W=4 did not fail";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("only Adam, AdamW and SGD state loads at another world size"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(trainer.global_step(), 0);
+  });
 }
 
 // The sharded format of earlier releases (metadata.pt, rank_<r>.pt) still
