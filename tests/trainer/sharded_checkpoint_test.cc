@@ -221,6 +221,85 @@ TEST(ShardedCheckpoint, OtherOptimizersResumeAtTheSameWorldSizeOnly) {
   });
 }
 
+// A weight tied across two wrap points (registered in both: "a.w" and "b.w"
+// are one tensor) and a frozen vector.
+class TiedLayerImpl : public torch::nn::Module {
+ public:
+  TiedLayerImpl(const at::Tensor& w, at::Generator* g) {
+    this->w = register_parameter("w", w);
+    bias = register_parameter("bias", at::randn({8}, *g) * 0.1);
+  }
+  at::Tensor forward(const at::Tensor& x) { return at::tanh(at::linear(x, w, bias)); }
+  at::Tensor w, bias;
+};
+class TiedNetImpl : public torch::nn::Module {
+ public:
+  TiedNetImpl() {
+    auto g = at::detail::createCPUGenerator(9);
+    const at::Tensor w = at::randn({8, 8}, g) * 0.3;
+    a = register_module("a", std::make_shared<sharding::Sharded<TiedLayerImpl>>(w, &g));
+    b = register_module("b", std::make_shared<sharding::Sharded<TiedLayerImpl>>(w, &g));
+    head = register_parameter("head", at::randn({3, 8}, g) * 0.3);
+    scale = register_parameter("scale", at::linspace(0.5, 1.5, 8), /*requires_grad=*/false);
+  }
+  at::Tensor forward(const at::Tensor& x) { return at::linear(b->forward(a->forward(x * scale)), head); }
+  std::shared_ptr<sharding::Sharded<TiedLayerImpl>> a, b;
+  at::Tensor head, scale;
+};
+class TiedModule : public TrainingModule {
+ public:
+  std::shared_ptr<torch::nn::Module> configure_model() override { return net_ = std::make_shared<TiedNetImpl>(); }
+  at::Tensor training_step(const Batch& batch, int64_t) override {
+    return at::cross_entropy_loss(forward([&] { return net_->forward(batch.inputs); }), batch.targets);
+  }
+  OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
+    return {std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2))};
+  }
+  std::shared_ptr<TiedNetImpl> net_;
+};
+
+// Tied and frozen parameters: the tied weight is in the directory under both
+// names (the same bytes), the frozen one without optimizer state, and the
+// checkpoint resumes at W=4 like the uninterrupted run.
+TEST(ShardedCheckpoint, TiedAndFrozenParameters) {
+  auto data = MakeData(64, 1);
+  auto run = [&](int world, const std::string& root, int64_t max_steps, const std::string& ckpt) {
+    TrainerOptions o = Sharded(TmpDir(root), world);
+    o.max_steps = max_steps;
+    std::vector<double> losses;
+    std::string last;
+    shardtrain::testing::RunRanks(world, [&](int rank, const auto& comm) {
+      TiedModule module;
+      Trainer trainer(o, comm);
+      trainer.Fit(module, *data, nullptr, ckpt);
+      if (rank == 0) {
+        losses = trainer.step_losses();
+        last = trainer.last_checkpoint_path();
+      }
+    });
+    return std::make_pair(losses, last);
+  };
+  const auto full = run(2, "tied_full", 12, "");
+  const auto a = run(2, "tied_a", 6, "");
+  const dcp::Reader r(a.second);
+  const auto& md = r.metadata();
+  ASSERT_TRUE(md.tensors.count("model.a.w") && md.tensors.count("model.b.w"));
+  const auto &ca = md.tensors.at("model.a.w").chunks, &cb = md.tensors.at("model.b.w").chunks;
+  ASSERT_EQ(ca.size(), cb.size());
+  for (size_t i = 0; i < ca.size(); ++i) {
+    EXPECT_EQ(ca[i].where.file, cb[i].where.file);
+    EXPECT_EQ(ca[i].where.offset, cb[i].where.offset);
+  }
+  EXPECT_TRUE(md.tensors.count("model.scale"));
+  EXPECT_FALSE(md.tensors.count("optimizer_0.state.scale.exp_avg"));
+  EXPECT_TRUE(md.tensors.count("optimizer_0.state.head.exp_avg"));
+  const CheckpointData d = ConsolidateDcpCheckpoint(OpenDcpCheckpoint(a.second));
+  EXPECT_TRUE(d.state_dict.at("a.w").equal(d.state_dict.at("b.w")));
+  EXPECT_TRUE(d.state_dict.at("scale").equal(at::linspace(0.5, 1.5, 8)));
+  const auto b = run(4, "tied_b", 12, a.second);
+  ExpectContinues(b.first, full.first, 6, 1e-5);
+}
+
 // The sharded format of earlier releases (metadata.pt, rank_<r>.pt) still
 // resumes: the state of a DCP checkpoint rewritten in it, as one unit laid
 // out over 2 shard ranks, continues like the uninterrupted run at W=4.
