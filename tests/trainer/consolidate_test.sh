@@ -6,10 +6,7 @@
 # and a broken checkpoint is a clear error that writes nothing.
 set -euo pipefail
 fixture="$1"; consolidate="$2"; checker="$3"; defs="$4"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-libdir="$(sed -n 's/^LIBTORCH_LIB_DIR = "\(.*\)"$/\1/p' "$defs")"
-python="${SHARDTRAIN_PYTHON:-$(cd "$libdir/../../../../.." 2>/dev/null && pwd)/bin/python}"
-[[ -x "$python" ]] && "$python" -c "import torch" 2>/dev/null || fail "no Python with torch at $python; set SHARDTRAIN_PYTHON"
+source "$(dirname "${BASH_SOURCE[0]}")/../testing/python.sh" "$defs"
 
 tmp="${TEST_TMPDIR:-$(mktemp -d)}/consolidate"
 rm -rf "$tmp"; mkdir -p "$tmp"

@@ -114,7 +114,8 @@ TrainerOptions Options(int world, int64_t max_epochs) {
   return o;
 }
 
-int Save(const std::string& out) {
+// The full checkpoint `out` and, where `sharded` is given, a sharded one of the same state.
+int Save(const std::string& out, const std::string& sharded) {
   auto data = Data();
   TrainerOptions o = Options(2, 2);
   o.strategy = "fsdp_native";
@@ -122,24 +123,10 @@ int Save(const std::string& out) {
     Net module;
     Trainer trainer(o, comm);
     trainer.Fit(module, *data);
+    if (!sharded.empty()) trainer.SaveCheckpoint(sharded, CheckpointFormat::kSharded);
     trainer.SaveCheckpoint(out, CheckpointFormat::kFull);
   });
-  std::cout << "wrote " << out << std::endl;
-  return 0;
-}
-
-int SaveSharded(const std::string& dir, const std::string& full) {
-  auto data = Data();
-  TrainerOptions o = Options(2, 2);
-  o.strategy = "fsdp_native";
-  shardtrain::testing::RunRanks(2, [&](int, const auto& comm) {
-    Net module;
-    Trainer trainer(o, comm);
-    trainer.Fit(module, *data);
-    trainer.SaveCheckpoint(dir, CheckpointFormat::kSharded);
-    trainer.SaveCheckpoint(full, CheckpointFormat::kFull);
-  });
-  std::cout << "wrote " << dir << " and " << full << std::endl;
+  std::cout << "wrote " << out << (sharded.empty() ? "" : " and " + sharded) << std::endl;
   return 0;
 }
 
@@ -193,9 +180,9 @@ int Dump(const std::string& in) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "save" && argc == 3) return Save(argv[2]);
+  if (mode == "save" && argc == 3) return Save(argv[2], "");
   if (mode == "dump" && argc == 3) return Dump(argv[2]);
-  if (mode == "save_sharded" && argc == 4) return SaveSharded(argv[2], argv[3]);
+  if (mode == "save_sharded" && argc == 4) return Save(argv[3], argv[2]);
   if (mode == "resume_sharded" && (argc == 6 || (argc == 7 && std::string(argv[6]) == "no_scheduler"))) {
     return ResumeSharded(argv[2], std::stoi(argv[3]), std::stoll(argv[4]), argv[5], argc == 6);
   }

@@ -4,10 +4,7 @@
 # lr_scheduler_check.py builds the same cases in PyTorch and compares to 1e-12.
 set -euo pipefail
 table="$1"; checker="$2"; defs="$3"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-libdir="$(sed -n 's/^LIBTORCH_LIB_DIR = "\(.*\)"$/\1/p' "$defs")"
-python="${SHARDTRAIN_PYTHON:-$(cd "$libdir/../../../../.." 2>/dev/null && pwd)/bin/python}"
-[[ -x "$python" ]] && "$python" -c "import torch" 2>/dev/null || fail "no Python with torch at $python; set SHARDTRAIN_PYTHON"
+source "$(dirname "${BASH_SOURCE[0]}")/../testing/python.sh" "$defs"
 tmp="${TEST_TMPDIR:-$(mktemp -d)}/lr_scheduler_python"
 rm -rf "$tmp"; mkdir -p "$tmp"
 "$table" > "$tmp/table.txt"
