@@ -160,43 +160,49 @@ class Parser {
   }
   void Push(PyPtr v) { stack_.push_back(std::move(v)); }
 
+  // One opcode: a plain value or tuple (StepValue), else a container, global, object or memo operation.
   void Step(unsigned char op) {
-    using K = PyValue::Kind;
+    if (!StepValue(op)) StepStructure(op);
+  }
+
+  // Returns false for opcodes that are not plain values or tuples. Long by
+  // design (tools/BUILD.bazel allows it): one short case per opcode.
+  bool StepValue(unsigned char op) {
     switch (op) {
       case 0x80:
         pos_ += 1;
-        return;  // PROTO
+        return true;  // PROTO
       case 0x95:
         pos_ += 8;
-        return;  // FRAME: its opcodes follow
+        return true;  // FRAME: its opcodes follow
       case '(':
         marks_.push_back(stack_.size());
-        return;
+        return true;
       case 'N':
         Push(a_->None());
-        return;
+        return true;
       case 0x88:
         Push(a_->Bool(true));
-        return;
+        return true;
       case 0x89:
         Push(a_->Bool(false));
-        return;
+        return true;
       case 'K':
         Push(a_->Int(static_cast<int64_t>(LE(1))));
-        return;
+        return true;
       case 'M':
         Push(a_->Int(static_cast<int64_t>(LE(2))));
-        return;
+        return true;
       case 'J':
         Push(a_->Int(static_cast<int32_t>(static_cast<uint32_t>(LE(4)))));
-        return;
+        return true;
       case 0x8a: {  // LONG1
         const uint64_t n = LE(1);
         if (n > 8) Fail("LONG1", "an integer of ", n, " bytes (valid: up to 8, a signed 64-bit value)");
         uint64_t v = n ? LE(static_cast<int>(n)) : 0;
         if (n > 0 && n < 8 && (v >> (8 * n - 1)) & 1) v |= ~uint64_t{0} << (8 * n);  // sign-extend
         Push(a_->Int(static_cast<int64_t>(v)));
-        return;
+        return true;
       }
       case 'G': {
         uint64_t bits = 0;
@@ -205,32 +211,32 @@ class Parser {
         double d = 0;
         std::memcpy(&d, &bits, 8);
         Push(a_->Float(d));
-        return;
+        return true;
       }
       case 0x8c:
         Push(a_->Str(Bytes(LE(1))));
-        return;  // SHORT_BINUNICODE
+        return true;  // SHORT_BINUNICODE
       case 'X':
         Push(a_->Str(Bytes(LE(4))));
-        return;  // BINUNICODE
+        return true;  // BINUNICODE
       case 0x8d:
         Push(a_->Str(Bytes(LE(8))));
-        return;  // BINUNICODE8
+        return true;  // BINUNICODE8
       case 'C':
         Push(a_->Bytes(Bytes(LE(1))));
-        return;  // SHORT_BINBYTES
+        return true;  // SHORT_BINBYTES
       case 'B':
         Push(a_->Bytes(Bytes(LE(4))));
-        return;  // BINBYTES
+        return true;  // BINBYTES
       case 0x8e:
         Push(a_->Bytes(Bytes(LE(8))));
-        return;  // BINBYTES8
+        return true;  // BINBYTES8
       case ')':
         Push(a_->Tuple({}));
-        return;
+        return true;
       case 't':
         Push(a_->Tuple(PopMark("TUPLE")));
-        return;
+        return true;
       case 0x85:
       case 0x86:
       case 0x87: {
@@ -238,8 +244,17 @@ class Parser {
         std::vector<PyPtr> items(n);
         for (int k = n - 1; k >= 0; --k) items[k] = Pop("TUPLEn");
         Push(a_->Tuple(std::move(items)));
-        return;
+        return true;
       }
+      default:
+        return false;
+    }
+  }
+
+  // Long by design (tools/BUILD.bazel allows it): one short case per opcode.
+  void StepStructure(unsigned char op) {
+    using K = PyValue::Kind;
+    switch (op) {
       case ']':
         Push(a_->List({}));
         return;

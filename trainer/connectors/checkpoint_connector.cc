@@ -270,25 +270,64 @@ void internal::CheckpointConnector::RestoreRngAndCallbacks(const CheckpointData&
   }
 }
 
+namespace {
+
+// A checkpoint as the Restore of a run whose strategy is sharded or not reads
+// it: a PyTorch DCP directory (what sharded saves write), a directory of the
+// format of earlier releases, or a full file. `direct`: sharded into a
+// sharded strategy (each rank reads its ranges); else `data` holds the whole
+// state (consolidated).
+struct OpenedCheckpoint {
+  std::optional<DcpCheckpoint> dcp;
+  std::optional<ShardedCheckpoint> sharded;
+  bool direct = false;
+  CheckpointData data;
+};
+
+OpenedCheckpoint OpenCheckpoint(const std::string& path, bool sharded_strategy, const std::string& run_kind) {
+  OpenedCheckpoint o;
+  if (IsDcpCheckpoint(path)) {
+    o.dcp = OpenDcpCheckpoint(path);
+  } else if (IsShardedCheckpoint(path)) {
+    o.sharded = LoadShardedCheckpoint(path);
+  }
+  o.direct = (o.sharded || o.dcp) && sharded_strategy;
+  o.data = o.direct && o.dcp ? o.dcp->meta
+           : o.dcp           ? ConsolidateDcpCheckpoint(*o.dcp, run_kind)
+           : o.direct        ? o.sharded->meta
+           : o.sharded       ? ConsolidateShardedCheckpoint(*o.sharded)
+                             : LoadCheckpoint(path);
+  return o;
+}
+
+}  // namespace
+
+// Each rank reads other chunks: all ranks agree before any installs.
+std::function<void()> internal::CheckpointConnector::PrepareDcpLoadAgreed(const DcpCheckpoint& dcp,
+                                                                          const std::string& path) {
+  std::function<void()> apply;
+  bool failed = false;
+  std::string msg;
+  try {
+    apply = internal::PrepareDcpLoad(*t_.strategy_, *t_.opt_.optimizer, dcp, path);
+  } catch (const std::exception& e) {
+    failed = true;
+    msg = e.what();
+  }
+  AgreeOrThrow(failed, msg, "loading checkpoint '" + path + "'");
+  return apply;
+}
+
 void internal::CheckpointConnector::Restore(const std::string& path) {
   // A sharded checkpoint into a sharded strategy: every rank maps the rank
   // files and reads only the ranges of its own new shards (no full model).
   // Replicated strategies need the full model anyway: they load it consolidated.
-  // A PyTorch DCP directory (what sharded saves write) or one of the format
-  // of earlier releases.
-  std::optional<DcpCheckpoint> dcp;
-  std::optional<ShardedCheckpoint> sharded;
-  if (IsDcpCheckpoint(path)) {
-    dcp = OpenDcpCheckpoint(path);
-  } else if (IsShardedCheckpoint(path)) {
-    sharded = LoadShardedCheckpoint(path);
-  }
-  const bool direct = (sharded || dcp) && t_.strategy_->has_sharded_state();
-  CheckpointData ck = direct && dcp ? dcp->meta
-                      : dcp         ? ConsolidateDcpCheckpoint(*dcp, internal::OptimizerKind(*t_.opt_.optimizer))
-                      : direct      ? sharded->meta
-                      : sharded     ? ConsolidateShardedCheckpoint(*sharded)
-                                    : LoadCheckpoint(path);
+  OpenedCheckpoint opened =
+      OpenCheckpoint(path, t_.strategy_->has_sharded_state(), internal::OptimizerKind(*t_.opt_.optimizer));
+  const std::optional<DcpCheckpoint>& dcp = opened.dcp;
+  const std::optional<ShardedCheckpoint>& sharded = opened.sharded;
+  const bool direct = opened.direct;
+  CheckpointData& ck = opened.data;
   // Each rank copies its slices of the mapped records, then drops their pages.
   sharding::SourceReleaseScope release_pages(&ReleaseMappedPages);
   const int W = t_.world_size();
@@ -301,16 +340,7 @@ void internal::CheckpointConnector::Restore(const std::string& path) {
   std::function<void()> apply_optimizer;
   std::function<void()> apply_sharded;  // parameters, buffers and optimizer state
   if (direct && dcp) {
-    // Each rank reads other chunks: all ranks agree before any installs.
-    bool failed = false;
-    std::string msg;
-    try {
-      apply_sharded = internal::PrepareDcpLoad(*t_.strategy_, *t_.opt_.optimizer, *dcp, path);
-    } catch (const std::exception& e) {
-      failed = true;
-      msg = e.what();
-    }
-    AgreeOrThrow(failed, msg, "loading checkpoint '" + path + "'");
+    apply_sharded = PrepareDcpLoadAgreed(*dcp, path);
   } else if (direct) {
     apply_sharded = internal::PrepareShardedLoad(*t_.strategy_, *t_.opt_.optimizer, *sharded, path);
   } else if (!archives) {
@@ -365,7 +395,7 @@ void internal::CheckpointConnector::Restore(const std::string& path) {
   if (t_.rank() == 0) {
     ST_LOG(INFO) << "resumed from " << path << " ("
                  << (ck.world_size > 0 ? "saved at world size " + std::to_string(ck.world_size)
-                                       : std::string("written by Python Lightning"))
+                                       : std::string("written by Python: Lightning or PyTorch"))
                  << ", now " << W << ") at epoch " << t_.epoch_ << ", global step " << t_.global_step_;
   }
 }

@@ -177,26 +177,12 @@ void RunCopies(at::Tensor& dst, const std::vector<RunCopy>& copies) {
   }
 }
 
-}  // namespace
-
-std::function<void()> PrepareDcpLoad(strategies::Strategy& s, torch::optim::Optimizer& opt, const DcpCheckpoint& ck,
-                                     const std::string& path) {
-  ST_CHECK_ARG(s.has_sharded_state(), "strategy '", s.name(), "' is not sharded: it loads sharded checkpoints consolidated");
-  at::NoGradGuard no_grad;
+// The model's buffers from the file (full, small: assembled now), and the
+// file's model tensors that the model does not have, added to `problems`.
+std::map<std::string, at::Tensor> BuffersAndUnexpected(const DcpCheckpoint& ck, const sharding::ShardedStateDict& sd,
+                                                       const std::map<std::string, std::vector<int64_t>>& shapes,
+                                                       std::ostringstream& problems) {
   const dcp::Reader& r = *ck.reader;
-  const sharding::ShardedStateDict sd = s.ShardedState();
-  const auto shapes = ParamShapes(s);  // tied weights' further names too: not "unexpected"
-  std::ostringstream problems;
-  std::map<const dcp::Chunk*, at::Tensor> opened;
-  // Parameters: the copies into each unit's shard.
-  std::vector<std::vector<RunCopy>> param_copies(sd.units.size());
-  std::vector<std::vector<Part>> parts(sd.units.size());
-  for (size_t u = 0; u < sd.units.size(); ++u) {
-    const int64_t base = sd.shard_rank * sd.units[u].shard_numel;
-    parts[u] = PartsInShard(sd, u, shapes);
-    for (const Part& p : parts[u]) PlanPart(r, ck.model_prefix + p.name, p, base, opened, param_copies[u], problems);
-  }
-  // Buffers (full, small): assembled now.
   std::map<std::string, at::Tensor> buffers;
   for (const auto& [name, b] : sd.buffers) {
     const std::string key = ck.model_prefix + name;
@@ -218,6 +204,48 @@ std::function<void()> PrepareDcpLoad(strategies::Strategy& s, torch::optim::Opti
     const std::string name = key.substr(ck.model_prefix.size());
     if (!shapes.count(name) && !sd.buffers.count(name)) problems << "\n  unexpected: '" << key << "'";
   }
+  return buffers;
+}
+
+// This rank's LibTorch archive of an optimizer other than Adam, AdamW and
+// SGD: only at the world size and strategy that saved it ("" and a problem
+// otherwise; "" when the file holds none).
+std::string ArchiveForThisRank(strategies::Strategy& s, const DcpCheckpoint& ck, std::ostringstream& problems) {
+  const dcp::Reader& r = *ck.reader;
+  const std::string key = dcp::FlatKey(ArchivePath(s.rank()));
+  if (ck.meta.world_size == s.world_size() && ck.meta.strategy == s.name() && r.metadata().tensors.count(key)) {
+    at::Tensor t = AssembleDcpTensor(r, key);
+    return std::string(reinterpret_cast<const char*>(t.data_ptr<uint8_t>()), t.numel());
+  }
+  if (r.metadata().tensors.count(dcp::FlatKey(ArchivePath(0)))) {
+    problems << "\n  the checkpoint holds the optimizer's state for " << ck.meta.world_size << " ranks ("
+             << ck.meta.strategy << ") and this run has " << s.world_size() << " (" << s.name()
+             << "); only Adam, AdamW and SGD state loads at another world size or strategy";
+  }
+  return "";
+}
+
+}  // namespace
+
+std::function<void()> PrepareDcpLoad(strategies::Strategy& s, torch::optim::Optimizer& opt, const DcpCheckpoint& ck,
+                                     const std::string& path) {
+  ST_CHECK_ARG(s.has_sharded_state(), "strategy '", s.name(), "' is not sharded: it loads sharded checkpoints consolidated");
+  at::NoGradGuard no_grad;
+  const dcp::Reader& r = *ck.reader;
+  const sharding::ShardedStateDict sd = s.ShardedState();
+  const auto shapes = ParamShapes(s);  // tied weights' further names too: not "unexpected"
+  std::ostringstream problems;
+  std::map<const dcp::Chunk*, at::Tensor> opened;
+  // Parameters: the copies into each unit's shard.
+  std::vector<std::vector<RunCopy>> param_copies(sd.units.size());
+  std::vector<std::vector<Part>> parts(sd.units.size());
+  for (size_t u = 0; u < sd.units.size(); ++u) {
+    const int64_t base = sd.shard_rank * sd.units[u].shard_numel;
+    parts[u] = PartsInShard(sd, u, shapes);
+    for (const Part& p : parts[u]) PlanPart(r, ck.model_prefix + p.name, p, base, opened, param_copies[u], problems);
+  }
+  // Buffers (full, small): assembled now; tensors the model does not have.
+  std::map<std::string, at::Tensor> buffers = BuffersAndUnexpected(ck, sd, shapes, problems);
   // Optimizer state: the same plan per state key.
   const std::string kind = OptimizerKind(opt);
   const auto params = OptimizerParams(opt);
@@ -248,18 +276,8 @@ std::function<void()> PrepareDcpLoad(strategies::Strategy& s, torch::optim::Opti
       }
     }
   }
-  std::string archive;  // another optimizer's LibTorch archive (same world size)
-  if (kind.empty()) {
-    const std::string key = dcp::FlatKey(ArchivePath(s.rank()));
-    if (ck.meta.world_size == s.world_size() && ck.meta.strategy == s.name() && r.metadata().tensors.count(key)) {
-      at::Tensor t = AssembleDcpTensor(r, key);
-      archive.assign(reinterpret_cast<const char*>(t.data_ptr<uint8_t>()), t.numel());
-    } else if (r.metadata().tensors.count(dcp::FlatKey(ArchivePath(0)))) {
-      problems << "\n  the checkpoint holds the optimizer's state for " << ck.meta.world_size << " ranks ("
-               << ck.meta.strategy << ") and this run has " << s.world_size() << " (" << s.name()
-               << "); only Adam, AdamW and SGD state loads at another world size or strategy";
-    }
-  }
+  // Another optimizer's LibTorch archive (same world size and strategy only).
+  const std::string archive = kind.empty() ? ArchiveForThisRank(s, ck, problems) : std::string();
   if (!problems.str().empty()) {
     ST_THROW(Error, "checkpoint '", path, "' does not match the model (nothing was loaded):", problems.str());
   }

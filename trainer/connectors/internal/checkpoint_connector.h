@@ -5,6 +5,7 @@
 #ifndef SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_CHECKPOINT_CONNECTOR_H_
 #define SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_CHECKPOINT_CONNECTOR_H_
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@ namespace shardtrain::trainer {
 
 class Trainer;
 struct CheckpointData;
+struct DcpCheckpoint;  // trainer/checkpoint_io/dcp_checkpoint.h
 
 namespace internal {
 
@@ -51,6 +53,9 @@ class CheckpointConnector {
   void FillCommon(CheckpointData& data);
   GroupLrs NameLoadedState(CheckpointData& ck, const std::string& path);
   void RestoreRngAndCallbacks(const CheckpointData& ck, const std::string& path);
+  // PrepareDcpLoad (trainer/connectors/internal/checkpoint_state.h) on every
+  // rank, then AgreeOrThrow: a problem on any rank stops all.
+  std::function<void()> PrepareDcpLoadAgreed(const DcpCheckpoint& dcp, const std::string& path);
   // Throws on every rank when `failed` on any: a failed rank its own
   // message, the others "<what> failed on rank r: <its message>" (the
   // highest failed rank's).
