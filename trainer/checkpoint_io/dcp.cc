@@ -473,8 +473,9 @@ void WriteMetadata(const std::string& dir, const Metadata& md) {
   WriteFileAtomically((fs::path(dir) / kMetadataFile).string(), MetadataPickle(md, dir));
 }
 
-Metadata ReadMetadata(const std::string& dir) {
-  const std::string path = (fs::path(dir) / kMetadataFile).string();
+Metadata ReadMetadata(const std::string& dir) { return ReadMetadataFile((fs::path(dir) / kMetadataFile).string()); }
+
+Metadata ReadMetadataFile(const std::string& path) {
   const std::string bytes = ReadWhole(path);
   return ParseMetadata(bytes.data(), bytes.size(), path);
 }

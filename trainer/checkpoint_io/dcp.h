@@ -124,6 +124,8 @@ Metadata ParseMetadata(const char* data, size_t size, const std::string& file);
 void WriteMetadata(const std::string& dir, const Metadata& md);
 // Reads and parses <dir>/.metadata (shardtrain::Error naming it when missing).
 Metadata ReadMetadata(const std::string& dir);
+// The same for a metadata pickle at any path (a rank's part during a save).
+Metadata ReadMetadataFile(const std::string& path);
 
 // A rank's file: chunks and values appended as DCP stores them; their
 // locations go into the Metadata the caller assembles.

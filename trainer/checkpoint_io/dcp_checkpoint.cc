@@ -4,8 +4,6 @@
 #include <ATen/core/ivalue.h>
 
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <set>
 
 #include "base/errors.h"
@@ -19,12 +17,6 @@ constexpr const char* kModel = "model";
 constexpr const char* kOptimizer = "optimizer_0";
 
 std::string PartFileName(int64_t rank) { return ".part_" + std::to_string(rank) + ".metadata"; }
-
-std::string ReadWhole(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in.good()) ST_THROW(Error, "'", path.string(), "' cannot be opened");
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 // Adds `part` (one rank's) to `md`; a tensor both name must agree on dtype and shape.
 void Merge(dcp::Metadata& md, const dcp::Metadata& part, const std::string& file) {
@@ -163,8 +155,7 @@ void FinishDcpSave(const std::string& path, const CheckpointData& meta, int64_t 
   for (int64_t r = 0; r < world_size; ++r) {
     const fs::path part = tmp / PartFileName(r);
     if (!fs::exists(part)) ST_THROW(Error, "sharded save of '", path, "': rank ", r, " did not write '", part.string(), "'");
-    const std::string bytes = ReadWhole(part);
-    Merge(md, dcp::ParseMetadata(bytes.data(), bytes.size(), part.string()), part.string());
+    Merge(md, dcp::ReadMetadataFile(part.string()), part.string());
   }
   for (const auto& [key, e] : md.tensors) {
     int64_t covered = 0;
