@@ -13,7 +13,6 @@ import sys
 import tempfile
 
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.metadata import Metadata
@@ -65,9 +64,7 @@ def check(dirname, expected):
     print("PASS: torch's DCP read the directory ShardTrain wrote")
 
 
-def write_rank(rank, dirname, expected, port):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def write_rank(rank, world, dirname, expected):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     mesh = init_device_mesh("cpu", (2,))
@@ -85,16 +82,12 @@ def write_rank(rank, dirname, expected, port):
     dcp.save(nested(dt, objects), checkpoint_id=dirname)
     if rank == 0:
         torch.save({"tensors": full, "objects": objects}, expected)
-    dist.destroy_process_group()
 
 
 def write(dirname, expected):
-    import socket
-    import torch.multiprocessing as mp
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(write_rank, args=(dirname, expected, port), nprocs=2)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from gloo_spawn import spawn_gloo
+    spawn_gloo(write_rank, 2, dirname, expected)
     print("wrote", dirname)
 
 

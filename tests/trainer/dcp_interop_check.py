@@ -17,9 +17,7 @@
     optimizer) with DIR/py_plain_cont.txt (8 steps of a fresh AdamW from it).
   dcp_interop_check.py compare EXPECTED.txt ACTUAL.txt
 """
-import math
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,14 +26,14 @@ import warnings
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-import torch.multiprocessing as mp
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import fully_shard
 
 warnings.filterwarnings("ignore")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from lightning_interop_check import TOL, Net, compare, read  # noqa: E402
+from gloo_spawn import spawn_gloo  # noqa: E402
+from lightning_interop_check import Net, compare, read  # noqa: E402
 
 BATCH = 8
 
@@ -79,9 +77,7 @@ def full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def fsdp2_rank(rank, world, port, d, write):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def fsdp2_rank(rank, world, d, write):
     net, opt = fsdp2_model(world)
     msd, osd = get_state_dict(net, opt)
     state = {"model": msd, "optimizer_0": osd}
@@ -110,13 +106,6 @@ def fsdp2_rank(rank, world, port, d, write):
         if rank == 0:
             with open(os.path.join(d, "py_cont.txt"), "w") as f:
                 f.write("".join(f"{v!r}\n" for v in cont))
-    dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def python(d):
@@ -136,7 +125,7 @@ def python(d):
     assert sd["optimizer_0"]["param_groups"][0]["params"] == names, sd["optimizer_0"]["param_groups"]
     print(f"dcp_to_torch_save: {len(ref['state_dict'])} tensors and the AdamW state equal the full checkpoint's")
     for world in (1, 2, 4):
-        mp.spawn(fsdp2_rank, args=(world, free_port(), d, world == 2), nprocs=world)
+        spawn_gloo(fsdp2_rank, world, d, world == 2)
     # Lightning's converter, then load_from_checkpoint.
     conv = os.path.join(d, "consolidated.ckpt")
     subprocess.run([sys.executable, "-m", "lightning.pytorch.utilities.consolidate_checkpoint", sharded,
