@@ -165,6 +165,8 @@ void Trainer::SaveCheckpoint(const std::string& path, CheckpointFormat format) {
   checkpoint_connector_->Save(path, format);
 }
 
+void Trainer::WhenCheckpointSaved(std::function<void()> fn) { checkpoint_connector_->WhenSaved(std::move(fn)); }
+
 std::vector<double> Trainer::learning_rates() const {
   std::vector<double> out;
   if (!opt_.optimizer) return out;

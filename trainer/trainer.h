@@ -176,7 +176,17 @@ class Trainer {
   // Writes a checkpoint (collective: every rank must call): full, or sharded
   // when the strategy prefers it (kAuto). Atomic; on failure every rank throws
   // shardtrain::Error and the previous file or directory at `path` is intact.
+  // With TrainerOptions::async_checkpoint, a sharded save inside Fit returns
+  // once the state is planned and completes in the background (the file is
+  // complete, and last_checkpoint_path() names it, from the step after its
+  // writers finished, at the next save, or at the end of Fit).
   void SaveCheckpoint(const std::string& path, CheckpointFormat format = CheckpointFormat::kAuto);
+  // Runs `fn` on this rank once the save in flight is complete (at once when
+  // none is); never if it fails. ModelCheckpoint deletes files it no longer
+  // keeps so: a crash mid-save leaves the checkpoints before it.
+  void WhenCheckpointSaved(std::function<void()> fn);
+  // What the asynchronous saves cost (TrainerOptions::async_checkpoint).
+  const AsyncCheckpointStats& async_checkpoint_stats() const { return async_checkpoint_stats_; }
 
   const TrainerOptions& options() const { return options_; }
   // The epoch limit in effect: options().max_epochs, or what an unset one
@@ -325,6 +335,7 @@ class Trainer {
   // ---- Checkpoints ----
   std::string ckpt_dir_;
   std::string last_ckpt_;
+  AsyncCheckpointStats async_checkpoint_stats_;
 };
 
 }  // namespace shardtrain::trainer

@@ -29,6 +29,16 @@ enum class CheckpointFormat {
 // max_epochs when neither max_epochs nor max_steps is given (Lightning's).
 inline constexpr int64_t kDefaultMaxEpochs = 1000;
 
+// What the asynchronous saves of a Trainer cost (Trainer::async_checkpoint_stats()).
+struct AsyncCheckpointStats {
+  std::string path;              // the last one ("" before the first)
+  int64_t saves = 0;             // asynchronous saves completed
+  double write_seconds = 0;      // the last one's slowest background writer
+  int64_t units = 0;             // unit shards written, over the ranks and saves
+  int64_t units_copied = 0;      // of which copied aside before the optimizer changed them
+  int64_t peak_extra_bytes = 0;  // the most one rank held aside at once, over the saves
+};
+
 struct TrainerOptions {
   // ---- Hardware, strategy, precision ----
   // "cpu", "cuda" (alias "gpu": one rank per CUDA device, cuda:<local rank>,
@@ -85,6 +95,16 @@ struct TrainerOptions {
   std::string logger_name = "lightning_logs";
   bool enable_checkpointing = true;
   int64_t checkpoint_every_n_steps = 0;  // 0: only at epoch ends and the end of fit
+  // Sharded saves inside Fit are written by a background thread per rank
+  // while training goes on (Lightning's AsyncCheckpointIO, DCP's
+  // async_save): the checkpoint is the state at the step where the save
+  // began; the optimizer copies a unit aside only when it would change one
+  // the writer has not written yet (trainer/connectors/internal/async_save.h).
+  // At most one save is in flight (the next waits); the end of Fit and
+  // preemption wait for it; a writer's failure stops Fit at the next step on
+  // every rank. Full checkpoints stay synchronous (they gather every unit
+  // through rank 0), as do saves outside Fit. docs/checkpoints.md.
+  bool async_checkpoint = false;
   bool enable_progress_bar = true;
   bool enable_logger = true;
   // Loggers by name when enable_logger: "csv" (CsvLogger) and/or

@@ -12,6 +12,12 @@
 //   memory_bench --mode=load_full --devices=W --dir=D --out=F  construction, full load (D/full.ckpt)
 //   memory_bench --mode=load_sharded ...                       construction, sharded load (D/sharded)
 //   memory_bench --mode=self_test                              does the peak method see a 256 MiB transient?
+//   memory_bench --mode=save_during_training --save=none|sync|async --steps=6 --save_at=2 ...
+//       a sharded save after step --save_at, synchronous or in the background
+//       (TrainerOptions::async_checkpoint): phases before_save (steps up to
+//       it) and after_save (the save and the steps after it, to the end of
+//       Fit, which waits for the writer), and one "timing" line per rank: each
+//       step's time, the time SaveCheckpoint held the training thread, Fit's.
 #include <ATen/ATen.h>
 #include <fcntl.h>
 #include <gflags/gflags.h>
@@ -37,7 +43,11 @@
 #include "tests/testing/proc_status.h"
 #include "trainer/trainer.h"
 
-DEFINE_string(mode, "train", "train | load_full | load_sharded | self_test (does the peak method see a 256 MiB transient?)");
+DEFINE_string(mode, "train",
+              "train | load_full | load_sharded | save_during_training | self_test (does the peak method see a 256 "
+              "MiB transient?)");
+DEFINE_string(save, "async", "save_during_training: none | sync | async");
+DEFINE_int32(save_at, 2, "save_during_training: save after this step");
 DEFINE_string(dir, "", "checkpoints are written to / read from here (full.ckpt, sharded/)");
 DEFINE_string(out, "", "append one JSON line per rank and phase to this file");
 DEFINE_string(label, "", "model label in the output");
@@ -133,6 +143,7 @@ PeakMeter& Meter() {
 }
 
 int g_rank = 0, g_world = 1;
+void AppendLine(const std::string& line);
 int64_t g_baseline_kb = 0;
 const auto g_start = std::chrono::steady_clock::now();  // "t_s": when each phase ended
 
@@ -147,13 +158,53 @@ void Record(const std::string& phase) {
     << ",\"phase\":\"" << phase << "\",\"peak_mib\":" << peak / 1024.0 << ",\"baseline_mib\":" << g_baseline_kb / 1024.0
     << ",\"rss_method\":\"" << Meter().method() << "\",\"vmhwm_mib\":" << testing::ProcStatusKb("VmHWM") / 1024.0
     << ",\"t_s\":" << SecondsSinceStart() << "}\n";
-  const std::string line = s.str();
+  AppendLine(s.str());
+  Meter().Reset();
+}
+
+void AppendLine(const std::string& line) {
   const int fd = ::open(FLAGS_out.c_str(), O_WRONLY | O_APPEND | O_CREAT, 0644);
   ST_CHECK_ARG(fd >= 0, "cannot open --out=", FLAGS_out);
   ST_CHECK_ARG(::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()), "short write to ", FLAGS_out);
   ::close(fd);
-  Meter().Reset();
 }
+
+double Now() { return SecondsSinceStart(); }
+
+// --mode=save_during_training: times each step, saves after --save_at.
+class SaveDuringTraining : public trainer::Callback {
+ public:
+  void on_train_batch_start(trainer::Trainer&, trainer::TrainingModule&, const trainer::Batch&, int64_t) override {
+    start_ = Now();
+  }
+  void on_train_batch_end(trainer::Trainer& t, trainer::TrainingModule&, const at::Tensor&, int64_t) override {
+    step_s_.push_back(Now() - start_);
+    last_end_ = Now();
+    if (t.global_step() != FLAGS_save_at) return;
+    Record("before_save");
+    const double t0 = Now();
+    if (FLAGS_save != "none") t.SaveCheckpoint(FLAGS_dir + "/sharded", trainer::CheckpointFormat::kSharded);
+    save_call_s_ = Now() - t0;
+    last_end_ = Now();
+  }
+  void on_fit_end(trainer::Trainer& t, trainer::TrainingModule&) override {
+    const double final_wait_s = Now() - last_end_;  // the end of Fit: waiting for the writer, completing the save
+    Record("after_save");
+    std::ostringstream s;
+    s << "{\"impl\":\"shardtrain\",\"model\":\"" << FLAGS_label << "\",\"W\":" << g_world << ",\"rank\":" << g_rank
+      << ",\"phase\":\"timing\",\"save\":\"" << FLAGS_save << "\",\"save_at\":" << FLAGS_save_at
+      << ",\"save_call_s\":" << save_call_s_ << ",\"final_wait_s\":" << final_wait_s << ",\"step_s\":[";
+    for (size_t i = 0; i < step_s_.size(); ++i) s << (i ? "," : "") << step_s_[i];
+    const auto& st = t.async_checkpoint_stats();
+    s << "],\"writer_s\":" << st.write_seconds << ",\"units_copied\":" << st.units_copied << ",\"units\":" << st.units
+      << ",\"aside_peak_mib\":" << st.peak_extra_bytes / 1048576.0 << "}\n";
+    AppendLine(s.str());
+  }
+
+ private:
+  double start_ = 0, save_call_s_ = 0, last_end_ = 0;
+  std::vector<double> step_s_;
+};
 
 class GptModule : public trainer::TrainingModule {
  public:
@@ -170,7 +221,9 @@ class GptModule : public trainer::TrainingModule {
     return {std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-4))};
   }
   void on_fit_start() override {
-    if (FLAGS_mode != "train") Record(FLAGS_mode == "load_full" ? "full_load" : "sharded_load");
+    if (FLAGS_mode == "load_full" || FLAGS_mode == "load_sharded") {
+      Record(FLAGS_mode == "load_full" ? "full_load" : "sharded_load");
+    }
   }
   void on_fit_end() override {
     if (FLAGS_mode == "train") Record("step");
@@ -200,8 +253,12 @@ int SelfTest() {
 
 int Run() {
   if (FLAGS_mode == "self_test") return SelfTest();
-  ST_CHECK_ARG(FLAGS_mode == "train" || FLAGS_mode == "load_full" || FLAGS_mode == "load_sharded",
-               "--mode must be train, load_full, load_sharded or self_test, got '", FLAGS_mode, "'");
+  ST_CHECK_ARG(FLAGS_mode == "train" || FLAGS_mode == "load_full" || FLAGS_mode == "load_sharded" ||
+                   FLAGS_mode == "save_during_training",
+               "--mode must be train, load_full, load_sharded, save_during_training or self_test, got '", FLAGS_mode,
+               "'");
+  ST_CHECK_ARG(FLAGS_save == "none" || FLAGS_save == "sync" || FLAGS_save == "async",
+               "--save must be none, sync or async, got '", FLAGS_save, "'");
   ST_CHECK_ARG(!FLAGS_dir.empty() && !FLAGS_out.empty(), "--dir and --out are required");
   g_baseline_kb = testing::ProcStatusKb("VmRSS");
   trainer::TrainerOptions o;
@@ -223,6 +280,10 @@ int Run() {
   o.enable_progress_bar = false;
   o.default_root_dir = FLAGS_dir;
   o.seed = 1;
+  if (FLAGS_mode == "save_during_training") {
+    o.async_checkpoint = FLAGS_save == "async";
+    o.callbacks.push_back(std::make_shared<SaveDuringTraining>());
+  }
   const int64_t n = 64;
   at::Tensor tokens = at::randint(FLAGS_vocab, {n, FLAGS_block_size + 1}, at::kLong);
   trainer::TensorDataset data(tokens.slice(1, 0, FLAGS_block_size).contiguous(), tokens.slice(1, 1).contiguous());
@@ -232,7 +293,9 @@ int Run() {
   }
   GptModule module(c);
   Meter().Reset();
-  if (FLAGS_mode == "train") {
+  if (FLAGS_mode == "save_during_training") {
+    t.Fit(module, data);
+  } else if (FLAGS_mode == "train") {
     t.Fit(module, data);
     t.SaveCheckpoint(FLAGS_dir + "/full.ckpt", trainer::CheckpointFormat::kFull);
     Record("full_save");

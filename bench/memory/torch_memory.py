@@ -10,6 +10,10 @@ set, the maximum of VmRSS sampled every 2 ms by a thread ("rss_method").
   torch_memory.py --mode train --world W --dir D --out F         construction, step, full save, sharded save
   torch_memory.py --mode load_full|load_sharded --world W ...    construction, full / sharded load
   torch_memory.py --mode self_test --dir . --out -               does the peak method see a 256 MiB transient?
+  torch_memory.py --mode save_during_training --save none|sync|async --steps 6 --save_at 2 ...
+      dcp.save, or dcp.async_save (its own Gloo group, as the DCP docs advise),
+      after step --save_at: phases before_save and after_save (the save and the
+      steps after it, to the wait for the future) and a "timing" line per rank.
 """
 import argparse
 import json
@@ -166,6 +170,8 @@ def run(rank, args, port):
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=sharded_dir)
         del msd, osd
         record("sharded_save")
+    elif args.mode == "save_during_training":
+        save_during_training(args, rank, world, model, opt, record, dcp, get_state_dict, sharded_dir)
     elif args.mode == "load_full":
         # Every rank maps the file (no copy) and takes its shards from it
         # (broadcast_from_rank0=True hung here with Gloo on CPU).
@@ -184,9 +190,51 @@ def run(rank, args, port):
     dist.destroy_process_group()
 
 
+def save_during_training(args, rank, world, model, opt, record, dcp, get_state_dict, sharded_dir):
+    """--steps steps; after --save_at a DCP save (none, sync, async); per-step times as in memory_bench."""
+    group = dist.new_group(backend="gloo") if args.save == "async" else None
+    g = torch.Generator().manual_seed(rank)
+    step_s, save_call_s, future = [], 0.0, None
+    for step in range(1, args.steps + 1):
+        t0 = time.monotonic()
+        tok = torch.randint(args.vocab, (1, args.block_size + 1), generator=g)
+        logits = model(tok[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tok[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        step_s.append(time.monotonic() - t0)
+        if step == args.save_at:
+            record("before_save")
+            t0 = time.monotonic()
+            if args.save != "none":
+                msd, osd = get_state_dict(model, opt)
+                state = {"model": msd, "optim": osd}
+                if args.save == "sync":
+                    dcp.save(state, checkpoint_id=sharded_dir)
+                else:
+                    future = dcp.async_save(state, checkpoint_id=sharded_dir, process_group=group)
+                del msd, osd, state
+            save_call_s = time.monotonic() - t0
+    t0 = time.monotonic()
+    if future is not None:
+        future.result()
+    wait_s = time.monotonic() - t0
+    record("after_save")
+    line = json.dumps({"impl": "pytorch_fsdp2_dcp", "model": args.label, "W": world, "rank": rank, "phase": "timing",
+                       "save": args.save, "save_at": args.save_at, "save_call_s": save_call_s, "step_s": step_s,
+                       "final_wait_s": wait_s}) + "\n"
+    fd = os.open(args.out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.write(fd, line.encode())
+    os.close(fd)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["train", "load_full", "load_sharded", "self_test"], required=True)
+    p.add_argument("--mode", choices=["train", "load_full", "load_sharded", "save_during_training", "self_test"],
+                   required=True)
+    p.add_argument("--save", choices=["none", "sync", "async"], default="async")
+    p.add_argument("--save_at", type=int, default=2)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--dir", required=True)
     p.add_argument("--out", required=True)

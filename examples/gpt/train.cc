@@ -69,6 +69,8 @@ DEFINE_int64(log_every_n_steps, 10, "progress and CSV log interval in steps");
 DEFINE_string(default_root_dir, "", "logs and checkpoints go to DIR/lightning_logs/version_N (default: the current directory)");
 DEFINE_string(ckpt_path, "", "resume from this checkpoint (.../checkpoints/last.ckpt), or 'last' for the newest run's");
 DEFINE_int64(checkpoint_every_n_steps, 0, "also write checkpoints/step=N.ckpt every N steps (0: only last.ckpt)");
+DEFINE_bool(async_checkpoint, false,
+            "write sharded checkpoints in the background while training goes on (full ones stay synchronous)");
 DEFINE_int32(sample_tokens, 300, "characters to generate at the end (0: none)");
 DEFINE_double(temperature, 0.8, "sampling temperature");
 DEFINE_int32(top_k, 0, "sample from the k most likely characters (0: all; at most 256)");
@@ -339,6 +341,7 @@ void ApplyRunFlags(trainer::TrainerOptions& o) {
   o.gradient_clip_val = FLAGS_grad_clip;
   o.log_every_n_steps = FLAGS_log_every_n_steps;
   o.checkpoint_every_n_steps = FLAGS_checkpoint_every_n_steps;
+  o.async_checkpoint = FLAGS_async_checkpoint;
   o.default_root_dir = FLAGS_default_root_dir.empty() ? examples::UserPath(".") : examples::UserPath(FLAGS_default_root_dir);
   o.seed = FLAGS_seed;
   o.num_workers = FLAGS_num_workers;

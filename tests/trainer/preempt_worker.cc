@@ -6,7 +6,8 @@
 // Environment: PREEMPT_SLEEP_MS: sleep after each step (time to send a
 // signal; only on rank PREEMPT_SLEEP_RANK when set); PREEMPT_TIMEOUT_MS:
 // TrainerOptions::timeout; PREEMPT_KILL_RANK / PREEMPT_KILL_STEP: that rank SIGKILLs itself
-// after that step on the first attempt (TORCHELASTIC_RESTART_COUNT unset or 0).
+// after that step on the first attempt (TORCHELASTIC_RESTART_COUNT unset or 0);
+// PREEMPT_ASYNC=1: sharded checkpoints written in the background (async_checkpoint).
 #include <signal.h>
 
 #include <chrono>
@@ -60,6 +61,10 @@ int Run(int argc, char** argv) {
   o.resume = argc > 3 ? argv[3] : "never";
   o.callbacks = {std::make_shared<Report>()};
   o.timeout = std::chrono::milliseconds(EnvInt("PREEMPT_TIMEOUT_MS", 1800 * 1000));
+  if (EnvInt("PREEMPT_ASYNC", 0) == 1) {
+    o.strategy_options = {{"state_dict_type", "sharded"}};
+    o.async_checkpoint = true;
+  }
   fixtures::Classifier module;
   Trainer trainer(o);
   trainer.Fit(module, *train);

@@ -7,6 +7,9 @@
 #     bit for bit;
 #   - SIGUSR1 to rank 1 only: exit 138, same checks;
 #   - SIGINT to the launcher: exit 130;
+#   - SIGTERM with sharded checkpoints written in the background
+#     (async_checkpoint, the writer slowed to 200 ms per unit so that saves
+#     are in flight): exit 143, last.ckpt complete, the same resume checks;
 #   - a second SIGTERM 0.7 s after the first: aborts at once, nothing saved;
 #   - TrainerOptions::timeout (15 s) ends a run whose rank 1 stalls;
 #   - torchrun --max-restarts=1, rank 1 SIGKILLed at a random step of the
@@ -47,12 +50,13 @@ wait_for_step() {  # FILE STEP
   return 1
 }
 
-# signal_case NAME SIGNAL WHO EXPECTED_CODE
+# signal_case NAME SIGNAL WHO EXPECTED_CODE [VAR=VALUE...: the worker's environment]
 signal_case() {
   CASE=$1
   local sig=$2 who=$3 want=$4 dir="$OUT/$1"
+  local env=("${@:5}")
   echo "=== $CASE"
-  PREEMPT_SLEEP_MS=300 "$WORKER" "$dir" 12 > "$dir.out" 2> "$dir.err" &
+  env "${env[@]}" PREEMPT_SLEEP_MS=300 "$WORKER" "$dir" 12 > "$dir.out" 2> "$dir.err" &
   local pid=$!
   wait_for_step "$dir.out" 3 || { fail "never reached step 3"; kill -9 $pid; wait $pid; return; }
   local target=$pid
@@ -69,7 +73,11 @@ signal_case() {
   pgrep -P $pid > /dev/null && fail "a rank is still running"
   local last; last=$(grep ' step ' "$dir.out" | tail -1 | awk '{print $4}')
   ls "$dir"/lightning_logs/version_0/checkpoints/last.ckpt > /dev/null || fail "no last.ckpt"
-  "$WORKER" "$dir" 12 auto > "$dir.resumed.out" 2> "$dir.resumed.err" || fail "resume failed: $(tail -3 "$dir.resumed.err")"
+  if [[ ${#env[@]} -gt 0 ]]; then  # the sharded last.ckpt is complete: the save in flight was waited for
+    [[ -f "$dir/lightning_logs/version_0/checkpoints/last.ckpt/.metadata" ]] || fail "last.ckpt has no .metadata"
+    ls -d "$dir"/lightning_logs/version_0/checkpoints/.*tmp* 2> /dev/null && fail "a temporary directory is left"
+  fi
+  env "${env[@]}" "$WORKER" "$dir" 12 auto > "$dir.resumed.out" 2> "$dir.resumed.err" || fail "resume failed: $(tail -3 "$dir.resumed.err")"
   local first; first=$(grep ' step ' "$dir.resumed.out" | head -1 | awk '{print $4}')
   [[ "$first" == "$((last + 1))" ]] || fail "resumed at step $first, stopped after $last"
   same_losses "$dir.out"
@@ -80,6 +88,7 @@ signal_case() {
 signal_case sigterm_launcher TERM launcher 143
 signal_case sigusr1_rank1 USR1 rank1 138
 signal_case sigint_launcher INT launcher 130
+signal_case sigterm_async_save TERM launcher 143 PREEMPT_ASYNC=1 SHARDTRAIN_ASYNC_SAVE_UNIT_DELAY_MS=200
 
 CASE=second_signal
 echo "=== $CASE"

@@ -139,8 +139,11 @@ void ModelCheckpoint::Save(Trainer& trainer, int64_t epoch) {
       }
       trainer.SaveCheckpoint(path);
       if (!evict.empty() && evict != path && trainer.rank() == 0) {
-        std::error_code ec;
-        fs::remove_all(evict, ec);
+        // Once the new one is complete (async_checkpoint): a crash before keeps the old.
+        trainer.WhenCheckpointSaved([evict] {
+          std::error_code ec;
+          fs::remove_all(evict, ec);
+        });
       }
     }
   }

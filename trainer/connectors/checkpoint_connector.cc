@@ -23,6 +23,7 @@
 #include "trainer/checkpoint_io/resume.h"
 #include "trainer/checkpoint_io/sharded_checkpoint.h"
 #include "trainer/connectors/internal/checkpoint_state.h"
+#include "trainer/connectors/internal/dcp_rank_writer.h"
 #include "trainer/connectors/internal/optimizer_ownership.h"
 #include "trainer/connectors/internal/process_connector.h"
 #include "trainer/loops/internal/lr_stepping.h"
@@ -136,12 +137,20 @@ void internal::CheckpointConnector::Save(const std::string& path, CheckpointForm
                        (format == CheckpointFormat::kAuto && t_.strategy_->prefers_sharded_checkpoint());
   ST_CHECK_ARG(!sharded || t_.strategy_->has_sharded_state(), "strategy '", t_.strategy_->name(),
                "' is not sharded: it cannot write sharded checkpoints (use CheckpointFormat::kFull)");
+  FinishAsyncSave();  // at most one save in flight
+  const bool async = t_.options_.async_checkpoint && t_.fitting_;
+  if (async && !sharded && !warned_full_sync_ && t_.rank() == 0) {
+    ST_LOG(WARNING) << "async_checkpoint: '" << path << "' is a full checkpoint, written synchronously (full "
+                    << "checkpoints gather every unit through rank 0; sharded ones, as fsdp_native "
+                    << "state_dict_type=sharded writes them, are written in the background)";
+    warned_full_sync_ = true;
+  }
   if (sharded) {
-    SaveSharded(path);
+    SaveSharded(path, async);
   } else {
     SaveFull(path);
   }
-  t_.last_ckpt_ = path;
+  if (!async || !sharded) t_.last_ckpt_ = path;  // else once it is complete (FinishAsyncSave)
   // A save outside Fit ran once: its freed host blocks are not kept. (Inside
   // Fit they serve the next steps, whose peak bounds them.)
   if (!t_.fitting_) sharding::ReleaseHostBlockCache();
@@ -186,7 +195,7 @@ void internal::CheckpointConnector::SaveFull(const std::string& path) {
   AgreeOrThrow(failed, msg, what);
 }
 
-void internal::CheckpointConnector::SaveSharded(const std::string& path) {
+void internal::CheckpointConnector::SaveSharded(const std::string& path, bool async) {
   CheckpointData meta;
   FillCommon(meta);
   meta.optimizer_full.kind = internal::OptimizerKind(*t_.opt_.optimizer);  // meta.pt says which (no state there)
@@ -206,6 +215,15 @@ void internal::CheckpointConnector::SaveSharded(const std::string& path) {
   };
   try {
     step(t_.rank() == 0, [&] { BeginShardedSave(path); });
+    if (async) {  // planned now, written by this rank's background thread
+      std::unique_ptr<DcpRankWriter> writer;
+      step(true, [&] {
+        writer = std::make_unique<DcpRankWriter>(*t_.strategy_, *t_.opt_.optimizer, path, meta.optimizer_groups,
+                                                 /*background=*/true);
+      });
+      StartAsyncSave(std::move(writer), path, std::move(meta));
+      return;
+    }
     step(true, [&] { internal::WriteDcpRank(*t_.strategy_, *t_.opt_.optimizer, path, meta.optimizer_groups); });
     step(t_.rank() == 0, [&] { FinishDcpSave(path, meta, t_.world_size()); });
   } catch (...) {

@@ -1,15 +1,14 @@
-// Sharded checkpoints in PyTorch DCP's layout (trainer/checkpoint_io/
-// dcp_checkpoint.h) to and from a sharded strategy's flat shards: a rank's
-// shard of a unit is a range of the unit's parameters laid end to end, and
-// DCP stores boxes of each parameter's global shape, so the range is split
-// into the boxes it covers (saving) and the boxes of the file are cut into
-// the runs that overlap a rank's range (loading).
+// Loading a sharded checkpoint in PyTorch DCP's layout (trainer/checkpoint_io/
+// dcp_checkpoint.h) into a sharded strategy's flat shards: a rank's shard of
+// a unit is a range of the unit's parameters laid end to end, and DCP stores
+// boxes of each parameter's global shape, so the boxes of the file are cut
+// into the runs that overlap a rank's range. (Saving:
+// trainer/connectors/dcp_rank_writer.cc.)
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
-#include <cstring>
 #include <set>
 #include <sstream>
 
@@ -18,110 +17,9 @@
 #include "trainer/checkpoint_io/dcp_checkpoint.h"
 #include "trainer/checkpoint_io/sharded_checkpoint.h"
 #include "trainer/connectors/internal/checkpoint_state.h"
+#include "trainer/connectors/internal/dcp_rank_writer.h"
 
 namespace shardtrain::trainer::internal {
-namespace {
-
-// A rank file holds the LibTorch archive of an optimizer other than Adam,
-// AdamW and SGD under this path (loads at the same world size only).
-std::vector<dcp::PathPart> ArchivePath(int64_t rank) { return {{"shardtrain"}, {"optimizer_archive_" + std::to_string(rank)}}; }
-
-struct Part {  // one parameter's elements [begin, end) (its own flat index) at `at` in the unit's flat parameter
-  std::string name;
-  std::vector<int64_t> shape;
-  int64_t at = 0, begin = 0, end = 0;
-};
-
-// The parameters of unit `u` that this rank's shard holds elements of.
-std::vector<Part> PartsInShard(const sharding::ShardedStateDict& sd, size_t u,
-                               const std::map<std::string, std::vector<int64_t>>& shapes) {
-  const auto& unit = sd.units[u];
-  const int64_t lo = sd.shard_rank * unit.shard_numel, hi = lo + unit.shard_numel;
-  std::vector<Part> out;
-  int64_t at = 0;
-  for (const auto& name : unit.param_names) {
-    const std::vector<int64_t>& shape = shapes.at(name);
-    const int64_t n = c10::multiply_integers(shape);
-    const int64_t b = std::max(lo, at), e = std::min(hi, at + n);
-    if (b < e) out.push_back({name, shape, at, b - at, e - at});
-    at += n;
-  }
-  return out;
-}
-
-std::set<std::string> OptimizedNames(const std::vector<OptimizerGroup>& groups) {
-  std::set<std::string> out;
-  for (const auto& g : groups) out.insert(g.params.begin(), g.params.end());
-  return out;
-}
-
-}  // namespace
-
-void WriteDcpRank(strategies::Strategy& s, torch::optim::Optimizer& opt, const std::string& path,
-                  const std::vector<OptimizerGroup>& groups) {
-  ST_CHECK_ARG(s.has_sharded_state(), "strategy '", s.name(), "' is not sharded: it cannot write sharded checkpoints");
-  at::NoGradGuard no_grad;
-  const sharding::ShardedStateDict sd = s.ShardedState();
-  const auto shapes = ParamShapes(s);
-  const auto aliases = TiedAliases(s, sd);
-  const int64_t rank = s.rank();
-  dcp::RankFileWriter file(ShardedTempDir(path), dcp::RankFileName(rank));
-  dcp::Metadata part;
-  const std::string kind = OptimizerKind(opt);
-  const auto params = OptimizerParams(opt);
-  const std::set<std::string> optimized = OptimizedNames(groups);
-  std::vector<int64_t> steps;
-  if (!kind.empty()) steps = s.ShardedOptimizerSteps(params, StatesOf(opt, params));
-  // HYBRID_SHARD and NO_SHARD replicas hold equal shards: the first replica
-  // (shard groups are consecutive ranks) writes them, as DCP keeps one copy.
-  const bool writes_shards = rank < sd.shard_world;
-  for (size_t u = 0; writes_shards && u < sd.units.size(); ++u) {
-    const at::Tensor shard = sd.shards[u].to(at::kFloat);  // the live shard on the CPU (no copy)
-    const int64_t base = sd.shard_rank * sd.units[u].shard_numel;
-    // This unit's optimizer state laid out like its shard (copied out of the optimizer only for this unit).
-    const std::map<std::string, at::Tensor> ostate =
-        kind.empty() ? std::map<std::string, at::Tensor>{} : s.ShardedOptimizerUnit(params, StatesOf(opt, params), static_cast<int>(u));
-    for (const Part& p : PartsInShard(sd, u, shapes)) {
-      const bool has_state = optimized.count(p.name) && !ostate.empty();
-      for (const dcp::Box& box : dcp::BoxesOfRange(p.shape, p.begin, p.end)) {
-        const int64_t src = p.at + dcp::FlatIndex(p.shape, box.offsets) - base;
-        auto piece = [&](const at::Tensor& flat) { return flat.narrow(0, src, box.numel()).view(box.sizes); };
-        const dcp::Chunk chunk{box, file.AddTensor(piece(shard))};
-        AddDcpChunk(part, DcpModelPath(p.name), at::kFloat, p.shape, chunk);
-        for (const auto& [alias, primary] : aliases) {
-          if (primary == p.name) AddDcpChunk(part, DcpModelPath(alias), at::kFloat, p.shape, chunk);  // same bytes
-        }
-        if (!has_state) continue;
-        for (const auto& [key, t] : ostate) {
-          AddDcpChunk(part, DcpOptimizerStatePath(p.name, key), at::kFloat, p.shape,
-                      {box, file.AddTensor(piece(t.to(at::kFloat)))});
-        }
-      }
-      // Adam's step: a 0-d float32 tensor, as torch.optim keeps it; written by
-      // the rank holding the parameter's first element.
-      if (has_state && p.begin == 0 && steps[u] >= 0) {
-        const at::Tensor step = at::full({}, static_cast<double>(steps[u]), at::kFloat);
-        AddDcpChunk(part, DcpOptimizerStatePath(p.name, "step"), at::kFloat, {}, {{}, file.AddTensor(step)});
-      }
-    }
-  }
-  if (rank == 0) {
-    for (const auto& [name, b] : sd.buffers) {
-      dcp::Box whole{std::vector<int64_t>(b.dim(), 0), b.sizes().vec()};
-      AddDcpChunk(part, DcpModelPath(name), b.scalar_type(), b.sizes().vec(), {whole, file.AddTensor(b)});
-    }
-    WriteDcpParamGroups(file, groups, part);
-  }
-  if (kind.empty()) {  // another optimizer: its LibTorch archive, per rank
-    const std::string bytes = SerializeOptimizer(opt);
-    at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
-    if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
-    AddDcpChunk(part, ArchivePath(rank), at::kByte, {t.numel()}, {{{0}, {t.numel()}}, file.AddTensor(t)});
-  }
-  file.Finish();
-  WriteDcpPart(path, rank, part);
-}
-
 namespace {
 
 // One copy of `len` elements from a chunk (flattened, at `src`) to `dst` in a unit's shard.
@@ -133,8 +31,9 @@ struct RunCopy {
 // Plans the copies that fill a parameter's elements [p.begin, p.end) of the
 // tensor `key`, at their place in the shard (p.at - base); checks that the
 // chunks cover them. Problems are added to `problems`.
-void PlanPart(const dcp::Reader& r, const std::string& key, const Part& p, int64_t base,
-              std::map<const dcp::Chunk*, at::Tensor>& opened, std::vector<RunCopy>& out, std::ostringstream& problems) {
+void PlanPart(const dcp::Reader& r, const std::string& key, const ShardPart& p, int64_t base,
+              std::map<const dcp::Chunk*, at::Tensor>& opened, std::vector<RunCopy>& out,
+              std::ostringstream& problems) {
   auto it = r.metadata().tensors.find(key);
   if (it == r.metadata().tensors.end()) {
     problems << "\n  missing: '" << key << "' (" << c10::IntArrayRef(p.shape) << ")";
@@ -212,12 +111,12 @@ std::map<std::string, at::Tensor> BuffersAndUnexpected(const DcpCheckpoint& ck, 
 // otherwise; "" when the file holds none).
 std::string ArchiveForThisRank(strategies::Strategy& s, const DcpCheckpoint& ck, std::ostringstream& problems) {
   const dcp::Reader& r = *ck.reader;
-  const std::string key = dcp::FlatKey(ArchivePath(s.rank()));
+  const std::string key = dcp::FlatKey(DcpArchivePath(s.rank()));
   if (ck.meta.world_size == s.world_size() && ck.meta.strategy == s.name() && r.metadata().tensors.count(key)) {
     at::Tensor t = AssembleDcpTensor(r, key);
     return std::string(reinterpret_cast<const char*>(t.data_ptr<uint8_t>()), t.numel());
   }
-  if (r.metadata().tensors.count(dcp::FlatKey(ArchivePath(0)))) {
+  if (r.metadata().tensors.count(dcp::FlatKey(DcpArchivePath(0)))) {
     problems << "\n  the checkpoint holds the optimizer's state for " << ck.meta.world_size << " ranks ("
              << ck.meta.strategy << ") and this run has " << s.world_size() << " (" << s.name()
              << "); only Adam, AdamW and SGD state loads at another world size or strategy";
@@ -238,11 +137,12 @@ std::function<void()> PrepareDcpLoad(strategies::Strategy& s, torch::optim::Opti
   std::map<const dcp::Chunk*, at::Tensor> opened;
   // Parameters: the copies into each unit's shard.
   std::vector<std::vector<RunCopy>> param_copies(sd.units.size());
-  std::vector<std::vector<Part>> parts(sd.units.size());
+  std::vector<std::vector<ShardPart>> parts(sd.units.size());
   for (size_t u = 0; u < sd.units.size(); ++u) {
     const int64_t base = sd.shard_rank * sd.units[u].shard_numel;
     parts[u] = PartsInShard(sd, u, shapes);
-    for (const Part& p : parts[u]) PlanPart(r, ck.model_prefix + p.name, p, base, opened, param_copies[u], problems);
+    for (const ShardPart& p : parts[u])
+      PlanPart(r, ck.model_prefix + p.name, p, base, opened, param_copies[u], problems);
   }
   // Buffers (full, small): assembled now; tensors the model does not have.
   std::map<std::string, at::Tensor> buffers = BuffersAndUnexpected(ck, sd, shapes, problems);
@@ -262,7 +162,7 @@ std::function<void()> PrepareDcpLoad(strategies::Strategy& s, torch::optim::Opti
                                                          : std::set<std::string>{"exp_avg", "exp_avg_sq", "max_exp_avg_sq", "step"};
   for (size_t u = 0; has_state && !kind.empty() && u < sd.units.size(); ++u) {
     const int64_t base = sd.shard_rank * sd.units[u].shard_numel;
-    for (const Part& p : parts[u]) {
+    for (const ShardPart& p : parts[u]) {
       auto it = ck.optimizer_state_keys.find(p.name);
       if (it == ck.optimizer_state_keys.end()) continue;
       for (const auto& [k, key] : it->second) {

@@ -63,6 +63,7 @@ struct internal::FitLoop::State {
   double step_loss = 0;                         // agreed by SyncStep
   std::map<std::string, double> step_metrics;  // agreed by SyncStep
   int stop_signal = 0;                          // agreed by SyncStep: stop after this step, then save
+  std::vector<double> save_slots{0.0, 0.0};     // SyncStep: the async save's slots, summed (checkpoint_connector.h)
   bool stop = false;
   // A stop request this rank made before the step's first micro-batch (in
   // on_train_batch_end of the step before); agreed by SyncStep, it discards
@@ -86,6 +87,12 @@ void internal::FitLoop::Run(TrainingModule& module, const Dataset& train, const 
     explicit FittingScope(bool& f) : flag(f) { flag = true; }
     ~FittingScope() { flag = false; }
   } fitting(t_.fitting_);
+  // Leaving by an exception: the asynchronous save in flight is dropped (its
+  // writer joined); the normal end completed it in FinishFit.
+  struct AbandonAsyncSaveOnThrow {
+    internal::CheckpointConnector& connector;
+    ~AbandonAsyncSaveOnThrow() { connector.AbandonAsyncSave(); }
+  } abandon_async_save{*t_.checkpoint_connector_};
   StopSignalScope stop_signals;  // before SetupProcesses: the launcher's forwarding chains to it
   t_.process_connector_->SetupProcesses();
   const auto& o = t_.options_;
@@ -231,7 +238,7 @@ at::Tensor internal::FitLoop::TrainStep(State& loop, Batch batch, int64_t i) {
 }
 
 // The step's one collective: [loss, overflow, stop before the step, stop,
-// SIGTERM, SIGINT, SIGUSR1] and what the module Log()ged in the step
+// SIGTERM, SIGINT, SIGUSR1, async save finished, async save failed] and what the module Log()ged in the step
 // (trainer/connectors/internal/metric_log.h) summed over the ranks. Sets the agreed loss,
 // metrics, stop flags and stop signal in `loop`; returns the overflow slot's
 // sum (> 0: some rank overflowed or found a non-finite value, trainer/loops/nonfinite.h).
@@ -241,7 +248,9 @@ double internal::FitLoop::SyncStep(State& loop, double overflow) {
   std::vector<double> v = {loop.losses.Read() / static_cast<double>(loop.losses.count()), overflow, loop.stop_before_step ? 1.0 : 0.0,
                            t_.should_stop_ ? 1.0 : 0.0};
   for (int sig : kSignals) v.push_back(received == sig ? 1.0 : 0.0);
+  for (double slot : t_.checkpoint_connector_->AsyncSaveSlots()) v.push_back(slot);
   v = loop.metrics.SyncStep(std::move(v));
+  loop.save_slots = {v[7], v[8]};
   const double W = t_.world_size();
   loop.step_loss = v[0] / W;
   loop.discard = v[2] > 0;
@@ -291,7 +300,7 @@ void internal::FitLoop::OptimizerStep(State& loop, bool skip) {
       t_.strategy_->ClipGradValue(o.gradient_clip_val);
     }
   }
-  if (!skip) t_.opt_.optimizer->step();
+  if (!skip) t_.checkpoint_connector_->StepOptimizer();  // unit by unit while an async save is in flight
   if (t_.scaler_) t_.scaler_->Update(skip);
   t_.opt_.optimizer->zero_grad();
 }
@@ -300,6 +309,7 @@ void internal::FitLoop::OptimizerStep(State& loop, bool skip) {
 // metrics, report progress, write the periodic checkpoint, decide to stop.
 void internal::FitLoop::OnStepEnd(State& loop) {
   const auto& o = t_.options_;
+  t_.checkpoint_connector_->AfterAsyncSaveSlots(loop.save_slots);  // completes or reports a background save
   ++t_.global_step_;
   loop.module.global_step_ = t_.global_step_;
   const double l = loop.step_loss;
@@ -378,6 +388,7 @@ void internal::FitLoop::FinishFit(State& loop) {
   } else if (loop.builtin_checkpoints) {
     SaveLast(loop);
   }
+  t_.checkpoint_connector_->FinishAsyncSave();  // the end of Fit and preemption wait for the save in flight
   if (loop.progress) loop.progress->Finish();
   t_.logger_connector_->Save();
   if (Profiler* profiler = t_.profiling_connector_->profiler()) profiler->Report();

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -21,16 +22,46 @@ struct DcpCheckpoint;  // trainer/checkpoint_io/dcp_checkpoint.h
 
 namespace internal {
 
-struct GroupLrs;  // checkpoint_state.h
+struct GroupLrs;      // checkpoint_state.h
+class AsyncSave;      // async_save.h
+class DcpRankWriter;  // dcp_rank_writer.h
 
 class CheckpointConnector {
  public:
-  explicit CheckpointConnector(Trainer& trainer) : t_(trainer) {}
+  explicit CheckpointConnector(Trainer& trainer);
+  ~CheckpointConnector();  // waits for an asynchronous save's writer (without finishing the save)
   CheckpointConnector(const CheckpointConnector&) = delete;
   CheckpointConnector& operator=(const CheckpointConnector&) = delete;
 
-  // Trainer::SaveCheckpoint.
+  // Trainer::SaveCheckpoint. Waits for the save in flight first (at most
+  // one); with TrainerOptions::async_checkpoint inside Fit, a sharded save
+  // then starts this rank's background writer and returns
+  // (trainer/connectors/internal/async_save.h); it is complete once
+  // FinishAsyncSave has run.
   void Save(const std::string& path, CheckpointFormat format);
+
+  // ---- Asynchronous saves (checkpoint_connector_async.cc) ----
+  // optimizer.step(), unit by unit with copy-on-write while a save is in flight.
+  void StepOptimizer();
+  // This rank's slots for the step's collective: [the writer finished (1;
+  // also when none is in flight), it failed (1)].
+  std::vector<double> AsyncSaveSlots() const;
+  // With the slots summed over the ranks (the step's collective, every rank
+  // alike): when some writer failed, every rank throws shardtrain::Error
+  // with its message (the save is dropped; the checkpoints before it are
+  // intact); when all finished, FinishAsyncSave.
+  void AfterAsyncSaveSlots(const std::vector<double>& summed);
+  // Collective: waits for the save in flight, if any, and completes it:
+  // rank 0 writes meta.pt and .metadata and swaps the directory in; then the
+  // actions WhenSaved deferred run. Throws like a synchronous save.
+  void FinishAsyncSave();
+  // Not collective (Fit is leaving by an exception): waits for this rank's
+  // writer and drops the save; its temporary directory stays for the next
+  // run's resume to remove.
+  void AbandonAsyncSave();
+  // Runs `fn` (this rank) once the save in flight is complete, or now when
+  // none is; never when it fails (ModelCheckpoint evicts its old files so).
+  void WhenSaved(std::function<void()> fn);
   // Restores model, optimizer, schedulers, scaler, RNG, loop position and
   // callback states from `path` (full file or sharded directory); checks
   // everything before it changes anything.
@@ -42,7 +73,8 @@ class CheckpointConnector {
 
  private:
   void SaveFull(const std::string& path);
-  void SaveSharded(const std::string& path);
+  void SaveSharded(const std::string& path, bool async);
+  void StartAsyncSave(std::unique_ptr<DcpRankWriter> writer, const std::string& path, CheckpointData meta);
   // Every rank's serialized optimizer (LibTorch archives), in rank order.
   std::vector<std::string> GatherOptimizerStates();
   // The callbacks' state_dict()s and (under kExtraStateKey) what the
@@ -62,6 +94,11 @@ class CheckpointConnector {
   void AgreeOrThrow(bool failed, const std::string& message, const std::string& what);
 
   Trainer& t_;
+  std::unique_ptr<AsyncSave> async_;
+  std::vector<int> async_unit_of_;  // DcpRankWriter::unit_of_optimizer_tensors of the save in flight
+  bool async_writes_units_ = false;
+  std::vector<std::function<void()>> when_saved_;
+  bool warned_full_sync_ = false;
 };
 
 }  // namespace internal

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Saves that overlap training, side by side in one run: the examples/gpt model
+# (201.7M parameters, AdamW, fp32, batch 1 x 32 tokens) trained 6 steps at W
+# ranks with one sharded save after step 2 — none, synchronous, or in the
+# background — through ShardTrain (fsdp_native FULL_SHARD,
+# TrainerOptions::async_checkpoint: copy-on-write per unit) and Python PyTorch
+# (FSDP2, dcp.save / dcp.async_save, which stages a copy of the rank's state).
+# Reports the training time the save cost (steps after it + the time the save
+# call held the training thread + the wait at the end, minus the same without a
+# save) and the extra peak memory (the save's window minus the steps' before
+# it), and writes the table into docs/benchmarks.md ("Saves that overlap
+# training").
+#
+#   bench/memory/async_save.sh                     # W = 2 4 (about 15 minutes on 2 cores)
+#   WORLDS=2 SIZE=small bench/memory/async_save.sh # a quick check
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+PY="$ROOT/.deps/venv/bin/python"
+tools/bazel build --config=ci //bench/memory:memory_bench >&2
+BIN="$ROOT/bazel-bin/bench/memory/memory_bench"
+if [[ "${SIZE:-}" == small ]]; then
+  LABEL=small; MODEL=(--n_layer=2 --n_embd=64 --n_head=2)
+else
+  LABEL=gpt-201.7M; MODEL=(--n_layer=16 --n_embd=1024 --n_head=16)
+fi
+WORK="${WORK:-$(mktemp -d)}"
+RESULTS="$WORK/results.jsonl"
+: > "$RESULTS"
+STEPS=(--steps=6 --save_at=2)
+for W in ${WORLDS:-2 4}; do
+  for save in none sync async; do
+    echo "[bench/memory/async_save] ShardTrain $LABEL W=$W save=$save" >&2
+    rm -rf "$WORK/st"
+    "$BIN" --mode=save_during_training --save=$save --devices=$W --dir="$WORK/st" --out="$RESULTS" --label=$LABEL \
+      "${MODEL[@]}" "${STEPS[@]}" 2>>"$WORK/log.txt" >/dev/null
+    echo "[bench/memory/async_save] PyTorch $LABEL W=$W save=$save" >&2
+    rm -rf "$WORK/py"; mkdir -p "$WORK/py"
+    "$PY" bench/memory/torch_memory.py --mode save_during_training --save $save --world $W --dir "$WORK/py" \
+      --out "$RESULTS" --label $LABEL "${MODEL[@]}" --steps 6 --save_at 2 2>>"$WORK/log.txt" >/dev/null
+  done
+done
+rm -rf "$WORK/st" "$WORK/py"
+"$PY" bench/memory/async_report.py "$RESULTS" ${UPDATE_DOCS:+--docs docs/benchmarks.md}
+echo "[bench/memory/async_save] results: $RESULTS" >&2

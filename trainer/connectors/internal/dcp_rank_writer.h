@@ -1,0 +1,108 @@
+// Internal to //trainer: one rank's part of a sharded save in PyTorch DCP's
+// layout (trainer/checkpoint_io/dcp_checkpoint.h), planned at a step boundary
+// and then written unit by unit: all at once for a synchronous save
+// (WriteDcpRank), or on a background thread while training goes on
+// (async_save.h). Planning reads the strategy and the optimizer (the
+// training thread, no communication); writing reads only the tensors the
+// plan holds — the live shards and optimizer state, or what CopyAside copied
+// of them — and never communicates.
+#ifndef SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_DCP_RANK_WRITER_H_
+#define SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_DCP_RANK_WRITER_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "sharding/sharded_state.h"
+#include "trainer/checkpoint_io/checkpoint.h"
+#include "trainer/checkpoint_io/dcp.h"
+
+namespace torch::optim {
+class Optimizer;
+}
+namespace shardtrain::strategies {
+class Strategy;
+}
+
+namespace shardtrain::trainer::internal {
+
+// One parameter's elements [begin, end) (its own flat index), found at `at`
+// in its unit's flat parameter.
+struct ShardPart {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t at = 0, begin = 0, end = 0;
+};
+// The parameters of unit `u` that this rank's shard holds elements of.
+std::vector<ShardPart> PartsInShard(const sharding::ShardedStateDict& sd, size_t u,
+                                    const std::map<std::string, std::vector<int64_t>>& shapes);
+
+// Where a rank file holds the LibTorch archive of an optimizer other than
+// Adam, AdamW and SGD (it loads at the same world size only).
+std::vector<dcp::PathPart> DcpArchivePath(int64_t rank);
+
+class DcpRankWriter {
+ public:
+  // Plans this rank's file in the temporary directory of `path` (which
+  // rank 0's BeginShardedSave made): the boxes its shards cover of each
+  // parameter and, for Adam, AdamW and SGD, of each optimizer state tensor;
+  // other optimizers' LibTorch archive (serialized now); on rank 0 also a
+  // copy of the buffers and `groups`. HYBRID_SHARD and NO_SHARD replicas
+  // beyond the first write no units. `background`: WriteUnit will run on
+  // another thread, so a unit's optimizer state laid out like its shard is
+  // taken now — the optimizer's own tensors, or with use_orig_params a copy
+  // of every unit's; otherwise WriteUnit makes each unit's copy in turn.
+  DcpRankWriter(strategies::Strategy& strategy, torch::optim::Optimizer& opt, const std::string& path,
+                const std::vector<OptimizerGroup>& groups, bool background);
+  ~DcpRankWriter();
+  DcpRankWriter(const DcpRankWriter&) = delete;
+  DcpRankWriter& operator=(const DcpRankWriter&) = delete;
+
+  // The units whose shards this rank writes (0 for a later replica).
+  int num_units() const { return static_cast<int>(units_.size()); }
+  // The unit (as numbered here) of each of the optimizer's tensors
+  // (OptimizerParams' order); empty when some tensor has none or the
+  // optimizer is not Adam, AdamW or SGD (then a step changes any unit).
+  const std::vector<int>& unit_of_optimizer_tensors() const { return unit_of_; }
+  // Replaces unit u's tensors by copies (before something changes the live
+  // ones); returns the bytes copied.
+  int64_t CopyAside(int u);
+  // Writes unit u's chunks, then drops its tensors (and copies).
+  void WriteUnit(int u);
+  // The rest (buffers, groups, archive), the file, and this rank's part of
+  // the metadata. shardtrain::Error naming the file on failure.
+  void Finish();
+
+ private:
+  struct Unit {
+    std::vector<ShardPart> parts;
+    at::Tensor shard;                          // the live shard (or its copy)
+    std::map<std::string, at::Tensor> ostate;  // laid out like the shard (live, a copy, or empty)
+    int64_t base = 0;                          // the shard's first element in the unit's flat parameter
+    int64_t step = -1;                         // Adam's step (-1: none)
+  };
+
+  std::string path_;
+  int64_t rank_ = 0;
+  std::unique_ptr<dcp::RankFileWriter> file_;
+  dcp::Metadata part_;
+  std::vector<Unit> units_;
+  std::function<std::map<std::string, at::Tensor>(int)> ostate_of_;  // not background: unit -> its state
+  std::vector<int> unit_of_;
+  std::map<std::string, std::string> aliases_;  // tied weights: alias -> name in the units
+  std::set<std::string> optimized_;
+  std::map<std::string, at::Tensor> buffers_;  // rank 0: copies
+  std::vector<OptimizerGroup> groups_;         // rank 0
+  std::string archive_;                        // another optimizer's LibTorch archive ("" otherwise)
+  bool other_optimizer_ = false;
+};
+
+}  // namespace shardtrain::trainer::internal
+
+#endif  // SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_DCP_RANK_WRITER_H_
