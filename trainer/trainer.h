@@ -41,7 +41,9 @@
 // Each optimizer step makes one all-reduce of scalars, with or without
 // callbacks: the step's loss, what the module Log()ged (one more only at the
 // step whose logged names change), the should-stop requests, the
-// stop-signal flags and the 16-mixed overflow flag travel in one tensor.
+// stop-signal flags, the 16-mixed overflow flag and whether the background
+// writers of an asynchronous save (TrainerOptions::async_checkpoint) finished
+// or failed travel in one tensor.
 //
 // Preemption (trainer/stop_signals.h): SIGTERM, SIGINT or SIGUSR1 on any rank
 // or on the launcher make every rank finish the current optimizer step, then

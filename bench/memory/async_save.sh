@@ -25,6 +25,7 @@ else
   LABEL=gpt-201.7M; MODEL=(--n_layer=16 --n_embd=1024 --n_head=16)
 fi
 WORK="${WORK:-$(mktemp -d)}"
+mkdir -p "$WORK"
 RESULTS="$WORK/results.jsonl"
 : > "$RESULTS"
 STEPS=(--steps=6 --save_at=2)
