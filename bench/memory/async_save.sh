@@ -11,23 +11,10 @@
 # it), and writes the table into docs/benchmarks.md ("Saves that overlap
 # training").
 #
-#   bench/memory/async_save.sh                     # W = 2 4 (about 15 minutes on 2 cores)
+#   bench/memory/async_save.sh                     # W = 2 4 (about 8 minutes on 2 cores)
 #   WORLDS=2 SIZE=small bench/memory/async_save.sh # a quick check
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$ROOT"
-PY="$ROOT/.deps/venv/bin/python"
-tools/bazel build --config=ci //bench/memory:memory_bench >&2
-BIN="$ROOT/bazel-bin/bench/memory/memory_bench"
-if [[ "${SIZE:-}" == small ]]; then
-  LABEL=small; MODEL=(--n_layer=2 --n_embd=64 --n_head=2)
-else
-  LABEL=gpt-201.7M; MODEL=(--n_layer=16 --n_embd=1024 --n_head=16)
-fi
-WORK="${WORK:-$(mktemp -d)}"
-mkdir -p "$WORK"
-RESULTS="$WORK/results.jsonl"
-: > "$RESULTS"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 STEPS=(--steps=6 --save_at=2)
 for W in ${WORLDS:-2 4}; do
   for save in none sync async; do

@@ -17,19 +17,7 @@
 # A watchdog ends a run (its own process group only) when the machine's
 # MemAvailable falls below 1.5 GiB, and the row is reported as stopped.
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-cd "$ROOT"
-PY="$ROOT/.deps/venv/bin/python"
-tools/bazel build --config=ci //bench/memory:memory_bench >&2
-BIN="$ROOT/bazel-bin/bench/memory/memory_bench"
-if [[ "${SIZE:-}" == small ]]; then
-  LABEL=small; MODEL=(--n_layer=2 --n_embd=64 --n_head=2)
-else
-  LABEL=gpt-201.7M; MODEL=(--n_layer=16 --n_embd=1024 --n_head=16)
-fi
-WORK="${WORK:-$(mktemp -d)}"
-RESULTS="$WORK/results.jsonl"
-: > "$RESULTS"
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 guarded() {  # runs "$@" in its own process group; ends it if memory runs low
   setsid "$@" &

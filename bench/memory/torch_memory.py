@@ -103,6 +103,16 @@ def self_test():
     sys.exit(0 if ok else 1)
 
 
+def train_step(model, opt, g, args):
+    """One optimizer step on a random batch of 1 x block_size tokens from `g`."""
+    tok = torch.randint(args.vocab, (1, args.block_size + 1), generator=g)
+    logits = model(tok[:, :-1])
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tok[:, 1:].reshape(-1))
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+
+
 def run(rank, args, port):
     start = time.monotonic()
     baseline = status_kb("VmRSS")
@@ -154,12 +164,7 @@ def run(rank, args, port):
     if args.mode == "train":
         g = torch.Generator().manual_seed(rank)
         for _ in range(args.steps):
-            tok = torch.randint(args.vocab, (1, args.block_size + 1), generator=g)
-            logits = model(tok[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tok[:, 1:].reshape(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
+            train_step(model, opt, g, args)
         record("step")
         msd, osd = get_state_dict(model, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if rank == 0:
@@ -197,12 +202,7 @@ def save_during_training(args, rank, world, model, opt, record, dcp, get_state_d
     step_s, save_call_s, future = [], 0.0, None
     for step in range(1, args.steps + 1):
         t0 = time.monotonic()
-        tok = torch.randint(args.vocab, (1, args.block_size + 1), generator=g)
-        logits = model(tok[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tok[:, 1:].reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+        train_step(model, opt, g, args)
         step_s.append(time.monotonic() - t0)
         if step == args.save_at:
             record("before_save")
