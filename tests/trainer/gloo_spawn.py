@@ -1,10 +1,11 @@
 """Runs a test function on `world` Gloo ranks in spawned processes: the Python oracles' one way to start PyTorch ranks.
 
 The ranks meet through a file store in a fresh temporary directory, not a TCP port picked beforehand (another test may
-take such a port between the pick and the bind). A rank that dies of a signal before the function returns is retried
-once, with a line on stderr saying so: CI saw a PyTorch rank abort once under load ("terminate called without an active
-exception" inside the Gloo process group, W=4, before any result). A rank that raises, as a failed assertion of the
-test does, fails at once and is never retried.
+take such a port between the pick and the bind). Under load, PyTorch ranks aborted after their work was done
+("terminate called without an active exception": the Gloo process group's teardown at W=2 and 4, seen in CI and in a
+rehearsal), so once every rank has finished (a barrier) each flushes its output and leaves with os._exit(0), skipping
+that teardown. A rank that still dies of a signal is retried once, with a line on stderr saying so. A rank that raises,
+as a failed assertion of the test does, fails at once and is never retried.
 """
 import os
 import sys
@@ -17,7 +18,10 @@ import torch.multiprocessing as mp
 def _rank(rank, world, store, fn, args):
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
     fn(rank, world, *args)
-    dist.destroy_process_group()
+    dist.barrier()  # every rank has done its part
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # not the process group's teardown (see above)
 
 
 def spawn_gloo(fn, world, *args):
