@@ -20,7 +20,10 @@ int AsyncSaveUnitDelayMs() {
 }
 
 AsyncSave::AsyncSave(std::unique_ptr<DcpRankWriter> writer, std::string path, CheckpointData meta)
-    : writer_(std::move(writer)), path_(std::move(path)), meta_(std::move(meta)) {
+    : writer_(std::move(writer)),
+      unit_of_(writer_->unit_of_optimizer_tensors()),
+      path_(std::move(path)),
+      meta_(std::move(meta)) {
   state_.assign(writer_->num_units(), UnitState::kPending);
   aside_bytes_.assign(writer_->num_units(), 0);
   thread_ = std::thread([this] { Run(); });
@@ -76,7 +79,6 @@ void AsyncSave::CopyAsideLocked(int u) {
   const int64_t bytes = writer_->CopyAside(u);
   aside_bytes_[u] = bytes;
   extra_bytes_ += bytes;
-  stats_.copied_bytes += bytes;
   ++stats_.units_copied;
   stats_.peak_extra_bytes = std::max(stats_.peak_extra_bytes, extra_bytes_);
   state_[u] = UnitState::kWritten;  // for the optimizer: it may change the live tensors now
@@ -85,9 +87,21 @@ void AsyncSave::CopyAsideLocked(int u) {
 void AsyncSave::BeforeUnitStep(int u) {
   std::unique_lock<std::mutex> lock(mu_);
   const int n = static_cast<int>(state_.size());
-  for (int v = u < 0 ? 0 : u; v < (u < 0 ? n : std::min(u + 1, n)); ++v) {
+  const int first = u < 0 ? 0 : u, end = u < 0 ? n : std::min(u + 1, n);
+  for (int v = first; v < end; ++v) {
     cv_.wait(lock, [&] { return state_[v] != UnitState::kWriting; });
     if (state_[v] == UnitState::kPending) CopyAsideLocked(v);
+  }
+}
+
+void AsyncSave::StepOptimizer(torch::optim::Optimizer& opt) {
+  if (state_.empty() || finished()) {
+    opt.step();
+  } else if (unit_of_.empty()) {  // a step that may change any unit: all copied first
+    BeforeUnitStep(-1);
+    opt.step();
+  } else {
+    StepOptimizerByUnit(opt, unit_of_, [this](int u) { BeforeUnitStep(u); });
   }
 }
 

@@ -161,19 +161,8 @@ void internal::CheckpointConnector::SaveFull(const std::string& path) {
   // unit at a time, rank 0 writes each tensor as it arrives and drops it.
   const std::string what = "saving checkpoint '" + path + "'";
   std::unique_ptr<ArchiveWriter> writer;
-  {
-    bool failed = false;
-    std::string msg;
-    if (t_.rank() == 0) {
-      try {
-        writer = std::make_unique<ArchiveWriter>(path);
-      } catch (const std::exception& e) {
-        failed = true;
-        msg = e.what();
-      }
-    }
-    AgreeOrThrow(failed, msg, what);
-  }
+  RunAgreed(
+      t_.rank() == 0, [&] { writer = std::make_unique<ArchiveWriter>(path); }, what);
   CheckpointData data;
   FillCommon(data);
   // The per-rank LibTorch archives only where the state by name cannot
@@ -200,41 +189,50 @@ void internal::CheckpointConnector::SaveSharded(const std::string& path, bool as
   FillCommon(meta);
   meta.optimizer_full.kind = internal::OptimizerKind(*t_.opt_.optimizer);  // meta.pt says which (no state there)
   const std::string what = "saving sharded checkpoint '" + path + "'";
-  auto step = [&](bool mine, const std::function<void()>& fn) {
-    bool failed = false;
-    std::string msg;
-    if (mine) {
-      try {
-        fn();
-      } catch (const std::exception& e) {
-        failed = true;
-        msg = e.what();
-      }
-    }
-    AgreeOrThrow(failed, msg, what);
-  };
   try {
-    step(t_.rank() == 0, [&] { BeginShardedSave(path); });
+    RunAgreed(
+        t_.rank() == 0, [&] { BeginShardedSave(path); }, what);
     if (async) {  // planned now, written by this rank's background thread
       std::unique_ptr<DcpRankWriter> writer;
-      step(true, [&] {
-        writer = std::make_unique<DcpRankWriter>(*t_.strategy_, *t_.opt_.optimizer, path, meta.optimizer_groups,
-                                                 /*background=*/true);
-      });
+      RunAgreed(
+          true,
+          [&] {
+            writer = std::make_unique<DcpRankWriter>(*t_.strategy_, *t_.opt_.optimizer, path, meta.optimizer_groups,
+                                                     /*background=*/true);
+          },
+          what);
       StartAsyncSave(std::move(writer), path, std::move(meta));
       return;
     }
-    step(true, [&] { internal::WriteDcpRank(*t_.strategy_, *t_.opt_.optimizer, path, meta.optimizer_groups); });
-    step(t_.rank() == 0, [&] { FinishDcpSave(path, meta, t_.world_size()); });
+    RunAgreed(
+        true, [&] { internal::WriteDcpRank(*t_.strategy_, *t_.opt_.optimizer, path, meta.optimizer_groups); }, what);
+    RunAgreed(
+        t_.rank() == 0, [&] { FinishDcpSave(path, meta, t_.world_size()); }, what);
   } catch (...) {
-    // Every rank throws at the same step (or a peer died): rank 0 removes the
-    // temporary directory, so a failed save leaves nothing behind.
-    if (t_.rank() == 0) {
-      std::error_code ec;
-      std::filesystem::remove_all(ShardedTempDir(path), ec);
-    }
+    // Every rank throws at the same step (or a peer died): a failed save leaves nothing behind.
+    DropShardedSave(path);
     throw;
   }
+}
+
+void internal::CheckpointConnector::RunAgreed(bool mine, const std::function<void()>& fn, const std::string& what) {
+  bool failed = false;
+  std::string msg;
+  if (mine) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      failed = true;
+      msg = e.what();
+    }
+  }
+  AgreeOrThrow(failed, msg, what);
+}
+
+void internal::CheckpointConnector::DropShardedSave(const std::string& path) {
+  if (t_.rank() != 0) return;
+  std::error_code ec;
+  std::filesystem::remove_all(ShardedTempDir(path), ec);
 }
 
 // Gives a loaded file's state the names and keys the loaders read: a file
@@ -324,15 +322,9 @@ OpenedCheckpoint OpenCheckpoint(const std::string& path, bool sharded_strategy, 
 std::function<void()> internal::CheckpointConnector::PrepareDcpLoadAgreed(const DcpCheckpoint& dcp,
                                                                           const std::string& path) {
   std::function<void()> apply;
-  bool failed = false;
-  std::string msg;
-  try {
-    apply = internal::PrepareDcpLoad(*t_.strategy_, *t_.opt_.optimizer, dcp, path);
-  } catch (const std::exception& e) {
-    failed = true;
-    msg = e.what();
-  }
-  AgreeOrThrow(failed, msg, "loading checkpoint '" + path + "'");
+  RunAgreed(
+      true, [&] { apply = internal::PrepareDcpLoad(*t_.strategy_, *t_.opt_.optimizer, dcp, path); },
+      "loading checkpoint '" + path + "'");
   return apply;
 }
 

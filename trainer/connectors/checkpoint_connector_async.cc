@@ -3,14 +3,12 @@
 // the writer and copy-on-write: trainer/connectors/internal/async_save.h).
 #include <torch/optim/optimizer.h>
 
-#include <filesystem>
 #include <iomanip>
 #include <sstream>
 
 #include "base/errors.h"
 #include "base/logging.h"
 #include "trainer/checkpoint_io/dcp_checkpoint.h"
-#include "trainer/checkpoint_io/sharded_checkpoint.h"
 #include "trainer/connectors/internal/async_save.h"
 #include "trainer/connectors/internal/checkpoint_connector.h"
 #include "trainer/connectors/internal/dcp_rank_writer.h"
@@ -25,20 +23,15 @@ internal::CheckpointConnector::~CheckpointConnector() = default;
 
 void internal::CheckpointConnector::StartAsyncSave(std::unique_ptr<DcpRankWriter> writer, const std::string& path,
                                                    CheckpointData meta) {
-  async_unit_of_ = writer->unit_of_optimizer_tensors();
-  async_writes_units_ = writer->num_units() > 0;
   async_ = std::make_unique<AsyncSave>(std::move(writer), path, std::move(meta));
 }
 
 void internal::CheckpointConnector::StepOptimizer() {
   torch::optim::Optimizer& opt = *t_.opt_.optimizer;
-  if (!async_ || !async_writes_units_ || async_->finished()) {
-    opt.step();
-  } else if (async_unit_of_.empty()) {  // a step that may change any unit: all copied first
-    async_->BeforeUnitStep(-1);
-    opt.step();
+  if (async_) {
+    async_->StepOptimizer(opt);
   } else {
-    StepOptimizerByUnit(opt, async_unit_of_, [this](int u) { async_->BeforeUnitStep(u); });
+    opt.step();
   }
 }
 
@@ -57,28 +50,15 @@ void internal::CheckpointConnector::FinishAsyncSave() {
   std::unique_ptr<AsyncSave> save = std::move(async_);
   std::vector<std::function<void()>> deferred = std::move(when_saved_);
   when_saved_.clear();
-  async_unit_of_.clear();
   save->Join();
   const std::string& path = save->path();
   const std::string what = "saving sharded checkpoint '" + path + "' (asynchronously)";
   try {
     AgreeOrThrow(!save->error().empty(), save->error(), what);
-    bool failed = false;
-    std::string msg;
-    if (t_.rank() == 0) {
-      try {
-        FinishDcpSave(path, save->meta(), t_.world_size());
-      } catch (const std::exception& e) {
-        failed = true;
-        msg = e.what();
-      }
-    }
-    AgreeOrThrow(failed, msg, what);
+    RunAgreed(
+        t_.rank() == 0, [&] { FinishDcpSave(path, save->meta(), t_.world_size()); }, what);
   } catch (...) {
-    if (t_.rank() == 0) {  // every writer has returned: nothing writes there any more
-      std::error_code ec;
-      std::filesystem::remove_all(ShardedTempDir(path), ec);
-    }
+    DropShardedSave(path);  // every writer has returned: nothing writes there any more
     throw;
   }
   t_.last_ckpt_ = path;
@@ -124,7 +104,6 @@ void internal::CheckpointConnector::AbandonAsyncSave() {
                     << "' did not complete (Fit stopped by an exception); the checkpoints before it are intact";
   }
   async_.reset();
-  async_unit_of_.clear();
   when_saved_.clear();
 }
 

@@ -5,7 +5,7 @@
 // The checkpoint is the state at the step boundary where the save began:
 // the writer streams each unit from the live shards and optimizer state,
 // and only the optimizer step changes those, so the step goes unit by unit
-// (StepOptimizerByUnit) and calls BeforeUnitStep first: a unit the writer
+// (StepOptimizer) and calls BeforeUnitStep first: a unit the writer
 // has written is stepped at once, one it is writing is waited for, and one
 // it has not reached is copied aside (copy-on-write) and the writer takes
 // the copy. Extra memory is therefore the units the optimizer reaches before
@@ -43,7 +43,6 @@ struct AsyncSaveStats {
   double write_seconds = 0;      // the writer thread's time
   int units = 0;                 // units written
   int units_copied = 0;          // of which copied aside first
-  int64_t copied_bytes = 0;      // copied aside in all
   int64_t peak_extra_bytes = 0;  // the most held aside at once
 };
 
@@ -57,8 +56,11 @@ class AsyncSave {
   AsyncSave(const AsyncSave&) = delete;
   AsyncSave& operator=(const AsyncSave&) = delete;
 
-  // Before the optimizer changes unit u (in the writer's numbering; -1: all units).
-  void BeforeUnitStep(int u);
+  // optimizer.step() while this save is in flight: unit by unit with
+  // copy-on-write (an optimizer over tensors of no single unit: every unit
+  // not yet written copied first); a plain step once the writer finished or
+  // where this rank writes no units.
+  void StepOptimizer(torch::optim::Optimizer& opt);
   // The writer has returned (written everything, or failed).
   bool finished() const { return finished_.load(); }
   // Waits for the writer; then error() is "" or what failed.
@@ -71,9 +73,12 @@ class AsyncSave {
  private:
   enum class UnitState { kPending, kWriting, kWritten };
   void Run();
+  // Before the optimizer changes unit u (in the writer's numbering; -1: all units).
+  void BeforeUnitStep(int u);
   void CopyAsideLocked(int u);
 
   std::unique_ptr<DcpRankWriter> writer_;
+  std::vector<int> unit_of_;  // DcpRankWriter::unit_of_optimizer_tensors
   std::string path_;
   CheckpointData meta_;
   mutable std::mutex mu_;

@@ -92,11 +92,14 @@ class CheckpointConnector {
   // message, the others "<what> failed on rank r: <its message>" (the
   // highest failed rank's).
   void AgreeOrThrow(bool failed, const std::string& message, const std::string& what);
+  // fn() where `mine` (an exception is its failure), then AgreeOrThrow.
+  void RunAgreed(bool mine, const std::function<void()>& fn, const std::string& what);
+  // On rank 0: removes the temporary directory of a failed sharded save of
+  // `path` (called on every rank once no rank writes there).
+  void DropShardedSave(const std::string& path);
 
   Trainer& t_;
   std::unique_ptr<AsyncSave> async_;
-  std::vector<int> async_unit_of_;  // DcpRankWriter::unit_of_optimizer_tensors of the save in flight
-  bool async_writes_units_ = false;
   std::vector<std::function<void()>> when_saved_;
   bool warned_full_sync_ = false;
 };
