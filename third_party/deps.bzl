@@ -53,6 +53,9 @@ def shardtrain_dependencies():
     _maybe(system_library, "nlohmann_json", headers = ["nlohmann"], libs = {"json": []})
     # zlib (Debian zlib1g-dev): examples/fashion_mnist reads the gzipped IDX files.
     _maybe(system_library, "zlib", headers = ["zlib.h", "zconf.h"], libs = {"zlib": ["z"]})
+    # Intel ISA-L (Debian libisal-dev): the CRC-32 of checkpoint archives
+    # (trainer/checkpoint_io/zip_writer.cc), about 12 GB/s.
+    _maybe(system_library, "isal", headers = ["isa-l", "isa-l.h"], libs = {"isal": ["isal"]})
     # OpenSSL's libcrypto (Debian libssl-dev): HMAC-SHA-256 of the rendezvous
     # store's values (comm/signed_store.cc). Debian keeps openssl/configuration.h
     # under the multiarch include directory: a second, headers-only repository.

@@ -17,7 +17,7 @@ PREFIX="$ROOT/.deps/venv"
 DEBIAN_PACKAGES=(
   bazel-bootstrap bazel-rules-java bazel-platforms
   libabsl-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev
-  nlohmann-json3-dev libgloo-dev zlib1g-dev libssl-dev dataset-fashion-mnist fortunes
+  nlohmann-json3-dev libgloo-dev zlib1g-dev libssl-dev libisal-dev dataset-fashion-mnist fortunes
   python3 python3-venv binutils g++ clang-14 libclang-rt-14-dev
   iproute2 util-linux openmpi-bin slurmctld slurmd slurm-client munge
 )

@@ -2,6 +2,7 @@
 //
 // Also a fixture writer for archive_python_test:
 //   archive_test write <path>   writes the nested archive Python checks.
+//   archive_test zip <dir>      writes zip_fixture.h's archives: {direct,plain}{,_zip64}.zip
 #include "trainer/checkpoint_io/archive.h"
 
 #include <ATen/ATen.h>
@@ -17,6 +18,7 @@
 
 #include "base/errors.h"
 #include "tests/testing/counting_allocator.h"
+#include "tests/trainer/zip_fixture.h"
 
 namespace shardtrain::trainer {
 namespace {
@@ -30,9 +32,9 @@ struct Spec {
 };
 const std::vector<Spec>& Specs() {
   static const std::vector<Spec> specs = {
-      {at::kFloat, {3, 4}}, {at::kDouble, {5}},   {at::kBFloat16, {2, 3, 2}}, {at::kHalf, {7}},
-      {at::kLong, {4, 2}},  {at::kByte, {9}},     {at::kBool, {6}},           {at::kInt, {0}},
-      {at::kFloat, {1000}}, {at::kChar, {2, 2}},
+      {at::kFloat, {3, 4}}, {at::kDouble, {5}},  {at::kBFloat16, {2, 3, 2}}, {at::kHalf, {7}},
+      {at::kLong, {4, 2}},  {at::kByte, {9}},    {at::kBool, {6}},           {at::kInt, {0}},
+      {at::kFloat, {1000}}, {at::kChar, {2, 2}}, {at::kFloat, {3000}},
   };
   return specs;
 }
@@ -271,6 +273,16 @@ TEST(ArchiveTest, ReleaseMappedPagesDropsAReadRecordFromThisProcess) {
 int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "write") == 0) {
     shardtrain::trainer::WriteFixture(argv[2]);
+    return 0;
+  }
+  if (argc == 3 && std::strcmp(argv[1], "zip") == 0) {
+    const shardtrain::trainer::ZipFixture zips;
+    for (bool direct : {true, false}) {
+      for (bool zip64 : {false, true}) {
+        zips.WriteFile(std::string(argv[2]) + (direct ? "/direct" : "/plain") + (zip64 ? "_zip64" : "") + ".zip",
+                       direct, zip64);
+      }
+    }
     return 0;
   }
   ::testing::InitGoogleTest(&argc, argv);

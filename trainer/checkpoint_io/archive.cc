@@ -10,21 +10,18 @@
 #include <torch/csrc/jit/serialization/unpickler.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <functional>
 #include <stdexcept>
 #include <unordered_map>
 #include <vector>
 
 #include "base/errors.h"
-#include "base/file_util.h"
+#include "trainer/checkpoint_io/internal/zip_writer.h"
 #include "trainer/checkpoint_io/pickle_scan.h"
 
 namespace shardtrain::trainer {
-namespace fs = std::filesystem;
 namespace {
 
 // A tensor with dtype, shape and a storage of the right size but no data:
@@ -36,16 +33,6 @@ at::Tensor Placeholder(c10::ScalarType dtype, c10::IntArrayRef sizes, size_t nby
                                                      c10::scalarTypeToTypeMeta(dtype));
   t.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
   return t;
-}
-
-std::string ErrnoText(int err) { return err ? std::strerror(err) : "short write"; }
-
-void FsyncDir(const fs::path& dir) {
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
 }
 
 // A read-only private mapping of a whole file; unmapped when the last
@@ -165,82 +152,8 @@ c10::IValue PlainForPickle(const c10::IValue& v) {
 
 namespace {
 
-// A file written through a temporary beside it: bytes are appended with
-// Write (the first error is kept, later writes are no-ops), Commit fsyncs and
-// renames it into place; destroyed uncommitted, it removes the temporary.
-class FileSink {
- public:
-  explicit FileSink(const std::string& path) : path_(path) {
-    static std::atomic<int64_t> counter{0};
-    fs::path p(path_);
-    ST_CHECK_ARG(p.has_filename(), "'", path_, "' names no file (give a file path, not a directory)");
-    std::error_code ec;
-    fs::create_directories(p.has_parent_path() ? p.parent_path() : fs::path("."), ec);
-    tmp_ = TemporaryBeside(path_, std::to_string(counter++));
-    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd_ < 0) ST_THROW(Error, "cannot create '", tmp_, "': ", std::strerror(errno));
-  }
-  ~FileSink() {
-    if (committed_) return;
-    if (fd_ >= 0) ::close(fd_);
-    ::unlink(tmp_.c_str());
-  }
-  // Returns n, or fewer after an error (the zip writer then throws).
-  size_t Write(const void* data, size_t n) {
-    if (abandoned_) return n;
-    if (err_) return 0;
-    const char* p = static_cast<const char*>(data);
-    size_t off = 0;
-    while (off < n) {
-      ssize_t w = ::write(fd_, p + off, n - off);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) {
-        err_ = w < 0 ? errno : EIO;
-        return off;
-      }
-      off += static_cast<size_t>(w);
-    }
-    written_ += n;
-    return n;
-  }
-  [[noreturn]] void Fail(const std::exception& e) const {
-    ST_THROW(Error, "failed writing '", tmp_, "': ", err_ ? ErrnoText(err_) : FirstLine(e));
-  }
-  void Commit() {
-    if (::fsync(fd_) != 0 || ::close(fd_) != 0) {
-      fd_ = -1;
-      ST_THROW(Error, "failed flushing '", tmp_, "': ", std::strerror(errno));
-    }
-    fd_ = -1;
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
-      ST_THROW(Error, "cannot rename '", tmp_, "' to '", path_, "': ", std::strerror(errno));
-    }
-    committed_ = true;
-    fs::path p(path_);
-    FsyncDir(p.has_parent_path() ? p.parent_path() : fs::path("."));
-  }
-  void Abandon() { abandoned_ = true; }
-  bool committed() const { return committed_; }
-  uint64_t written() const { return written_; }
-
- private:
-  std::string path_, tmp_;
-  int fd_ = -1;
-  int err_ = 0;             // errno of the first failed write
-  bool abandoned_ = false;  // writes become no-ops (the temporary file is going)
-  bool committed_ = false;
-  uint64_t written_ = 0;
-};
-
-// Zip writes go to the sink.
-std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> ZipInto(FileSink* sink) {
-  return std::make_unique<caffe2::serialize::PyTorchStreamWriter>(
-      [sink](const void* data, size_t n) -> size_t { return sink->Write(data, n); });
-}
-
 // t's elements as a record of `zip` under `key`; the data-less placeholder that stands for it.
-at::Tensor WriteTensorRecord(caffe2::serialize::PyTorchStreamWriter& zip, const FileSink& sink, const at::Tensor& t,
-                             const std::string& key, const std::string& path) {
+at::Tensor WriteTensorRecord(ZipWriter& zip, const at::Tensor& t, const std::string& key, const std::string& path) {
   ST_CHECK_ARG(t.defined(), "writing '", path, "': undefined tensor");
   ST_CHECK_ARG(t.layout() == at::kStrided && !t.is_quantized(), "writing '", path,
                "': only dense (strided, not quantized) tensors can be written, got layout ", t.layout());
@@ -248,18 +161,12 @@ at::Tensor WriteTensorRecord(caffe2::serialize::PyTorchStreamWriter& zip, const 
   if (!c.device().is_cpu()) c = c.cpu();
   c = c.resolve_conj().resolve_neg().contiguous();
   const size_t nbytes = static_cast<size_t>(c.numel()) * c.element_size();
-  static const char kEmpty = 0;
-  try {
-    zip.writeRecord("data/" + key, nbytes ? c.data_ptr() : &kEmpty, nbytes);
-  } catch (const c10::Error& e) {
-    sink.Fail(e);
-  }
+  zip.WriteRecord("data/" + key, c.data_ptr(), nbytes);
   return Placeholder(c.scalar_type(), c.sizes(), nbytes);
 }
 
 // Pickles `root` as data.pkl (tensors by their record keys) and ends the archive.
-void FinishZip(caffe2::serialize::PyTorchStreamWriter& zip, const FileSink& sink, const c10::IValue& root,
-               const std::function<std::string(const at::Tensor&)>& key_of) {
+void FinishZip(ZipWriter& zip, const c10::IValue& root, const std::function<std::string(const at::Tensor&)>& key_of) {
   std::vector<char> pickled;
   torch::jit::Pickler pickler([&](const char* data, size_t n) { pickled.insert(pickled.end(), data, data + n); },
                               /*tensor_table=*/nullptr, /*type_renamer=*/nullptr, /*memoized_class_types=*/nullptr,
@@ -267,41 +174,30 @@ void FinishZip(caffe2::serialize::PyTorchStreamWriter& zip, const FileSink& sink
   pickler.protocol();
   pickler.pushIValue(PlainForPickle(root));
   pickler.stop();
-  try {
-    zip.writeRecord("data.pkl", pickled.data(), pickled.size());
-    zip.writeEndOfFile();
-  } catch (const c10::Error& e) {
-    sink.Fail(e);
-  }
+  zip.WriteRecord("data.pkl", pickled.data(), pickled.size());
+  zip.Finish();
 }
 
 }  // namespace
 
 struct ArchiveWriter::State {
   std::unique_ptr<FileSink> sink;
-  std::unique_ptr<caffe2::serialize::PyTorchStreamWriter> zip;
+  std::unique_ptr<ZipWriter> zip;
   std::unordered_map<const void*, std::string> keys;  // placeholder storage -> record key
   std::vector<at::Tensor> placeholders;               // keeps the keys' storages unique
 };
 
 ArchiveWriter::ArchiveWriter(std::string path) : path_(std::move(path)), state_(std::make_unique<State>()) {
   state_->sink = std::make_unique<FileSink>(path_);
-  state_->zip = ZipInto(state_->sink.get());
+  state_->zip = std::make_unique<ZipWriter>(state_->sink.get());
 }
 
-ArchiveWriter::~ArchiveWriter() {
-  if (!state_ || state_->sink->committed()) return;
-  state_->sink->Abandon();
-  try {
-    if (!state_->zip->finalized()) state_->zip->writeEndOfFile();
-  } catch (...) {
-  }
-}
+ArchiveWriter::~ArchiveWriter() = default;  // uncommitted, the sink removes its temporary file
 
 at::Tensor ArchiveWriter::Add(const at::Tensor& t) {
   ST_CHECK_ARG(!state_->sink->committed(), "ArchiveWriter::Add after Finish ('", path_, "')");
   const std::string key = std::to_string(state_->placeholders.size());
-  at::Tensor ph = WriteTensorRecord(*state_->zip, *state_->sink, t, key, path_);
+  at::Tensor ph = WriteTensorRecord(*state_->zip, t, key, path_);
   state_->keys[ph.storage().unsafeGetStorageImpl()] = key;
   state_->placeholders.push_back(ph);
   return ph;
@@ -309,7 +205,7 @@ at::Tensor ArchiveWriter::Add(const at::Tensor& t) {
 
 void ArchiveWriter::Finish(const c10::IValue& root) {
   ST_CHECK_ARG(!state_->sink->committed(), "ArchiveWriter::Finish called twice ('", path_, "')");
-  FinishZip(*state_->zip, *state_->sink, root, [&](const at::Tensor& t) -> std::string {
+  FinishZip(*state_->zip, root, [&](const at::Tensor& t) -> std::string {
     auto it = state_->keys.find(t.storage().unsafeGetStorageImpl());
     if (it == state_->keys.end()) {
       ST_THROW(InvalidArgumentError, "ArchiveWriter::Finish: the root object holds a tensor (", t.scalar_type(), " ",
@@ -336,30 +232,29 @@ namespace {
 // Pads the sink to a 64-byte boundary, writes one archive with `body`, and
 // returns where it lies.
 ArchiveSequenceWriter::Span AppendArchive(FileSink& sink, const std::string& path,
-                                          const std::function<void(caffe2::serialize::PyTorchStreamWriter&)>& body) {
+                                          const std::function<void(ZipWriter&)>& body) {
   ST_CHECK_ARG(!sink.committed(), "ArchiveSequenceWriter: append after Finish ('", path, "')");
   static const char kZeros[64] = {};
-  const uint64_t pad = (64 - sink.written() % 64) % 64;
-  if (sink.Write(kZeros, pad) != pad) sink.Fail(std::runtime_error("short write"));
-  ArchiveSequenceWriter::Span span{sink.written(), 0};
-  auto zip = ZipInto(&sink);
-  body(*zip);
-  span.length = sink.written() - span.offset;
+  sink.Write(kZeros, (64 - sink.position() % 64) % 64);
+  ArchiveSequenceWriter::Span span{sink.position(), 0};
+  ZipWriter zip(&sink);
+  body(zip);
+  span.length = sink.position() - span.offset;
   return span;
 }
 
 }  // namespace
 
 ArchiveSequenceWriter::Span ArchiveSequenceWriter::AppendTensor(const at::Tensor& t) {
-  return AppendArchive(*state_->sink, path_, [&](caffe2::serialize::PyTorchStreamWriter& zip) {
-    at::Tensor ph = WriteTensorRecord(zip, *state_->sink, t, "0", path_);
-    FinishZip(zip, *state_->sink, ph, [](const at::Tensor&) { return std::string("0"); });
+  return AppendArchive(*state_->sink, path_, [&](ZipWriter& zip) {
+    at::Tensor ph = WriteTensorRecord(zip, t, "0", path_);
+    FinishZip(zip, ph, [](const at::Tensor&) { return std::string("0"); });
   });
 }
 
 ArchiveSequenceWriter::Span ArchiveSequenceWriter::AppendObject(const c10::IValue& v) {
-  return AppendArchive(*state_->sink, path_, [&](caffe2::serialize::PyTorchStreamWriter& zip) {
-    FinishZip(zip, *state_->sink, v, [&](const at::Tensor&) -> std::string {
+  return AppendArchive(*state_->sink, path_, [&](ZipWriter& zip) {
+    FinishZip(zip, v, [&](const at::Tensor&) -> std::string {
       ST_THROW(InvalidArgumentError, "ArchiveSequenceWriter::AppendObject: the value holds a tensor ('", path_,
                "'); use AppendTensor");
     });
