@@ -9,7 +9,9 @@ training thread + the wait at the end of training), slowest rank, minus the
 same in the run without a save. Extra memory = the after_save phase's peak
 minus the before_save phase's (the same steps' peak), largest rank, minus the
 same difference without a save. The rank's state = parameters + AdamW's two
-moments, fp32, / W.
+moments, fp32, / W. With several rounds (async_save.sh's ROUNDS), each round's
+sync and async runs are compared with that round's run without a save and the
+table gives the medians over the rounds.
 """
 import argparse
 import json
@@ -25,8 +27,13 @@ def median(xs):
     return xs[len(xs) // 2] if xs else 0.0
 
 
+def per_run(items, w):
+    """Consecutive groups of w (one run's ranks, runs in file order)."""
+    return [items[i:i + w] for i in range(0, len(items), w)]
+
+
 def runs(rows):
-    """(impl, W, save) -> {"cost_s", "extra_mib", "save_call_s"}."""
+    """(impl, W, save) -> per-run lists "t" (cost, s) and "extra" (MiB), and the median step."""
     timing, phases = {}, {}
     for r in rows:
         if r["phase"] == "timing":
@@ -42,9 +49,11 @@ def runs(rows):
             phases.setdefault((r["impl"], r["W"], r["save"]), []).append(ph)
     out = {}
     for key, ts in timing.items():
-        at = ts[0]["save_at"]
-        cost = max(sum(t["step_s"][at:]) + t["save_call_s"] + t.get("final_wait_s", 0.0) for t in ts)
-        extra = max(p["after_save"]["peak_mib"] - p["before_save"]["peak_mib"] for p in phases[key])
+        at, w = ts[0]["save_at"], key[1]
+        cost = [max(sum(t["step_s"][at:]) + t["save_call_s"] + t.get("final_wait_s", 0.0) for t in run)
+                for run in per_run(ts, w)]
+        extra = [max(p["after_save"]["peak_mib"] - p["before_save"]["peak_mib"] for p in run)
+                 for run in per_run(phases[key], w)]
         out[key] = {"t": cost, "extra": extra, "call": max(t["save_call_s"] for t in ts),
                     "step": median([s for t in ts for s in t["step_s"][1:]]),
                     "label": ts[0]["model"], "copied": sum(t.get("units_copied", 0) for t in ts),
@@ -62,8 +71,10 @@ def table(rows):
             none, sync, asy = (r.get((impl, w, s)) for s in ("none", "sync", "async"))
             if not (none and sync and asy):
                 continue
-            lost_s, lost_a = sync["t"] - none["t"], asy["t"] - none["t"]
-            ex_s, ex_a = sync["extra"] - none["extra"], asy["extra"] - none["extra"]
+            def lost(run, key):
+                return median([a - b for a, b in zip(run[key], none[key])])
+            lost_s, lost_a = lost(sync, "t"), lost(asy, "t")
+            ex_s, ex_a = lost(sync, "extra"), lost(asy, "extra")
             state = 12 * PARAMS.get(none["label"], 0) / w / 2**20
             lines.append(f"| {IMPL[impl]} | {w} | {none['step']:.2f} | {lost_s:.2f} | {lost_a:.2f} | "
                          f"{lost_a / lost_s:.0%} | {ex_s:.0f} | {ex_a:.0f} | "

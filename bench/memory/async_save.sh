@@ -11,17 +11,24 @@
 # it), and writes the table into docs/benchmarks.md ("Saves that overlap
 # training").
 #
-#   bench/memory/async_save.sh                     # W = 2 4 (about 8 minutes on 2 cores)
-#   WORLDS=2 SIZE=small bench/memory/async_save.sh # a quick check
+# ShardTrain's three runs repeat ROUNDS times (default 3: a save now costs
+# less than the steps' own noise), PyTorch's once; the report takes medians.
+#
+#   bench/memory/async_save.sh                     # W = 2 4 (about 16 minutes on 2 cores)
+#   WORLDS=2 SIZE=small ROUNDS=1 bench/memory/async_save.sh # a quick check
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 STEPS=(--steps=6 --save_at=2)
 for W in ${WORLDS:-2 4}; do
+  for round in $(seq "${ROUNDS:-3}"); do
+    for save in none sync async; do
+      echo "[bench/memory/async_save] ShardTrain $LABEL W=$W save=$save round $round" >&2
+      rm -rf "$WORK/st"
+      "$BIN" --mode=save_during_training --save=$save --devices=$W --dir="$WORK/st" --out="$RESULTS" --label=$LABEL \
+        "${MODEL[@]}" "${STEPS[@]}" 2>>"$WORK/log.txt" >/dev/null
+    done
+  done
   for save in none sync async; do
-    echo "[bench/memory/async_save] ShardTrain $LABEL W=$W save=$save" >&2
-    rm -rf "$WORK/st"
-    "$BIN" --mode=save_during_training --save=$save --devices=$W --dir="$WORK/st" --out="$RESULTS" --label=$LABEL \
-      "${MODEL[@]}" "${STEPS[@]}" 2>>"$WORK/log.txt" >/dev/null
     echo "[bench/memory/async_save] PyTorch $LABEL W=$W save=$save" >&2
     rm -rf "$WORK/py"; mkdir -p "$WORK/py"
     "$PY" bench/memory/torch_memory.py --mode save_during_training --save $save --world $W --dir "$WORK/py" \

@@ -6,8 +6,11 @@
 
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -86,6 +89,16 @@ std::string Tmp(const std::string& name) {
   return (fs::path(dir ? dir : "/tmp") / name).string();
 }
 
+// Whether the test's file system takes O_DIRECT (ext4 does; tmpfs and some
+// overlay file systems refuse it, and FileSink then writes plainly).
+bool FileSystemTakesDirectIo() {
+  const std::string probe = Tmp("direct_probe");
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0644);
+  if (fd >= 0) ::close(fd);
+  ::unlink(probe.c_str());
+  return fd >= 0;
+}
+
 TEST(ZipWriterTest, Crc32IsZipsChecksumAndContinues) {
   EXPECT_EQ(Crc32(0, "123456789", 9), 0xCBF43926u);  // the standard check value
   EXPECT_EQ(Crc32(Crc32(0, "1234", 4), "56789", 5), 0xCBF43926u);
@@ -97,6 +110,8 @@ TEST(ZipWriterTest, Crc32IsZipsChecksumAndContinues) {
 // aligned ones at the offset that agrees with their address (O_DIRECT).
 TEST(ZipWriterTest, ArchivesReadBackWithAndWithoutDirectIoAndZip64) {
   const ZipFixture fixture;
+  const bool direct_io = FileSystemTakesDirectIo();
+  if (!direct_io) std::printf("skipped: the O_DIRECT cases write plainly (the test's file system refuses O_DIRECT)\n");
   for (bool direct : {true, false}) {
     for (bool zip64 : {false, true}) {
       SCOPED_TRACE(std::string(direct ? "O_DIRECT" : "plain") + (zip64 ? ", zip64" : ""));
@@ -104,7 +119,7 @@ TEST(ZipWriterTest, ArchivesReadBackWithAndWithoutDirectIoAndZip64) {
       ::setenv("SHARDTRAIN_CHECKPOINT_DIRECT_IO", direct ? "1" : "0", 1);
       FileSink sink(path);
       ::unsetenv("SHARDTRAIN_CHECKPOINT_DIRECT_IO");
-      EXPECT_EQ(sink.direct(), direct) << "(the test's directory refuses O_DIRECT?)";
+      EXPECT_EQ(sink.direct(), direct && direct_io);
       const std::string head(64, 'x');
       sink.Write(head.data(), head.size());
       const uint64_t first = sink.position();
@@ -129,7 +144,7 @@ TEST(ZipWriterTest, ArchivesReadBackWithAndWithoutDirectIoAndZip64) {
           const uint64_t offset = at + reader.getRecordOffset(r.name);
           EXPECT_EQ(offset % 64, 0u);
           const auto addr = reinterpret_cast<uintptr_t>(r.data);
-          if (r.size >= FileSink::kBlock && addr % 64 == 0) EXPECT_EQ(offset % 4096, addr % 4096);
+          if (r.size >= FileSink::kBlock && addr % 64 == 0) EXPECT_EQ(offset % 4096, addr % 4096);  // either way
         }
         EXPECT_EQ(std::get<1>(reader.getRecord("version")), 2u);
         EXPECT_EQ(reader.serializationId().size(), 40u);
