@@ -8,6 +8,9 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <set>
 
@@ -15,6 +18,7 @@
 #include "tests/trainer/fixtures.h"
 #include "trainer/callbacks/model_checkpoint.h"
 #include "trainer/checkpoint_io/dcp_checkpoint.h"
+#include "trainer/checkpoint_io/internal/zip_writer.h"
 #include "trainer/checkpoint_io/sharded_checkpoint.h"
 
 namespace shardtrain::trainer {
@@ -53,6 +57,31 @@ void ExpectSameCheckpoint(const std::string& a, const std::string& b) {
   EXPECT_EQ(x.optimizer_full.step, y.optimizer_full.step);
 }
 
+// Every record of every archive in the checkpoint's rank files holds the
+// CRC-32 of its bytes (the background save computes them at the save, the
+// writer takes them; torch.load does not check them, Python's zipfile does).
+void ExpectRecordChecksums(const std::string& ckpt) {
+  int records = 0;
+  for (const auto& e : fs::directory_iterator(ckpt)) {
+    if (e.path().extension() != ".distcp") continue;
+    std::ifstream in(e.path(), std::ios::binary);
+    const std::string b{std::istreambuf_iterator<char>(in), {}};
+    auto u16 = [&](size_t o) {
+      return static_cast<uint32_t>(static_cast<uint8_t>(b[o]) | static_cast<uint8_t>(b[o + 1]) << 8);
+    };
+    auto u32 = [&](size_t o) { return u16(o) | u16(o + 2) << 16; };
+    for (size_t o = b.find("PK\x03\x04"); o != std::string::npos; o = b.find("PK\x03\x04", o)) {
+      ASSERT_LE(o + 30, b.size());
+      const size_t size = u32(o + 22), data = o + 30 + u16(o + 26) + u16(o + 28);  // no record here passes 4 GiB
+      ASSERT_LE(data + size, b.size()) << e.path();
+      EXPECT_EQ(u32(o + 14), Crc32(0, b.data() + data, size)) << e.path() << " record at " << o;
+      ++records;
+      o = data + size;
+    }
+  }
+  EXPECT_GT(records, 10) << ckpt;
+}
+
 TEST(AsyncCheckpoint, EqualsTheSynchronousSavesWhileTheOptimizerOvertakesTheWriter) {
   const FitResult sync = Fit(2, Options(TmpDir("async_ref"), false));
   AsyncCheckpointStats stats;
@@ -68,6 +97,7 @@ TEST(AsyncCheckpoint, EqualsTheSynchronousSavesWhileTheOptimizerOvertakesTheWrit
   for (int step : {2, 4, 6, 8, 10, 12}) {
     const std::string name = "step=" + std::to_string(step) + ".ckpt";
     ExpectSameCheckpoint((fs::path(sync.ckpt_dir) / name).string(), (fs::path(async.ckpt_dir) / name).string());
+    ExpectRecordChecksums((fs::path(async.ckpt_dir) / name).string());
   }
   EXPECT_EQ(async.last_ckpt, (fs::path(async.ckpt_dir) / "last.ckpt").string());
   ExpectSameCheckpoint(sync.last_ckpt, async.last_ckpt);  // the end of Fit waited for it

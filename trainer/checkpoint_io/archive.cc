@@ -153,15 +153,21 @@ c10::IValue PlainForPickle(const c10::IValue& v) {
 namespace {
 
 // t's elements as a record of `zip` under `key`; the data-less placeholder that stands for it.
-at::Tensor WriteTensorRecord(ZipWriter& zip, const at::Tensor& t, const std::string& key, const std::string& path) {
+// t's elements, contiguous, on the CPU (t itself when it is so already).
+at::Tensor RecordBytes(const at::Tensor& t, const std::string& path) {
   ST_CHECK_ARG(t.defined(), "writing '", path, "': undefined tensor");
   ST_CHECK_ARG(t.layout() == at::kStrided && !t.is_quantized(), "writing '", path,
                "': only dense (strided, not quantized) tensors can be written, got layout ", t.layout());
   at::Tensor c = t.detach();
   if (!c.device().is_cpu()) c = c.cpu();
-  c = c.resolve_conj().resolve_neg().contiguous();
+  return c.resolve_conj().resolve_neg().contiguous();
+}
+
+at::Tensor WriteTensorRecord(ZipWriter& zip, const at::Tensor& t, const std::string& key, const std::string& path,
+                             std::optional<uint32_t> crc = {}) {
+  const at::Tensor c = RecordBytes(t, path);
   const size_t nbytes = static_cast<size_t>(c.numel()) * c.element_size();
-  zip.WriteRecord("data/" + key, c.data_ptr(), nbytes);
+  zip.WriteRecord("data/" + key, c.data_ptr(), nbytes, crc);
   return Placeholder(c.scalar_type(), c.sizes(), nbytes);
 }
 
@@ -245,9 +251,9 @@ ArchiveSequenceWriter::Span AppendArchive(FileSink& sink, const std::string& pat
 
 }  // namespace
 
-ArchiveSequenceWriter::Span ArchiveSequenceWriter::AppendTensor(const at::Tensor& t) {
+ArchiveSequenceWriter::Span ArchiveSequenceWriter::AppendTensor(const at::Tensor& t, std::optional<uint32_t> crc) {
   return AppendArchive(*state_->sink, path_, [&](ZipWriter& zip) {
-    at::Tensor ph = WriteTensorRecord(zip, t, "0", path_);
+    at::Tensor ph = WriteTensorRecord(zip, t, "0", path_, crc);
     FinishZip(zip, ph, [](const at::Tensor&) { return std::string("0"); });
   });
 }
@@ -353,6 +359,11 @@ c10::IValue MappedFile::Archive(uint64_t offset, uint64_t length, const std::str
   } catch (const std::exception& e) {
     ST_THROW(Error, name, " is truncated or corrupt (", length, " bytes; cannot be read: ", FirstLine(e), ")");
   }
+}
+
+uint32_t TensorCrc32(const at::Tensor& t) {
+  const at::Tensor c = RecordBytes(t, "a tensor's checksum");
+  return Crc32(0, c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
 }
 
 c10::IValue MapArchive(const std::string& path) {

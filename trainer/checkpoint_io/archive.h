@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace c10 {
@@ -75,7 +76,9 @@ class ArchiveSequenceWriter {
 
   // An archive whose root is a tensor of t's dtype and shape holding t's
   // elements (what torch.save(t.contiguous()) writes), written from t itself.
-  Span AppendTensor(const at::Tensor& t);
+  // `crc`: TensorCrc32(t), when the caller computed it already (an
+  // asynchronous save computes them at the save, beside training).
+  Span AppendTensor(const at::Tensor& t, std::optional<uint32_t> crc = {});
   // An archive whose root is `v`, which holds no tensor (a number, string, list...).
   Span AppendObject(const c10::IValue& v);
   // Fsyncs, closes and renames the file into place.
@@ -124,6 +127,10 @@ c10::IValue MapArchive(const std::string& path);
 // (sharding::SourceReleaseScope), so a rank's resident memory does not grow
 // by the whole file.
 void ReleaseMappedPages(const at::Tensor& t);
+
+// The CRC-32 of the bytes an archive record of t holds (its elements,
+// contiguous), as ArchiveSequenceWriter::AppendTensor would compute it.
+uint32_t TensorCrc32(const at::Tensor& t);
 
 // `v` with every list and dict retyped to hold Any: LibTorch pickles lists of
 // a specialized element type (int, tensor, ...) as torch.jit._pickle.build_*

@@ -483,8 +483,8 @@ Metadata ReadMetadataFile(const std::string& path) {
 RankFileWriter::RankFileWriter(const std::string& dir, const std::string& file_name)
     : name_(file_name), writer_((fs::path(dir) / file_name).string()) {}
 
-Location RankFileWriter::AddTensor(const at::Tensor& t) {
-  const auto span = writer_.AppendTensor(t);
+Location RankFileWriter::AddTensor(const at::Tensor& t, std::optional<uint32_t> crc) {
+  const auto span = writer_.AppendTensor(t, crc);
   return {name_, span.offset, span.length};
 }
 

@@ -30,6 +30,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -133,7 +134,7 @@ class RankFileWriter {
  public:
   RankFileWriter(const std::string& dir, const std::string& file_name);
   // t (its elements, contiguous) as one chunk.
-  Location AddTensor(const at::Tensor& t);
+  Location AddTensor(const at::Tensor& t, std::optional<uint32_t> crc = {});  // crc: TensorCrc32(t), if known
   // A non-tensor value (number, string, bool, None, list, tuple, dict of those).
   Location AddObject(const c10::IValue& v);
   void Finish();

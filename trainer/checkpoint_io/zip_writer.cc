@@ -202,12 +202,13 @@ void FileSink::Commit() {
 ZipWriter::ZipWriter(FileSink* sink, std::string archive_name)
     : sink_(sink), prefix_(std::move(archive_name) + "/"), start_(sink->position()) {}
 
-void ZipWriter::WriteRecord(const std::string& record, const void* data, size_t size) {
+void ZipWriter::WriteRecord(const std::string& record, const void* data, size_t size,
+                            std::optional<uint32_t> known_crc) {
   ST_CHECK_ARG(!finished_, "zip record '", record, "' written after the archive's end ('", sink_->path(), "')");
   static const char kEmpty = 0;
   if (size == 0) data = &kEmpty;
   const std::string name = prefix_ + record;
-  const uint32_t crc = Crc32(0, data, size);
+  const uint32_t crc = known_crc ? *known_crc : Crc32(0, data, size);
   const bool zip64 = force_zip64_ || size >= kMax32;
   const size_t extras = (zip64 ? 20 : 0) + 4;  // the zip64 sizes, the padding field's header
   // torch.save aligns records to 64 bytes; one of a block or more goes at the

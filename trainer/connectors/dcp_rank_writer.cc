@@ -10,9 +10,11 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "base/errors.h"
 #include "strategies/strategy.h"
+#include "trainer/checkpoint_io/archive.h"
 #include "trainer/checkpoint_io/dcp_checkpoint.h"
 #include "trainer/checkpoint_io/sharded_checkpoint.h"
 #include "trainer/connectors/internal/checkpoint_state.h"
@@ -98,6 +100,13 @@ DcpRankWriter::DcpRankWriter(strategies::Strategy& s, torch::optim::Optimizer& o
     groups_ = groups;
   }
   if (other_optimizer_) archive_ = SerializeOptimizer(opt);
+  if (background) {
+    for (Unit& unit : units_) {
+      ForEachPiece(unit, [&](const ShardPart&, const dcp::Box&, const at::Tensor& piece, const std::string*) {
+        unit.crcs.push_back(TensorCrc32(piece));
+      });
+    }
+  }
   file_ = std::make_unique<dcp::RankFileWriter>(ShardedTempDir(path), dcp::RankFileName(rank_));
 }
 
@@ -117,30 +126,43 @@ int64_t DcpRankWriter::CopyAside(int u) {
   return bytes;
 }
 
-void DcpRankWriter::WriteUnit(int u) {
-  at::NoGradGuard no_grad;  // grad mode is per thread: the writer's own
-  Unit& unit = units_.at(u);
+void DcpRankWriter::ForEachPiece(const Unit& unit, const PieceFn& fn) const {
   const at::Tensor shard = unit.shard.to(at::kFloat);  // no copy when it is float32
-  if (ostate_of_) unit.ostate = ostate_of_(u);
-  const bool has_ostate = !unit.ostate.empty();
   for (const ShardPart& p : unit.parts) {
-    const bool has_state = has_ostate && optimized_.count(p.name);
+    const bool has_state = !unit.ostate.empty() && optimized_.count(p.name);
     for (const dcp::Box& box : dcp::BoxesOfRange(p.shape, p.begin, p.end)) {
       const int64_t src = p.at + dcp::FlatIndex(p.shape, box.offsets) - unit.base;
       auto piece = [&](const at::Tensor& flat) { return flat.narrow(0, src, box.numel()).view(box.sizes); };
-      const dcp::Chunk chunk{box, file_->AddTensor(piece(shard))};
-      AddDcpChunk(part_, DcpModelPath(p.name), at::kFloat, p.shape, chunk);
-      for (const auto& [alias, primary] : aliases_) {
-        if (primary == p.name) AddDcpChunk(part_, DcpModelPath(alias), at::kFloat, p.shape, chunk);  // same bytes
-      }
+      fn(p, box, piece(shard), nullptr);
       if (!has_state) continue;
-      for (const auto& [key, t] : unit.ostate) {
-        AddDcpChunk(part_, DcpOptimizerStatePath(p.name, key), at::kFloat, p.shape,
-                    {box, file_->AddTensor(piece(t.to(at::kFloat)))});
-      }
+      for (const auto& [key, t] : unit.ostate) fn(p, box, piece(t.to(at::kFloat)), &key);
     }
-    // Adam's step: a 0-d float32 tensor, as torch.optim keeps it; written by
-    // the rank holding the parameter's first element.
+  }
+}
+
+void DcpRankWriter::WriteUnit(int u) {
+  at::NoGradGuard no_grad;  // grad mode is per thread: the writer's own
+  Unit& unit = units_.at(u);
+  if (ostate_of_) unit.ostate = ostate_of_(u);
+  size_t next = 0;  // copies aside hold the same bytes: the checksums stay right
+  ForEachPiece(unit, [&](const ShardPart& p, const dcp::Box& box, const at::Tensor& piece, const std::string* key) {
+    const std::optional<uint32_t> crc =
+        next < unit.crcs.size() ? std::optional<uint32_t>(unit.crcs[next]) : std::nullopt;
+    ++next;
+    const dcp::Chunk chunk{box, file_->AddTensor(piece, crc)};
+    if (key != nullptr) {
+      AddDcpChunk(part_, DcpOptimizerStatePath(p.name, *key), at::kFloat, p.shape, chunk);
+      return;
+    }
+    AddDcpChunk(part_, DcpModelPath(p.name), at::kFloat, p.shape, chunk);
+    for (const auto& [alias, primary] : aliases_) {
+      if (primary == p.name) AddDcpChunk(part_, DcpModelPath(alias), at::kFloat, p.shape, chunk);  // same bytes
+    }
+  });
+  // Adam's step: a 0-d float32 tensor, as torch.optim keeps it; written by
+  // the rank holding the parameter's first element.
+  for (const ShardPart& p : unit.parts) {
+    const bool has_state = !unit.ostate.empty() && optimized_.count(p.name);
     if (has_state && p.begin == 0 && unit.step >= 0) {
       const at::Tensor step = at::full({}, static_cast<double>(unit.step), at::kFloat);
       AddDcpChunk(part_, DcpOptimizerStatePath(p.name, "step"), at::kFloat, {}, {{}, file_->AddTensor(step)});

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,7 +76,8 @@ class ZipWriter {
   // Records are named "<archive_name>/<name>".
   ZipWriter(FileSink* sink, std::string archive_name = "archive");
 
-  void WriteRecord(const std::string& name, const void* data, size_t size);
+  // `crc`: the data's CRC-32 when the caller computed it already (else computed here).
+  void WriteRecord(const std::string& name, const void* data, size_t size, std::optional<uint32_t> crc = {});
   // Writes the records torch.save adds ("version", "byteorder",
   // ".data/serialization_id") and the central directory.
   void Finish();

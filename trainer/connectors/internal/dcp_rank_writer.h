@@ -57,7 +57,9 @@ class DcpRankWriter {
   // beyond the first write no units. `background`: WriteUnit will run on
   // another thread, so a unit's optimizer state laid out like its shard is
   // taken now — the optimizer's own tensors, or with use_orig_params a copy
-  // of every unit's; otherwise WriteUnit makes each unit's copy in turn.
+  // of every unit's; otherwise WriteUnit makes each unit's copy in turn. And
+  // the CRC-32 of every chunk is computed now, on every rank at once, so
+  // that the writer threads beside training only move bytes.
   DcpRankWriter(strategies::Strategy& strategy, torch::optim::Optimizer& opt, const std::string& path,
                 const std::vector<OptimizerGroup>& groups, bool background);
   ~DcpRankWriter();
@@ -86,7 +88,12 @@ class DcpRankWriter {
     std::map<std::string, at::Tensor> ostate;  // laid out like the shard (live, a copy, or empty)
     int64_t base = 0;                          // the shard's first element in the unit's flat parameter
     int64_t step = -1;                         // Adam's step (-1: none)
+    std::vector<uint32_t> crcs;                // background: each piece's CRC-32, in ForEachPiece's order
   };
+  // The chunks WriteUnit writes of a unit's shard and optimizer state, in
+  // order: fn(part, box, piece, state key; nullptr for the parameter).
+  using PieceFn = std::function<void(const ShardPart&, const dcp::Box&, const at::Tensor&, const std::string*)>;
+  void ForEachPiece(const Unit& unit, const PieceFn& fn) const;
 
   std::string path_;
   int64_t rank_ = 0;
