@@ -14,7 +14,7 @@
 # ShardTrain's three runs repeat ROUNDS times (default 3: a save now costs
 # less than the steps' own noise), PyTorch's once; the report takes medians.
 #
-#   bench/memory/async_save.sh                     # W = 2 4 (about 16 minutes on 2 cores)
+#   bench/memory/async_save.sh                     # W = 2 4 (about 12 minutes on 2 cores)
 #   WORLDS=2 SIZE=small ROUNDS=1 bench/memory/async_save.sh # a quick check
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
