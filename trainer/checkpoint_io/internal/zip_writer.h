@@ -4,10 +4,10 @@
 //
 // Why not LibTorch's PyTorchStreamWriter: it checksums at about 1 GB/s and
 // every byte then goes through the page cache, whose fresh pages cost more
-// CPU than the copy itself — about as much CPU as a training step of a 200M
-// model per rank, which a save in the background takes from training. Here
-// the CRC-32 is ISA-L's (about 12 GB/s) and the data of a record goes from
-// the tensor to the disk without a copy (O_DIRECT).
+// CPU than the copy itself (1.4 s per 600 MB on the project's 2-core VM), CPU
+// that a save in the background takes from training. Here the CRC-32 is
+// ISA-L's (about 12 GB/s) and the data of a record goes from the tensor to
+// the disk without a copy (O_DIRECT).
 #ifndef SHARDTRAIN_TRAINER_CHECKPOINT_IO_INTERNAL_ZIP_WRITER_H_
 #define SHARDTRAIN_TRAINER_CHECKPOINT_IO_INTERNAL_ZIP_WRITER_H_
 
