@@ -98,7 +98,11 @@ FileSink::FileSink(const std::string& path) : path_(path) {
     if (stage_ != nullptr) fd_ = ::open(tmp_.c_str(), flags | O_DIRECT, 0644);
     direct_ = fd_ >= 0;
   }
-  if (fd_ < 0) fd_ = ::open(tmp_.c_str(), flags, 0644);
+  if (!direct_) {
+    std::free(stage_);  // plain writes need no stage (and a throw below skips the destructor)
+    stage_ = nullptr;
+    fd_ = ::open(tmp_.c_str(), flags, 0644);
+  }
   if (fd_ < 0) ST_THROW(Error, "cannot create '", tmp_, "': ", std::strerror(errno));
 }
 
