@@ -14,18 +14,13 @@
 namespace shardtrain {
 namespace fs = std::filesystem;
 
-namespace {
-
-// Makes a rename inside `dir` durable (best effort).
-void SyncDirectory(const fs::path& dir) {
+void SyncDirectory(const std::string& dir) {
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
   }
 }
-
-}  // namespace
 
 std::string TemporaryBeside(const std::string& path, const std::string& suffix) {
   const fs::path p(path);

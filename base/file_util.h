@@ -15,6 +15,10 @@ namespace shardtrain {
 // recognises once the process is gone.
 std::string TemporaryBeside(const std::string& path, const std::string& suffix = "");
 
+// Fsyncs the directory `dir`, so that a rename or a new file inside it is
+// durable (best effort: an error is ignored).
+void SyncDirectory(const std::string& dir);
+
 // Writes `bytes` to `path` atomically: a temporary file ".NAME.tmp.<pid>" in
 // the same directory, fsync, rename over `path`, fsync of the directory.
 // Creates missing directories. Throws shardtrain::Error naming the file; the

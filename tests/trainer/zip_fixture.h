@@ -21,6 +21,9 @@ class ZipFixture {
   };
   ZipFixture();
   const std::vector<Record>& records() const { return records_; }
+  // A sink for `path` with or without O_DIRECT (SHARDTRAIN_CHECKPOINT_DIRECT_IO
+  // set for its opening only).
+  static std::unique_ptr<FileSink> OpenSink(const std::string& path, bool direct);
   // One archive of the records at the sink's position.
   void WriteArchive(FileSink* sink, bool zip64) const;
   // A file holding one archive, written with or without O_DIRECT.

@@ -51,12 +51,17 @@ void ZipFixture::WriteArchive(FileSink* sink, bool zip64) const {
   zip.Finish();
 }
 
-void ZipFixture::WriteFile(const std::string& path, bool direct, bool zip64) const {
+std::unique_ptr<FileSink> ZipFixture::OpenSink(const std::string& path, bool direct) {
   ::setenv("SHARDTRAIN_CHECKPOINT_DIRECT_IO", direct ? "1" : "0", 1);
-  FileSink sink(path);
+  auto sink = std::make_unique<FileSink>(path);
   ::unsetenv("SHARDTRAIN_CHECKPOINT_DIRECT_IO");
-  WriteArchive(&sink, zip64);
-  sink.Commit();
+  return sink;
+}
+
+void ZipFixture::WriteFile(const std::string& path, bool direct, bool zip64) const {
+  const std::unique_ptr<FileSink> sink = OpenSink(path, direct);
+  WriteArchive(sink.get(), zip64);
+  sink->Commit();
 }
 
 namespace {
@@ -116,9 +121,8 @@ TEST(ZipWriterTest, ArchivesReadBackWithAndWithoutDirectIoAndZip64) {
     for (bool zip64 : {false, true}) {
       SCOPED_TRACE(std::string(direct ? "O_DIRECT" : "plain") + (zip64 ? ", zip64" : ""));
       const std::string path = Tmp("two_archives.bin");
-      ::setenv("SHARDTRAIN_CHECKPOINT_DIRECT_IO", direct ? "1" : "0", 1);
-      FileSink sink(path);
-      ::unsetenv("SHARDTRAIN_CHECKPOINT_DIRECT_IO");
+      const std::unique_ptr<FileSink> owned = ZipFixture::OpenSink(path, direct);
+      FileSink& sink = *owned;
       EXPECT_EQ(sink.direct(), direct && direct_io);
       const std::string head(64, 'x');
       sink.Write(head.data(), head.size());

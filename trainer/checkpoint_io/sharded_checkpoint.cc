@@ -17,6 +17,7 @@
 #include <set>
 
 #include "base/errors.h"
+#include "base/file_util.h"
 #include "sharding/sharded_state.h"
 #include "trainer/checkpoint_io/archive.h"
 #include "trainer/checkpoint_io/pickle_scan.h"
@@ -83,14 +84,6 @@ c10::impl::GenericDict MapPieceDict(const std::string& path) {
   }
   if (!v.isGenericDict()) ST_THROW(Error, "sharded checkpoint file '", path, "' is not a ShardTrain sharded checkpoint file");
   return v.toGenericDict();
-}
-
-void FsyncDir(const fs::path& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
 }
 
 fs::path ParentOf(const fs::path& p) { return p.has_parent_path() ? p.parent_path() : fs::path("."); }
@@ -284,7 +277,7 @@ void FinishShardedSave(const std::string& path, const CheckpointData& meta) {
 void CommitShardedDir(const std::string& path) {
   const fs::path tmp = ShardedTempDir(path);
   const fs::path target = fs::path(path).lexically_normal();
-  FsyncDir(tmp);
+  SyncDirectory(tmp.string());
   std::error_code ec;
   const bool existed = fs::exists(fs::symlink_status(target, ec));
   if (!existed) {
@@ -307,7 +300,7 @@ void CommitShardedDir(const std::string& path) {
     }
     fs::remove_all(old, ec);
   }
-  FsyncDir(ParentOf(target));
+  SyncDirectory(ParentOf(target).string());
 }
 
 void SaveShardedCheckpoint(const std::string& path, const ShardedCheckpoint& ckpt) {

@@ -36,14 +36,6 @@ bool DirectIoWanted() {
   return v == nullptr || std::strcmp(v, "0") != 0;
 }
 
-void FsyncDir(const fs::path& dir) {
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-}
-
 void Put16(std::string& b, uint64_t v) {
   b.push_back(static_cast<char>(v & 0xff));
   b.push_back(static_cast<char>((v >> 8) & 0xff));
@@ -141,7 +133,6 @@ void FileSink::FlushStaged() {
 }
 
 void FileSink::Write(const void* data, size_t n) {
-  if (abandoned_) return;
   ST_CHECK_ARG(!committed_, "writing '", path_, "' after it was committed");
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
@@ -180,7 +171,7 @@ void FileSink::Write(const void* data, size_t n) {
 }
 
 void FileSink::Commit() {
-  ST_CHECK_ARG(!committed_ && !abandoned_, "committing '", path_, "' twice or after it was abandoned");
+  ST_CHECK_ARG(!committed_, "committing '", path_, "' twice");
   if (staged_ > 0) {
     const size_t whole = direct_ ? staged_ / kBlock * kBlock : staged_;
     WriteOut(stage_, whole);
@@ -200,7 +191,7 @@ void FileSink::Commit() {
   }
   committed_ = true;
   fs::path p(path_);
-  FsyncDir(p.has_parent_path() ? p.parent_path() : fs::path("."));
+  SyncDirectory(p.has_parent_path() ? p.parent_path().string() : ".");
 }
 
 ZipWriter::ZipWriter(FileSink* sink, std::string archive_name)

@@ -42,8 +42,6 @@ class FileSink {
   void Write(const void* data, size_t n);
   // Flushes, fsyncs and renames the file into place.
   void Commit();
-  // Later writes are dropped (the temporary file is going).
-  void Abandon() { abandoned_ = true; }
 
   uint64_t position() const { return position_; }
   bool committed() const { return committed_; }
@@ -58,7 +56,6 @@ class FileSink {
   std::string path_, tmp_;
   int fd_ = -1;
   bool direct_ = false;
-  bool abandoned_ = false;
   bool committed_ = false;
   uint64_t position_ = 0;  // bytes written or staged
   char* stage_ = nullptr;  // kStage bytes, kBlock-aligned; holds the bytes from the last block boundary
