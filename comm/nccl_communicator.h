@@ -1,8 +1,9 @@
 // NcclCommunicator: collectives on CUDA tensors over NCCL, called directly
 // (not through c10d's ProcessGroupNCCL). Built only with --config=cuda.
 //
-// One NCCL communicator per group, bound to one CUDA device, with its own
-// high-priority non-blocking CUDA stream. A collective is ordered after the
+// One NCCL communicator per group, bound to one CUDA device, with a
+// high-priority non-blocking CUDA stream taken from LibTorch's stream pool
+// (which outlives every tensor the allocator may still record on it). A collective is ordered after the
 // work already queued on the caller's current stream by an event, runs on the
 // communicator's stream, and records a completion event; Work::Wait makes the
 // caller's current stream wait on that event. Tensors are recordStream'ed on

@@ -170,9 +170,12 @@ NcclCommunicator::NcclCommunicator(c10::intrusive_ptr<c10d::Store> store, int ra
   s.size = size;
   s.device = device_;
   s.timeout = timeout_;
-  int least = 0, greatest = 0;
-  ST_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest), what);
-  ST_CUDA_CHECK(cudaStreamCreateWithPriority(&s.stream, cudaStreamNonBlocking, greatest), what);
+  // A high-priority stream of LibTorch's pool (as ProcessGroupNCCL takes), not
+  // one of our own: the caching allocator records events on every stream a
+  // block was recordStream'ed on when the block is freed, and tensors that
+  // took part in a collective (a model's parameters) may be freed after this
+  // communicator is gone. Pool streams live as long as the process.
+  s.stream = c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(device_)).stream();
   ST_CUDA_CHECK(cudaEventCreateWithFlags(&s.ready, cudaEventDisableTiming), what);
 
   // Rendezvous: rank 0's ncclUniqueId through the store.

@@ -59,7 +59,7 @@ NcclState::~NcclState() {
   }
   pending.clear();
   if (ready) (void)cudaEventDestroy(ready);
-  if (stream) (void)cudaStreamDestroy(stream);
+  // `stream` belongs to LibTorch's stream pool: never destroyed.
 }
 
 void NcclState::AbortLocked(const std::string& message, bool timeout) {

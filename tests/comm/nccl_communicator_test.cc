@@ -324,6 +324,24 @@ TEST(NcclCommunicatorTest, DroppedTensorsAreNotReusedEarly) {
   EXPECT_TRUE(at::equal(keep.cpu(), at::full({1 << 20}, 8.0f)));
 }
 
+// A tensor that took part in a collective (a model's parameter) may be freed
+// after its communicator is gone: the caching allocator then records an
+// event on the communicator's stream, which must still exist (it crashed
+// with a stream of the communicator's own, destroyed with it).
+TEST(NcclCommunicatorTest, TensorsOutliveTheirCommunicator) {
+  REQUIRE_GPU();
+  at::Tensor shard = Pattern(1 << 16, at::kFloat);
+  at::Tensor full = at::zeros({1 << 16}, Cuda(at::kFloat));
+  {
+    auto comm = MakeWorld();
+    comm->AllGather(shard, full)->Wait();
+  }
+  EXPECT_TRUE(Same(full, shard));
+  shard = at::Tensor();
+  full = at::Tensor();  // frees blocks recordStream'ed on the communicator's stream
+  EXPECT_TRUE(Same(at::ones({4}, Cuda(at::kFloat)).sum(), at::full({}, 4.0)));
+}
+
 TEST(NcclCommunicatorTest, SubGroupsOfAWorldOfOne) {
   REQUIRE_GPU();
   auto comm = MakeWorld();

@@ -58,7 +58,7 @@ struct NcclState {
   int size = 1;
   int device = 0;
   std::chrono::milliseconds timeout{0};
-  cudaStream_t stream = nullptr;  // dedicated, non-blocking, high priority
+  cudaStream_t stream = nullptr;  // LibTorch's pool, non-blocking, high priority; outlives the state
   cudaEvent_t ready = nullptr;    // marks the caller's stream position (issuing thread only)
 
   std::mutex mu;  // guards everything below and every NCCL call on `comm`
