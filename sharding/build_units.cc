@@ -211,6 +211,12 @@ void ShardedModel::BuildUnits(const WrapPolicy& policy, const std::function<bool
   auto root = collector.RootUnit();
   root_ = root.get();
   units_.push_back(std::move(root));
+  const auto placed = std::find_if(units_.begin(), units_.end(), [](const auto& u) { return u->flat->numel() > 0; });
+  for (auto& u : units_) {
+    if (placed != units_.end() && u->flat->numel() == 0) {
+      u->flat->PlaceEmptyOn((*placed)->flat->device(), options_.offload_params);
+    }
+  }
   for (size_t i = 0; i < units_.size(); ++i) InitUnitRuntime(units_[i].get(), static_cast<int>(i));
   if (options_.use_orig_params) BuildOrigParamViews();
   int64_t total = 0;

@@ -57,6 +57,13 @@ std::unique_ptr<FlatParameter> FlatParameter::FromShard(std::string unit_name, s
   return f;
 }
 
+void FlatParameter::PlaceEmptyOn(c10::Device device, bool offload_shard) {
+  ST_CHECK_ARG(entries_.empty(), "unit '", unit_name_, "' has ", entries_.size(),
+               " parameters: only a unit without parameters takes another device");
+  device_ = device;
+  SetShard(at::empty({0}, at::TensorOptions().dtype(at::kFloat)), offload_shard, /*adopt=*/false);
+}
+
 void FlatParameter::SetShard(at::Tensor shard, bool offload_shard, bool adopt) {
   if (offload_shard && !device_.is_cpu()) {
     shard_ = at::empty({shard_numel_}, at::TensorOptions().dtype(at::kFloat).pinned_memory(true));

@@ -57,6 +57,10 @@ class FlatParameter {
   int shard_rank() const { return shard_rank_; }
   int shard_world() const { return shard_world_; }
   c10::Device device() const { return device_; }
+  // A unit without parameters (a root whose parameters all sit in wrapped
+  // units, a parameterless wrap point) runs on the model's device: its empty
+  // shard and collectives go there, as NCCL takes only CUDA tensors.
+  void PlaceEmptyOn(c10::Device device, bool offload_shard);
 
   // The float32 master shard (an optimizer leaf). Never replaced or resized.
   const at::Tensor& shard() const { return shard_; }
