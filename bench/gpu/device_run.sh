@@ -15,8 +15,8 @@
 #
 # Items, in order: (1) machine facts, the pinned-torch check and every
 # binary's libraries resolved; (2) the NCCL communicator test; (3) the CUDA
-# checks of issue 29's fixes (tests/cuda:cuda_fixes_test, then multi_gpu_test,
-# which skips on fewer than 2 GPUs); (4) the ~1.02B GPT
+# checks of issue 29's fixes (tests/cuda:cuda_fixes_test, one process per
+# test, then multi_gpu_test, which skips on fewer than 2 GPUs); (4) the ~1.02B GPT
 # in bf16 at W=1, ShardTrain FULL_SHARD (gpt_gpu_bench) vs PyTorch FSDP2
 # (torch_fsdp_gpu.py), same model, data and optimizer: step time, tokens/s,
 # MFU, peak memory of the steps; (5) the same model in plain LibTorch (no
@@ -159,7 +159,15 @@ fi
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 run_item nccl_communicator_test 20 90 "$BUNDLE/bin/nccl_communicator_test"
 # ---- (3) the CUDA checks of issue 29's fixes ----
-run_item cuda_fixes_test 20 90 "$BUNDLE/bin/cuda_fixes_test"
+# One process per test, so that a crash (its stack trace printed by the
+# tests' main) leaves the other tests' results.
+CUDA_TESTS="$("$BUNDLE/bin/cuda_fixes_test" --gtest_list_tests | awk '/^[^ ]/ {s = $1} /^  / {print s $1}')"
+if [[ -z "$CUDA_TESTS" ]]; then
+  run_item cuda_fixes_test 20 90 "$BUNDLE/bin/cuda_fixes_test"
+fi
+for t in $CUDA_TESTS; do
+  run_item "cuda_fixes_test/${t#*.}" 5 60 "$BUNDLE/bin/cuda_fixes_test" --gtest_filter="$t"
+done
 # Needs two GPUs: on one it skips each test in a second, saying why.
 run_item multi_gpu_test 10 90 "$BUNDLE/bin/multi_gpu_test"
 

@@ -339,11 +339,22 @@ int Run(const Flags& f) {
   so.mixed_precision.param_dtype = at::kBFloat16;
   so.mixed_precision.reduce_dtype = at::kBFloat16;
   so.offload_params = f.offload;
+  // Checkpoint exactly the wrapped blocks (the policy matches the type's
+  // unqualified name), and count them: a flag that selects nothing is an error.
+  const sharding::WrapPolicy blocks = sharding::WrapPolicy::ByType({"BlockImpl"});
+  int64_t checkpointed = 0;
   std::function<bool(const sharding::WrapPoint&)> checkpoint;
-  if (f.checkpoint) checkpoint = [](const sharding::WrapPoint& p) { return p.WrapTypeName() == "BlockImpl"; };
-  sharding::ShardedModel sm(model, world, so, sharding::WrapPolicy::ByType({"BlockImpl"}), checkpoint,
-                            /*local_world_size=*/1);
+  if (f.checkpoint) {
+    checkpoint = [&](const sharding::WrapPoint& p) {
+      const bool yes = blocks.should_wrap(p, /*numel=*/0);
+      checkpointed += yes;
+      return yes;
+    };
+  }
+  sharding::ShardedModel sm(model, world, so, blocks, checkpoint, /*local_world_size=*/1);
   ST_CHECK_ARG(sm.num_units() == f.n_layer + 1, "expected one unit per block plus the root, got ", sm.num_units());
+  ST_CHECK_ARG(!f.checkpoint || checkpointed == f.n_layer, "--checkpoint selected ", checkpointed, " of ", f.n_layer,
+               " blocks");
 
   torch::optim::AdamW opt(sm.parameters(), torch::optim::AdamWOptions(f.lr).weight_decay(f.weight_decay));
   const StepTimes run = TimeSteps(

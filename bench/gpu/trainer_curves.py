@@ -35,7 +35,10 @@ def run_curve(train, data, device, precision, root):
            "--num_workers=0", "--seed=1337", f"--default_root_dir={root}"]
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
     if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-2000:]}")
+        # The caller keeps the message's tail: the exit status goes last.
+        how = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit status {done.returncode}"
+        raise RuntimeError(f"{' '.join(cmd)}:\n{done.stdout[-2000:]}\n{os.path.basename(train)} {precision}: {how} "
+                           "after the output above")
     metrics = os.path.join(root, "lightning_logs", "version_0", "metrics.csv")
     with open(metrics) as f:
         losses = [float(r["train_loss"]) for r in csv.DictReader(f) if r.get("train_loss")]
