@@ -2,6 +2,7 @@
 // (trainer/connectors/internal/async_save.h).
 #include "trainer/connectors/internal/async_save.h"
 
+#include <pthread.h>
 #include <torch/optim/optimizer.h>
 
 #include <algorithm>
@@ -41,6 +42,7 @@ AsyncSaveStats AsyncSave::stats() const {
 }
 
 void AsyncSave::Run() {
+  pthread_setname_np(pthread_self(), "st-async-save");  // for top, perf, gdb
   const auto t0 = std::chrono::steady_clock::now();
   const int delay_ms = AsyncSaveUnitDelayMs();
   try {
