@@ -274,7 +274,19 @@ TEST(ArchiveTest, ReleaseMappedPagesDropsAReadRecordFromThisProcess) {
 }  // namespace
 }  // namespace shardtrain::trainer
 
+namespace shardtrain::trainer {
+// safetensors_test.cc: the modes of tests/trainer/safetensors_python_test.sh.
+int SafetensorsWriteFixture(const std::string& st, const std::string& pt);
+int SafetensorsCompare(const std::string& st, const std::string& pt);
+}  // namespace shardtrain::trainer
+
 int main(int argc, char** argv) {
+  if (argc == 4 && std::strcmp(argv[1], "safetensors-write") == 0) {
+    return shardtrain::trainer::SafetensorsWriteFixture(argv[2], argv[3]);
+  }
+  if (argc == 4 && std::strcmp(argv[1], "safetensors-compare") == 0) {
+    return shardtrain::trainer::SafetensorsCompare(argv[2], argv[3]);
+  }
   if (argc == 3 && std::strcmp(argv[1], "write") == 0) {
     shardtrain::trainer::WriteFixture(argv[2]);
     return 0;

@@ -361,6 +361,22 @@ c10::IValue MappedFile::Archive(uint64_t offset, uint64_t length, const std::str
   }
 }
 
+at::Tensor MappedFile::Bytes(uint64_t offset, uint64_t length, const std::string& what) const {
+  const std::shared_ptr<Mapping>& m = m_->m;
+  if (offset > m->size || length > m->size - offset) {
+    ST_THROW(Error, "'", path_, "': ", what, " lies at bytes [", offset, ", ", offset + length, ") but the file has ",
+             m->size, " bytes (truncated?)");
+  }
+  char* data = static_cast<char*>(m->base) + offset;
+  c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<int64_t>(length),
+                       at::DataPtr(data, new std::shared_ptr<Mapping>(m), &ReleaseMapping, c10::Device(c10::kCPU)),
+                       /*allocator=*/nullptr, /*resizable=*/false);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                    c10::scalarTypeToTypeMeta(at::kByte));
+  t.unsafeGetTensorImpl()->set_sizes_contiguous({static_cast<int64_t>(length)});
+  return t;
+}
+
 uint32_t TensorCrc32(const at::Tensor& t) {
   const at::Tensor c = RecordBytes(t, "a tensor's checksum");
   return Crc32(0, c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());

@@ -104,6 +104,9 @@ class MappedFile {
   // MapArchive reads a file: tensors are zero-copy views of the mapping.
   // `what` names the item in errors (e.g. "chunk of 'model.w' at offset 0").
   c10::IValue Archive(uint64_t offset, uint64_t length, const std::string& what) const;
+  // Bytes [offset, offset + length) of the file as a zero-copy uint8 tensor
+  // of the mapping (ReleaseMappedPages applies to it); `what` as above.
+  at::Tensor Bytes(uint64_t offset, uint64_t length, const std::string& what) const;
 
  private:
   struct Mapped;
