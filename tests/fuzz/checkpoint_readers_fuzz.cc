@@ -15,6 +15,7 @@
 #include "trainer/checkpoint_io/checkpoint.h"
 #include "trainer/checkpoint_io/dcp.h"
 #include "trainer/checkpoint_io/dcp_checkpoint.h"
+#include "trainer/checkpoint_io/safetensors.h"
 #include "trainer/checkpoint_io/sharded_checkpoint.h"
 
 namespace shardtrain::fuzz {
@@ -246,12 +247,35 @@ bool FuzzCheckpointReaders(const uint8_t* data, size_t size) {
         TouchCheckpoint(trainer::ConsolidateDcpCheckpoint(trainer::OpenDcpCheckpoint(s.input_dcp.string())));
         break;
       }
+      case 8: {
+        const fs::path st = s.input / "model.safetensors";
+        WriteFile(st, bytes, n);
+        trainer::SafetensorsFile f(st.string());
+        for (const auto& e : f.entries()) Touch(f.Tensor(e.name));
+        break;
+      }
     }
   } catch (const Error&) {
     return false;
   }
   return true;
 }
+
+namespace {
+// A small Hugging Face style file: several dtypes, a 0-d and an empty tensor, metadata.
+std::vector<uint8_t> ValidSafetensors(const fs::path& path) {
+  const std::vector<std::pair<std::string, at::Tensor>> tensors = {
+      {"model.embed_tokens.weight", at::arange(12, at::kFloat).reshape({4, 3})},
+      {"model.norm.weight", at::ones({3}, at::kBFloat16)},
+      {"lm_head.weight", at::arange(6, at::kFloat).reshape({2, 3}).to(at::kHalf)},
+      {"step", at::tensor(int64_t{3})},
+      {"empty", at::empty({0, 2}, at::kFloat)}};
+  std::vector<trainer::SafetensorsEntry> layout;
+  for (const auto& [name, t] : tensors) layout.push_back({name, t.scalar_type(), t.sizes().vec()});
+  trainer::WriteSafetensors(path.string(), layout, [&](size_t i) { return tensors[i].second; }, {{"format", "pt"}});
+  return ReadFile(path);
+}
+}  // namespace
 
 std::vector<Seed> ValidSeeds() {
   Scratch& s = GetScratch();
@@ -271,7 +295,8 @@ std::vector<Seed> ValidSeeds() {
           {"archive_pickle", with(4, s.valid_pickle)},
           {"full_checkpoint_pickle", with(5, s.valid_pickle)},
           {"dcp_metadata", with(6, s.valid_dcp_metadata)},
-          {"dcp_rank_file", with(7, s.valid_dcp_rank0)}};
+          {"dcp_rank_file", with(7, s.valid_dcp_rank0)},
+          {"safetensors", with(8, ValidSafetensors(s.root / "valid.safetensors"))}};
 }
 
 }  // namespace shardtrain::fuzz

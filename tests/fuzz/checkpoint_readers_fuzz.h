@@ -20,6 +20,8 @@
 //      __0_0.distcp and meta.pt
 //   7  the same: the bytes are <dir>/__0_0.distcp (torch.save archives back
 //      to back), next to a valid .metadata and meta.pt
+//   8  SafetensorsFile (trainer/checkpoint_io/safetensors.h): a Hugging Face
+//      safetensors file, every tensor read
 // Every tensor a reader returns is read in full (as a caller would), so a
 // tensor that claims more bytes than its record holds is found. A reader may
 // only succeed or throw shardtrain::Error; any other exception escapes.
@@ -33,7 +35,7 @@
 
 namespace shardtrain::fuzz {
 
-inline constexpr int kNumReaders = 8;
+inline constexpr int kNumReaders = 9;
 
 // Runs the reader `data[0] % kNumReaders` on data[1..]. Returns true when the
 // reader accepted the input, false when it threw shardtrain::Error.
