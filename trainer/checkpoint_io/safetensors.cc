@@ -2,9 +2,7 @@
 #include "trainer/checkpoint_io/safetensors.h"
 
 #include <ATen/ATen.h>
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,8 +13,8 @@
 #include <utility>
 
 #include "base/errors.h"
-#include "base/file_util.h"
 #include "trainer/checkpoint_io/archive.h"
+#include "trainer/checkpoint_io/internal/zip_writer.h"
 
 namespace shardtrain::trainer {
 namespace {
@@ -225,21 +223,7 @@ at::Tensor SafetensorsFile::Range(const std::string& name, int64_t first, int64_
   return copy;
 }
 
-}  // namespace shardtrain::trainer
-
-namespace shardtrain::trainer {
 namespace {
-
-void WriteAll(int fd, const void* data, size_t n, const std::string& tmp) {
-  const char* p = static_cast<const char*>(data);
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) ST_THROW(Error, "cannot write '", tmp, "': ", std::strerror(errno));
-    p += w;
-    n -= static_cast<size_t>(w);
-  }
-}
 
 // The JSON header of `layout`, padded with spaces so the data starts 8-aligned.
 std::string HeaderText(const std::string& path, const std::vector<SafetensorsEntry>& layout,
@@ -272,38 +256,22 @@ void WriteSafetensors(const std::string& path, const std::vector<SafetensorsEntr
                       const std::function<at::Tensor(size_t)>& fill,
                       const std::map<std::string, std::string>& metadata) {
   const std::string text = HeaderText(path, layout, metadata);
-  const std::string tmp = TemporaryBeside(path);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) ST_THROW(Error, "cannot create '", tmp, "' (for '", path, "'): ", std::strerror(errno));
-  try {
-    uint8_t length[8];
-    for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
-    WriteAll(fd, length, sizeof length, tmp);
-    WriteAll(fd, text.data(), text.size(), tmp);
-    for (size_t i = 0; i < layout.size(); ++i) {
-      const SafetensorsEntry& e = layout[i];
-      at::Tensor t = fill(i);
-      ST_CHECK_ARG(t.defined() && t.scalar_type() == e.dtype && t.sizes().vec() == e.shape, "WriteSafetensors('", path,
-                   "'): tensor '", e.name, "' should be ", SafetensorsDtypeName(e.dtype), " of shape ",
-                   ShapeText(e.shape), ", got ", t.defined() ? c10::toString(t.scalar_type()) : "an undefined tensor",
-                   t.defined() ? " of shape " + ShapeText(t.sizes().vec()) : "");
-      t = t.to(at::kCPU).contiguous();
-      WriteAll(fd, t.data_ptr(), t.nbytes(), tmp);
-    }
-    if (::fsync(fd) != 0) ST_THROW(Error, "cannot sync '", tmp, "': ", std::strerror(errno));
-    if (::close(fd) != 0) ST_THROW(Error, "cannot close '", tmp, "': ", std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
+  FileSink sink(path);  // a temporary beside `path`, removed unless committed
+  uint8_t length[8];
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  sink.Write(length, sizeof length);
+  sink.Write(text.data(), text.size());
+  for (size_t i = 0; i < layout.size(); ++i) {
+    const SafetensorsEntry& e = layout[i];
+    at::Tensor t = fill(i);
+    ST_CHECK_ARG(t.defined() && t.scalar_type() == e.dtype && t.sizes().vec() == e.shape, "WriteSafetensors('", path,
+                 "'): tensor '", e.name, "' should be ", SafetensorsDtypeName(e.dtype), " of shape ",
+                 ShapeText(e.shape), ", got ", t.defined() ? c10::toString(t.scalar_type()) : "an undefined tensor",
+                 t.defined() ? " of shape " + ShapeText(t.sizes().vec()) : "");
+    t = t.to(at::kCPU).contiguous();
+    sink.Write(t.data_ptr(), t.nbytes());
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    ST_THROW(Error, "cannot move '", tmp, "' to '", path, "': ", std::strerror(err));
-  }
-  const size_t slash = path.rfind('/');
-  SyncDirectory(slash == std::string::npos ? "." : path.substr(0, slash == 0 ? 1 : slash));
+  sink.Commit();
 }
 
 }  // namespace shardtrain::trainer

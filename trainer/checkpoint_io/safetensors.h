@@ -80,8 +80,9 @@ class SafetensorsFile {
   std::map<std::string, size_t> index_;
 };
 
-// Writes a safetensors file at `path` (atomically: a temporary file renamed
-// into place) holding tensors of the given names, dtypes and shapes in that
+// Writes a safetensors file at `path` (atomically, through the checkpoint
+// files' FileSink: a temporary beside it, O_DIRECT where the file system
+// allows, fsynced and renamed into place) holding tensors of the given names, dtypes and shapes in that
 // order; `fill(i)` returns the i-th tensor when its bytes are due, so a caller
 // can gather, convert and drop them one at a time. Each must match its entry's
 // dtype and shape (throws shardtrain::InvalidArgumentError naming it).
