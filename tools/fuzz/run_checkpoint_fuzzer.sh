@@ -34,7 +34,7 @@ SRCS=(trainer/checkpoint_io/archive.cc trainer/checkpoint_io/pickle_scan.cc trai
       trainer/optim/grad_scaler.cc trainer/optim/lr_scheduler.cc trainer/optim/lr_scheduler_stateful.cc base/numbers.cc
       trainer/checkpoint_io/sharded_checkpoint.cc trainer/checkpoint_io/sharded_checkpoint_consolidate.cc
       trainer/checkpoint_io/py_pickle.cc trainer/checkpoint_io/dcp.cc trainer/checkpoint_io/dcp_checkpoint.cc
-      trainer/checkpoint_io/safetensors.cc
+      trainer/checkpoint_io/safetensors.cc trainer/checkpoint_io/zip_writer.cc
       base/file_util.cc sharding/sharded_state.cc sharding/shard_layout.cc
       tests/fuzz/checkpoint_readers_fuzz.cc tests/fuzz/checkpoint_fuzzer_main.cc)
 FLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
@@ -57,7 +57,7 @@ for src in "${SRCS[@]}"; do
   fi
 done
 for pid in "${pids[@]+"${pids[@]}"}"; do wait "$pid"; done
-"$CXX" "${FLAGS[@]}" "${objs[@]}" -L"$TORCH/lib" -Wl,-rpath,"$TORCH/lib" -ltorch_cpu -lc10 -o "$WORK/checkpoint_fuzzer"
+"$CXX" "${FLAGS[@]}" "${objs[@]}" -L"$TORCH/lib" -Wl,-rpath,"$TORCH/lib" -ltorch_cpu -lc10 -lisal -o "$WORK/checkpoint_fuzzer"
 echo "[fuzz] built $WORK/checkpoint_fuzzer in $((SECONDS - t0)) s"
 
 # LibTorch keeps process-wide caches alive to the end: leak checks would name
