@@ -57,6 +57,7 @@ PY_ORACLE_PINS=(
   tensorboard==2.21.0  # tests/trainer/tensorboard_reader.py: its EventFileLoader reads our event files
   lightning==2.6.6     # tests/trainer/lightning_interop_check.py: the full checkpoint's layout (trainer/checkpoint_io/checkpoint.h kLightningVersion)
   safetensors==0.8.0   # tests/trainer/safetensors_check.py: Hugging Face's tensor files (trainer/checkpoint_io/safetensors.h)
+  transformers==5.25.0 # tests/examples/llama_hf_check.py: the Llama reference (examples/llama)
 )
 PINS_STAMP="$PREFIX/.shardtrain-pins-$(printf '%s\n' "${PY_ORACLE_PINS[@]}" | md5sum | cut -c1-12)"
 if [[ ! -f "$PINS_STAMP" ]]; then

@@ -1,0 +1,108 @@
+// Hugging Face model directories in and out: `config.json` plus the weights,
+// either one `model.safetensors` or the sharded form
+// (`model-0000k-of-0000n.safetensors` and `model.safetensors.index.json`).
+//
+// HfWeights maps the files and hands out any tensor, or any element range of
+// one, as a view of the mapping, so a rank reads only the bytes it owns.
+// Every malformed directory (no weights, an index that is not JSON or names a
+// file outside the directory or a tensor its file lacks, a tensor in two
+// files) stops with an error naming the file, the tensor and what was wrong.
+#ifndef SHARDTRAIN_EXAMPLES_LLAMA_HF_CHECKPOINT_H_
+#define SHARDTRAIN_EXAMPLES_LLAMA_HF_CHECKPOINT_H_
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "examples/llama/llama_config.h"
+#include "trainer/checkpoint_io/safetensors.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace shardtrain::examples::llama {
+
+inline constexpr char kHfWeightsFile[] = "model.safetensors";
+inline constexpr char kHfIndexFile[] = "model.safetensors.index.json";
+
+class HfWeights {
+ public:
+  // Opens the weights of the model directory `dir` (the index when present,
+  // else model.safetensors). Throws shardtrain::InvalidArgumentError.
+  explicit HfWeights(const std::string& dir);
+  ~HfWeights();
+  HfWeights(HfWeights&&) noexcept;
+
+  const std::string& dir() const { return dir_; }
+  // Every tensor's name, sorted.
+  std::vector<std::string> names() const;
+  bool Has(const std::string& name) const { return where_.count(name) > 0; }
+  // Throw naming the directory and the tensor when it is absent.
+  const trainer::SafetensorsEntry& Entry(const std::string& name) const;
+  const std::string& FileOf(const std::string& name) const;
+  at::Tensor Tensor(const std::string& name) const;
+  at::Tensor Range(const std::string& name, int64_t first, int64_t count) const;
+
+ private:
+  const trainer::SafetensorsFile& File(const std::string& name) const;
+  std::string dir_;
+  std::vector<trainer::SafetensorsFile> files_;
+  std::map<std::string, size_t> where_;  // tensor name -> index in files_
+};
+
+// A model directory's config and weights.
+struct HfModelDir {
+  explicit HfModelDir(const std::string& dir);
+  LlamaConfig config;
+  HfWeights weights;
+};
+
+// The checkpoint names `model`'s parameters must have, given the config (a
+// tied head has no `lm_head.weight`); checks that the checkpoint has each
+// with the parameter's shape and nothing else (a tied checkpoint's copy of
+// `lm_head.weight` and old `rotary_emb.inv_freq` buffers are allowed) and
+// throws InvalidArgumentError listing what is missing, unexpected or of
+// another shape.
+void CheckHfWeights(torch::nn::Module& model, const LlamaConfig& config, const HfWeights& weights);
+// CheckHfWeights, then copies every tensor into its parameter (converted to
+// the parameter's dtype). For an unsharded model.
+void LoadHfWeights(torch::nn::Module& model, const LlamaConfig& config, const HfWeights& weights);
+
+// "5GB" (10^9), "500MiB" (2^20), "100KB", "123" (bytes) -> bytes; throws
+// InvalidArgumentError naming the valid forms.
+int64_t ParseHfSize(const std::string& text);
+
+struct HfSaveOptions {
+  at::ScalarType dtype = at::kFloat;         // kFloat, kBFloat16 or kHalf
+  int64_t max_shard_bytes = 50'000'000'000;  // transformers 5.x's default "50GB"
+};
+
+// One tensor to save: its name and shape (dtype from the options).
+struct HfTensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// Writes a model directory at `dir`: config.json, generation_config.json and
+// the tensors, split into files of at most max_shard_bytes (a tensor larger
+// than that alone in its file) with the index when there is more than one.
+// `fill(i)` returns the i-th tensor when its bytes are due (any dtype; it is
+// converted), so a caller can gather them one at a time. Each file is written
+// atomically; weight files of an earlier save that the new one does not use
+// are removed last. Returns the files written.
+std::vector<std::string> SaveHfModel(const std::string& dir, const LlamaConfig& config,
+                                     const std::vector<HfTensorSpec>& tensors,
+                                     const std::function<at::Tensor(size_t)>& fill, const HfSaveOptions& options);
+// The same for an unsharded model: its parameters in order.
+std::vector<std::string> SaveHfModel(const std::string& dir, const LlamaConfig& config, torch::nn::Module& model,
+                                     const HfSaveOptions& options);
+
+}  // namespace shardtrain::examples::llama
+
+#endif  // SHARDTRAIN_EXAMPLES_LLAMA_HF_CHECKPOINT_H_

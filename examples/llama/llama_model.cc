@@ -1,0 +1,229 @@
+#include "examples/llama/llama_model.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/nn/init.h>
+
+#include <cmath>
+#include <limits>
+
+#include "base/errors.h"
+
+namespace shardtrain::examples::llama {
+namespace {
+
+torch::nn::Linear MakeLinear(torch::nn::Module& owner, const char* name, int64_t in, int64_t out, bool bias,
+                             double std) {
+  auto l = owner.register_module(name, torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias)));
+  torch::nn::init::normal_(l->weight, 0.0, std);
+  if (bias) torch::nn::init::zeros_(l->bias);
+  return l;
+}
+
+// Rotary frequencies as Hugging Face computes them (the same float32 operations).
+at::Tensor RopeInverseFrequencies(const LlamaConfig& c) {
+  const RopeConfig& r = c.rope;
+  at::Tensor exponent = at::arange(0, c.head_dim, 2, at::kLong).to(at::kFloat) / c.head_dim;
+  at::Tensor inv_freq = at::pow(r.theta, exponent).reciprocal();
+  if (r.type == "linear") return inv_freq / r.factor;
+  if (r.type != "llama3") return inv_freq;
+  const double old_len = static_cast<double>(r.original_max_position_embeddings);
+  const double low_freq_wavelen = old_len / r.low_freq_factor;
+  const double high_freq_wavelen = old_len / r.high_freq_factor;
+  at::Tensor wavelen = inv_freq.reciprocal() * (2 * M_PI);
+  at::Tensor scaled = at::where(wavelen > low_freq_wavelen, inv_freq / r.factor, inv_freq);
+  at::Tensor smooth = (wavelen.reciprocal() * old_len - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  at::Tensor smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
+  at::Tensor medium = (wavelen < high_freq_wavelen).logical_not() * (wavelen > low_freq_wavelen).logical_not();
+  return at::where(medium, smoothed, scaled);
+}
+
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+}
+
+// [B, kv_heads, T, D] -> [B, kv_heads * n_rep, T, D], each head repeated n_rep times in place.
+at::Tensor RepeatKv(const at::Tensor& x, int64_t n_rep) {
+  if (n_rep == 1) return x;
+  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), D = x.size(3);
+  return x.unsqueeze(2).expand({B, H, n_rep, T, D}).reshape({B, H * n_rep, T, D});
+}
+
+// Keeps the smallest set of most likely tokens whose probability reaches top_p.
+at::Tensor TopP(const at::Tensor& logits, double top_p) {
+  auto [sorted, order] = logits.sort(-1, /*descending=*/true);
+  at::Tensor probs = at::softmax(sorted, -1);
+  at::Tensor drop = (probs.cumsum(-1) - probs) > top_p;
+  sorted = sorted.masked_fill(drop, -std::numeric_limits<float>::infinity());
+  return at::empty_like(logits).scatter_(-1, order, sorted);
+}
+
+at::Tensor PickNext(at::Tensor logits, const GenerateOptions& o, at::Generator& gen) {
+  if (o.greedy) return logits.argmax(-1);
+  logits = logits / o.temperature;
+  if (o.top_k > 0 && o.top_k < logits.size(-1)) {
+    at::Tensor kth = std::get<0>(logits.topk(o.top_k)).select(-1, o.top_k - 1).unsqueeze(-1);
+    logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+  }
+  if (o.top_p < 1.0) logits = TopP(logits, o.top_p);
+  return at::multinomial(at::softmax(logits, -1), 1, /*replacement=*/false, gen).squeeze(-1);
+}
+
+}  // namespace
+
+RmsNormImpl::RmsNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", at::ones({dim}));
+}
+
+at::Tensor RmsNormImpl::forward(const at::Tensor& x) {
+  at::Tensor h = x.to(at::kFloat);
+  at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  h = h * at::rsqrt(variance + eps_);
+  return weight * h.to(x.scalar_type());
+}
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
+    : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
+  const double std = c.initializer_range;
+  q_proj_ = MakeLinear(*this, "q_proj", c.hidden_size, heads_ * head_dim_, c.attention_bias, std);
+  k_proj_ = MakeLinear(*this, "k_proj", c.hidden_size, kv_heads_ * head_dim_, c.attention_bias, std);
+  v_proj_ = MakeLinear(*this, "v_proj", c.hidden_size, kv_heads_ * head_dim_, c.attention_bias, std);
+  o_proj_ = MakeLinear(*this, "o_proj", heads_ * head_dim_, c.hidden_size, c.attention_bias, std);
+}
+
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                       LayerKvCache* cache) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto heads = [&](const at::Tensor& t) { return t.view({B, T, -1, head_dim_}).transpose(1, 2); };
+  at::Tensor q = heads(q_proj_->forward(x)), k = heads(k_proj_->forward(x)), v = heads(v_proj_->forward(x));
+  const at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
+  q = q * c + RotateHalf(q) * s;
+  k = k * c + RotateHalf(k) * s;
+  const int64_t past = cache == nullptr ? 0 : cache->length();
+  if (cache != nullptr) {
+    cache->keys = past == 0 ? k : at::cat({cache->keys, k}, 2);
+    cache->values = past == 0 ? v : at::cat({cache->values, v}, 2);
+    k = cache->keys;
+    v = cache->values;
+  }
+  const int64_t n_rep = heads_ / kv_heads_;
+  std::optional<at::Tensor> mask;
+  bool causal = T > 1;
+  if (past > 0 && T > 1) {  // new queries see every cached key and the new ones up to their own position
+    mask = at::ones({T, past + T}, x.options().dtype(at::kBool)).tril(past);
+    causal = false;
+  }
+  at::Tensor y = at::scaled_dot_product_attention(q, RepeatKv(k, n_rep), RepeatKv(v, n_rep), mask, 0.0, causal,
+                                                  1.0 / std::sqrt(static_cast<double>(head_dim_)));
+  return o_proj_->forward(y.transpose(1, 2).reshape({B, T, -1}));
+}
+
+LlamaMlpImpl::LlamaMlpImpl(const LlamaConfig& c) {
+  const double std = c.initializer_range;
+  gate_proj_ = MakeLinear(*this, "gate_proj", c.hidden_size, c.intermediate_size, c.mlp_bias, std);
+  up_proj_ = MakeLinear(*this, "up_proj", c.hidden_size, c.intermediate_size, c.mlp_bias, std);
+  down_proj_ = MakeLinear(*this, "down_proj", c.intermediate_size, c.hidden_size, c.mlp_bias, std);
+}
+
+at::Tensor LlamaMlpImpl::forward(const at::Tensor& x) {
+  return down_proj_->forward(at::silu(gate_proj_->forward(x)) * up_proj_->forward(x));
+}
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
+  self_attn_ = register_module("self_attn", std::make_shared<LlamaAttentionImpl>(c));
+  mlp_ = register_module("mlp", std::make_shared<LlamaMlpImpl>(c));
+  input_layernorm_ = register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+  post_attention_layernorm_ = register_module("post_attention_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                          LayerKvCache* cache) {
+  at::Tensor h = x + self_attn_->forward(input_layernorm_->forward(x), cos, sin, cache);
+  return h + mlp_->forward(post_attention_layernorm_->forward(h));
+}
+
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config_(c), inv_freq_(RopeInverseFrequencies(c)) {
+  embed_tokens_ = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
+  torch::nn::init::normal_(embed_tokens_->weight, 0.0, c.initializer_range);
+  layers_holder_ = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    auto layer = std::make_shared<sharding::Sharded<LlamaDecoderLayerImpl>>(c);
+    layers_holder_->push_back(layer);
+    layers_.push_back(layer);
+  }
+  norm_ = register_module("norm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+}
+
+at::Tensor LlamaModelImpl::forward(const at::Tensor& ids, std::vector<LayerKvCache>* cache) {
+  ST_CHECK_ARG(ids.dim() == 2, "Llama: input ids must be [batch, length], got ", ids.sizes());
+  if (cache != nullptr && cache->empty()) cache->resize(layers_.size());
+  const int64_t past = cache == nullptr ? 0 : cache->front().length();
+  const int64_t T = ids.size(1);
+  ST_CHECK_ARG(past + T <= config_.max_position_embeddings, "Llama: ", past + T,
+               " positions exceed max_position_embeddings ", config_.max_position_embeddings);
+  at::Tensor x = embed_tokens_->forward(ids);
+  // cos/sin of every position ([B, T, head_dim]), as Hugging Face computes them.
+  at::Tensor positions = at::arange(past, past + T, ids.options().dtype(at::kFloat)).expand({ids.size(0), T});
+  at::Tensor freqs = positions.unsqueeze(-1) * inv_freq_.to(x.device());
+  at::Tensor emb = at::cat({freqs, freqs}, -1);
+  const at::Tensor cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    x = layers_[i]->forward(x, cos, sin, cache == nullptr ? nullptr : &(*cache)[i]);
+  }
+  return norm_->forward(x);
+}
+
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c) : config_(c) {
+  c.Validate();
+  model_ = register_module("model", std::make_shared<LlamaModelImpl>(c));
+  if (!c.tie_word_embeddings) {
+    lm_head_ = MakeLinear(*this, "lm_head", c.hidden_size, c.vocab_size, false, c.initializer_range);
+  }
+}
+
+at::Tensor LlamaForCausalLMImpl::Head(const at::Tensor& hidden) {
+  return lm_head_ ? lm_head_->forward(hidden) : at::linear(hidden, model_->embed_tokens()->weight);
+}
+
+at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids) { return Head(model_->forward(ids)); }
+
+at::Tensor LlamaForCausalLMImpl::ForwardWithCache(const at::Tensor& ids, std::vector<LayerKvCache>& cache) {
+  return Head(model_->forward(ids, &cache));
+}
+
+at::Tensor LlamaForCausalLMImpl::Loss(const at::Tensor& logits, const at::Tensor& targets) {
+  return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), targets.reshape({-1}), {},
+                                at::Reduction::Mean, /*ignore_index=*/-100);
+}
+
+at::Tensor LlamaForCausalLMImpl::Generate(const at::Tensor& prompt, const GenerateOptions& o) {
+  ST_CHECK_ARG(prompt.dim() == 2 && prompt.size(1) > 0, "Llama: prompt must be [batch, length>0], got ",
+               prompt.sizes());
+  ST_CHECK_ARG(o.greedy || o.temperature > 0, "Llama: temperature must be positive, got ", o.temperature);
+  ST_CHECK_ARG(o.top_p > 0 && o.top_p <= 1, "Llama: top_p must be in (0, 1], got ", o.top_p);
+  at::NoGradGuard no_grad;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
+  std::vector<LayerKvCache> cache;
+  at::Tensor ids = prompt, input = prompt;
+  at::Tensor eos = at::tensor(config_.eos_token_ids, prompt.options().dtype(at::kLong));
+  at::Tensor done = at::zeros({prompt.size(0)}, prompt.options().dtype(at::kBool));
+  const int64_t fill =
+      config_.pad_token_id >= 0 ? config_.pad_token_id : (config_.eos_token_ids.empty() ? 0 : config_.eos_token_ids[0]);
+  const bool use_eos = o.stop_at_eos && !config_.eos_token_ids.empty();
+  for (int64_t i = 0; i < o.max_new_tokens; ++i) {
+    at::Tensor hidden = model_->forward(input, &cache);
+    at::Tensor logits = Head(hidden.select(1, hidden.size(1) - 1)).to(at::kFloat);
+    at::Tensor next = PickNext(logits.cpu(), o, gen).to(ids.device());
+    if (use_eos) {
+      next = at::where(done, at::full_like(next, fill), next);
+      done = done.logical_or(at::isin(next, eos));
+    }
+    ids = at::cat({ids, next.unsqueeze(1)}, 1);
+    input = next.unsqueeze(1);
+    if (use_eos && done.all().item<bool>()) break;
+  }
+  return ids;
+}
+
+}  // namespace shardtrain::examples::llama

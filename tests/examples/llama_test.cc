@@ -1,0 +1,234 @@
+// examples/llama: the config reader (both transformers schemas), Hugging Face
+// directories (index, errors, sizes), and, as modes the Python oracle test
+// drives (llama_hf_python_test.sh):
+//   llama_test check DIR EXPECTED   logits and greedy generation against
+//                                   transformers' (EXPECTED: a safetensors file
+//                                   llama_hf_check.py wrote)
+//   llama_test export SRC DST SIZE DTYPE   import SRC, export to DST unchanged
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/utils.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+#include "base/errors.h"
+#include "examples/llama/hf_checkpoint.h"
+#include "examples/llama/llama_model.h"
+#include "trainer/checkpoint_io/safetensors.h"
+
+namespace shardtrain::examples::llama {
+namespace {
+
+namespace fs = std::filesystem;
+
+double MaxAbsDiff(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+LlamaForCausalLM LoadModel(const std::string& dir) {
+  HfModelDir hf(dir);
+  LlamaForCausalLM model(hf.config);
+  LoadHfWeights(*model, hf.config, hf.weights);
+  model->eval();
+  return model;
+}
+
+// Logits, greedy ids and teacher-forced logits over them equal transformers'.
+int Check(const std::string& dir, const std::string& expected_path) {
+  constexpr double kTol = 1e-5;
+  LlamaForCausalLM model = LoadModel(dir);
+  trainer::SafetensorsFile expected(expected_path);
+  at::NoGradGuard no_grad;
+  const double logits_diff = MaxAbsDiff(model->forward(expected.Tensor("input_ids")), expected.Tensor("logits"));
+  std::cout << dir << ": " << model->config().ToString() << "\n  logits max |diff| " << logits_diff << "\n";
+  bool ok = logits_diff <= kTol;
+  const at::Tensor prompt = expected.Tensor("prompt_ids").clone(), want = expected.Tensor("generated_ids");
+  GenerateOptions options;
+  options.greedy = true;
+  options.max_new_tokens = want.size(1) - prompt.size(1);
+  const at::Tensor got = model->Generate(prompt, options);
+  const bool same_ids = got.sizes() == want.sizes() && got.equal(want);
+  std::cout << "  greedy generate: " << (same_ids ? "same ids" : "DIFFERENT ids") << " ("
+            << got.size(1) - prompt.size(1) << " new tokens)\n";
+  if (!same_ids) std::cout << "  got  " << got << "\n  want " << want << "\n";
+  ok = ok && same_ids;
+  const double forced_diff = MaxAbsDiff(model->forward(want), expected.Tensor("generated_logits"));
+  std::cout << "  teacher-forced logits max |diff| " << forced_diff << "\n";
+  ok = ok && forced_diff <= kTol;
+  std::cout << (ok ? "  OK\n" : "  FAIL (tolerance 1e-5)\n");
+  return ok ? 0 : 1;
+}
+
+int Export(const std::string& src, const std::string& dst, const std::string& size, const std::string& dtype) {
+  HfModelDir hf(src);
+  LlamaForCausalLM model(hf.config);
+  LoadHfWeights(*model, hf.config, hf.weights);
+  HfSaveOptions options;
+  options.max_shard_bytes = ParseHfSize(size);
+  options.dtype = dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+  for (const std::string& f : SaveHfModel(dst, hf.config, *model, options)) std::cout << dst << "/" << f << "\n";
+  return 0;
+}
+
+TEST(LlamaConfigTest, ReadsBothRopeSchemas) {
+  const LlamaConfig v5 = ParseLlamaConfig(R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+      "num_key_value_heads": 1, "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}})",
+                                          "v5");
+  const LlamaConfig v4 = ParseLlamaConfig(R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+      "num_key_value_heads": 1, "rope_theta": 500000.0, "rope_scaling": {"type": "llama3", "factor": 8.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}})",
+                                          "v4");
+  for (const LlamaConfig* c : {&v5, &v4}) {
+    EXPECT_EQ(c->rope.type, "llama3");
+    EXPECT_EQ(c->rope.theta, 500000.0);
+    EXPECT_EQ(c->rope.factor, 8.0);
+    EXPECT_EQ(c->rope.original_max_position_embeddings, 64);
+    EXPECT_EQ(c->head_dim, 16);
+    EXPECT_EQ(c->num_key_value_heads, 1);
+  }
+  // The exported config reads back as the same model.
+  const LlamaConfig back = ParseLlamaConfig(LlamaConfigJson(v4, "float32"), "export");
+  EXPECT_EQ(back.ToString(), v4.ToString());
+  EXPECT_EQ(back.rope.low_freq_factor, v4.rope.low_freq_factor);
+}
+
+TEST(LlamaConfigTest, BadConfigsNameTheKeyAndWhatIsValid) {
+  auto error = [](const std::string& json) {
+    try {
+      ParseLlamaConfig(json, "cfg.json");
+    } catch (const InvalidArgumentError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error(R"({"model_type": "gpt2"})").find("model_type \"gpt2\" is not supported (valid: llama)"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"hidden_size": "64"})").find("\"hidden_size\" must be an integer"), std::string::npos);
+  EXPECT_NE(error(R"({"num_attention_heads": 4, "num_key_value_heads": 3})").find("multiple of num_key_value_heads"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"rope_scaling": {"rope_type": "yarn", "factor": 2.0}})").find("valid: default, linear, llama3"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"hidden_act": "gelu"})").find("valid: silu"), std::string::npos);
+  EXPECT_NE(error("{not json").find("cfg.json: not a JSON object"), std::string::npos);
+}
+
+TEST(LlamaConfigTest, SizesParseAsTransformersWritesThem) {
+  EXPECT_EQ(ParseHfSize("5GB"), 5'000'000'000);
+  EXPECT_EQ(ParseHfSize("200MiB"), 200LL << 20);
+  EXPECT_EQ(ParseHfSize("123"), 123);
+  EXPECT_THROW(ParseHfSize("5 GB"), InvalidArgumentError);
+  EXPECT_THROW(ParseHfSize("GB"), InvalidArgumentError);
+}
+
+// Logits computed in chunks with a key/value cache equal one full forward.
+TEST(LlamaModelTest, CachedChunksEqualOneForward) {
+  LlamaConfig c;
+  c.vocab_size = 40;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.num_hidden_layers = 2;
+  c.initializer_range = 0.2;
+  torch::manual_seed(3);
+  LlamaForCausalLM model(c);
+  at::NoGradGuard no_grad;
+  const at::Tensor ids = at::randint(0, c.vocab_size, {2, 9});
+  const at::Tensor full = model->forward(ids);
+  std::vector<LayerKvCache> cache;
+  std::vector<at::Tensor> parts;
+  for (auto [begin, end] : {std::pair<int64_t, int64_t>{0, 4}, {4, 5}, {5, 9}}) {
+    parts.push_back(model->ForwardWithCache(ids.slice(1, begin, end), cache));
+  }
+  EXPECT_EQ(cache.size(), 2u);
+  EXPECT_EQ(cache[0].length(), 9);
+  EXPECT_LE(MaxAbsDiff(at::cat(parts, 1), full), 1e-5);
+}
+
+class HfCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::path(::testing::TempDir()) / ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    fs::remove_all(dir_);
+    config_.vocab_size = 32;
+    config_.hidden_size = 16;
+    config_.intermediate_size = 24;
+    config_.num_hidden_layers = 2;
+    config_.num_attention_heads = 2;
+    config_.num_key_value_heads = 1;
+    config_.head_dim = 8;
+  }
+  void Write(const std::string& name, const std::string& text) const { std::ofstream(dir_ / name) << text; }
+  std::string LoadError() const {
+    try {
+      HfModelDir hf(dir_.string());
+      LlamaForCausalLM model(hf.config);
+      LoadHfWeights(*model, hf.config, hf.weights);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  }
+  fs::path dir_;
+  LlamaConfig config_;
+};
+
+TEST_F(HfCheckpointTest, ShardedSaveLoadsBitForBit) {
+  LlamaForCausalLM model(config_);
+  HfSaveOptions options;
+  options.max_shard_bytes = 2000;  // several files
+  const auto files = SaveHfModel(dir_.string(), config_, *model, options);
+  ASSERT_GT(files.size(), 4u);
+  ASSERT_TRUE(fs::exists(dir_ / kHfIndexFile));
+  LlamaForCausalLM back(ParseLlamaConfig(LlamaConfigJson(config_, "float32"), "export"));
+  LoadHfWeights(*back, config_, HfWeights(dir_.string()));
+  for (const auto& p : model->named_parameters()) EXPECT_TRUE(p.value().equal(back->named_parameters()[p.key()]));
+  // A smaller save into the same directory replaces the shards and the index.
+  options.max_shard_bytes = 1'000'000;
+  SaveHfModel(dir_.string(), config_, *model, options);
+  EXPECT_FALSE(fs::exists(dir_ / kHfIndexFile));
+  EXPECT_FALSE(fs::exists(dir_ / "model-00001-of-00002.safetensors"));
+  EXPECT_EQ(HfWeights(dir_.string()).names().size(), model->named_parameters().size());
+}
+
+TEST_F(HfCheckpointTest, MalformedDirectoriesNameWhatIsWrong) {
+  fs::create_directories(dir_);
+  Write("config.json", LlamaConfigJson(config_, "float32"));
+  EXPECT_NE(LoadError().find("holds no Hugging Face weights"), std::string::npos);
+  Write(kHfIndexFile, R"({"weight_map": {"model.norm.weight": "../x.safetensors"}})");
+  EXPECT_NE(LoadError().find("is not a file name inside the directory"), std::string::npos);
+  Write(kHfIndexFile, R"({"weight_map": {"model.norm.weight": "model-00001-of-00001.safetensors"}})");
+  EXPECT_NE(LoadError().find("which is not in"), std::string::npos);
+  fs::remove(dir_ / kHfIndexFile);
+  // A checkpoint of another shape: every difference is named.
+  LlamaConfig other = config_;
+  other.intermediate_size = 20;
+  other.tie_word_embeddings = true;
+  LlamaForCausalLM model(other);
+  SaveHfModel(dir_.string(), other, *model, HfSaveOptions());
+  Write("config.json", LlamaConfigJson(config_, "float32"));
+  const std::string e = LoadError();
+  EXPECT_NE(e.find("missing: lm_head.weight"), std::string::npos) << e;
+  EXPECT_NE(e.find("other shape: model.layers.0.mlp.gate_proj.weight ([20, 16] in"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace shardtrain::examples::llama
+
+int main(int argc, char** argv) {
+  using namespace shardtrain::examples::llama;
+  try {
+    if (argc == 4 && std::strcmp(argv[1], "check") == 0) return Check(argv[2], argv[3]);
+    if (argc == 6 && std::strcmp(argv[1], "export") == 0) return Export(argv[2], argv[3], argv[4], argv[5]);
+  } catch (const std::exception& e) {
+    std::cerr << "llama_test " << argv[1] << ": " << e.what() << "\n";
+    return 1;
+  }
+  ::testing::InitGoogleTest(&argc, argv);
+  return RUN_ALL_TESTS();
+}
