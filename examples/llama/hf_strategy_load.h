@@ -1,0 +1,28 @@
+// Loading a Hugging Face directory's weights into a model that a strategy
+// has wrapped. Under a sharded strategy each rank reads only the element
+// ranges of the parameters its shards own, straight from the mapped
+// safetensors files into its shards (a parameter's range in a unit's flat
+// shard is a contiguous run of its row-major elements), and drops each run's
+// pages from the process once copied: the peak per rank is its own shards
+// plus the few pages in flight, never the whole model. Other strategies copy
+// every parameter.
+#ifndef SHARDTRAIN_EXAMPLES_LLAMA_HF_STRATEGY_LOAD_H_
+#define SHARDTRAIN_EXAMPLES_LLAMA_HF_STRATEGY_LOAD_H_
+
+#include "examples/llama/hf_checkpoint.h"
+#include "examples/llama/llama_config.h"
+
+namespace shardtrain::strategies {
+class Strategy;
+}
+
+namespace shardtrain::examples::llama {
+
+// Names and shapes are checked first (CheckHfWeights: every problem listed,
+// nothing changed); then every rank loads its part. Call on every rank after
+// WrapModel (it communicates as the strategy's LoadShardsWith does).
+void LoadHfWeightsInto(strategies::Strategy& strategy, const LlamaConfig& config, const HfWeights& weights);
+
+}  // namespace shardtrain::examples::llama
+
+#endif  // SHARDTRAIN_EXAMPLES_LLAMA_HF_STRATEGY_LOAD_H_
