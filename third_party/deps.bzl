@@ -56,6 +56,14 @@ def shardtrain_dependencies():
     # Intel ISA-L (Debian libisal-dev): the CRC-32 of checkpoint archives
     # (trainer/checkpoint_io/zip_writer.cc), about 12 GB/s.
     _maybe(system_library, "isal", headers = ["isa-l", "isa-l.h"], libs = {"isal": ["isal"]})
+    # SentencePiece (Debian libsentencepiece-dev): the Llama example's
+    # tokenizer.model files and the tokenizer it trains (examples/llama/tokenizer.cc).
+    _maybe(
+        system_library,
+        "sentencepiece",
+        headers = ["sentencepiece_processor.h", "sentencepiece_trainer.h"],
+        libs = {"sentencepiece": ["sentencepiece_train", "sentencepiece"]},
+    )
     # OpenSSL's libcrypto (Debian libssl-dev): HMAC-SHA-256 of the rendezvous
     # store's values (comm/signed_store.cc). Debian keeps openssl/configuration.h
     # under the multiarch include directory: a second, headers-only repository.

@@ -224,6 +224,7 @@ void Trainer::SetupModel(TrainingModule& module) {
   // Shard by shard when it was built so (each wrap point's shard moves, never the whole model).
   if (device_.is_cuda()) sharding::ShardedInitScope::MoveToDevice(*model, device_);
   strategy_->WrapModel(model);
+  module.on_model_wrapped();
   opt_ = module.configure_optimizers(strategy_->parameters());
   ST_CHECK_ARG(opt_.optimizer != nullptr, "configure_optimizers returned no optimizer");
   internal::CheckOptimizerOwnsParameters(*opt_.optimizer, strategy_->parameters(), strategy_->name());

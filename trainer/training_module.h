@@ -110,6 +110,13 @@ class TrainingModule {
   virtual std::map<std::string, std::string> hparams() const { return {}; }
   virtual StateDict hyper_parameters() const { return InferTypes(hparams()); }
 
+  // Called on every rank once the strategy has wrapped the model that
+  // configure_model built (after WrapModel, before configure_optimizers), in
+  // every Fit, Validate, Test and Predict: the place to load pretrained
+  // weights into a sharded model, each rank into its own shards (e.g.
+  // examples/llama/hf_strategy_io.h); strategy().module() is the model.
+  // A checkpoint that Fit resumes from is loaded after it.
+  virtual void on_model_wrapped() {}
   virtual void on_fit_start() {}
   virtual void on_fit_end() {}
   virtual void on_train_epoch_start(int64_t epoch) {}

@@ -37,6 +37,7 @@
 #include "base/errors.h"
 #include "examples/common/example_util.h"
 #include "examples/common/flag_checks.h"
+#include "examples/common/lm_common.h"
 #include "examples/common/trainer_flags.h"
 #include "examples/gpt/gpt_model.h"
 #include "strategies/registry.h"
@@ -85,32 +86,9 @@ DEFINE_bool(sharded_construction, true,
 namespace {
 
 using namespace shardtrain;
+using examples::Fmt;
 using examples::PrintLine;
-
-std::string ReadCorpus(const std::string& path) {
-  std::ostringstream text;
-  if (!path.empty()) {
-    std::ifstream in(path, std::ios::binary);
-    ST_CHECK_ARG(in, "cannot read --data=", path, ": give a readable text file");
-    text << in.rdbuf();
-    return text.str();
-  }
-  const std::filesystem::path dir = "/usr/share/games/fortunes";
-  std::error_code ec;
-  ST_CHECK_ARG(std::filesystem::is_directory(dir, ec),
-               "no training text: install Debian's `fortunes` package (sudo apt-get install fortunes; "
-               "tools/bootstrap.sh does) or pass --data=FILE");
-  std::vector<std::filesystem::path> files;
-  for (const auto& e : std::filesystem::directory_iterator(dir)) {
-    if (e.is_regular_file() && e.path().extension().empty()) files.push_back(e.path());
-  }
-  std::sort(files.begin(), files.end());
-  for (const auto& f : files) {
-    std::ifstream in(f, std::ios::binary);
-    text << in.rdbuf();
-  }
-  return text.str();
-}
+using examples::WindowDataset;
 
 struct Corpus {
   std::string chars;  // vocabulary: sorted distinct bytes
@@ -135,53 +113,17 @@ Corpus Encode(const std::string& text, int64_t block_size) {
   return c;
 }
 
-// Sample i: the characters at starts[i] .. starts[i] + block - 1 and, as
-// targets, the ones after each of them.
-class WindowDataset : public trainer::Dataset {
- public:
-  WindowDataset(at::Tensor tokens, std::vector<int64_t> starts, int64_t block)
-      : tokens_(std::move(tokens)), starts_(std::move(starts)), block_(block) {}
-  // Non-overlapping windows covering `tokens`.
-  static WindowDataset Tiled(const at::Tensor& tokens, int64_t block) {
-    std::vector<int64_t> starts;
-    for (int64_t s = 0; s + block + 1 <= tokens.numel(); s += block) starts.push_back(s);
-    return WindowDataset(tokens, std::move(starts), block);
-  }
-  // `n` windows spread evenly over `tokens`.
-  static WindowDataset Spread(const at::Tensor& tokens, int64_t block, int64_t n) {
-    const int64_t last = tokens.numel() - block - 1;
-    n = std::max<int64_t>(1, std::min(n, last + 1));
-    std::vector<int64_t> starts;
-    for (int64_t i = 0; i < n; ++i) starts.push_back(n == 1 ? 0 : i * last / (n - 1));
-    return WindowDataset(tokens, std::move(starts), block);
-  }
-  int64_t size() const override { return static_cast<int64_t>(starts_.size()); }
-  trainer::Batch get_batch(const std::vector<int64_t>& indices) const override {
-    std::vector<at::Tensor> xs, ys;
-    for (int64_t i : indices) {
-      const int64_t s = starts_.at(static_cast<size_t>(i));
-      xs.push_back(tokens_.slice(0, s, s + block_));
-      ys.push_back(tokens_.slice(0, s + 1, s + block_ + 1));
-    }
-    return {at::stack(xs), at::stack(ys)};
-  }
-
- private:
-  at::Tensor tokens_;
-  std::vector<int64_t> starts_;
-  int64_t block_;
-};
-
 class GptModule : public trainer::TrainingModule {
  public:
-  GptModule(examples::GptConfig config, double lr, double weight_decay)
-      : config_(config), lr_(lr), weight_decay_(weight_decay) {}
+  GptModule(examples::GptConfig config, double lr, double weight_decay) : config_(config) {
+    optim_.lr = lr;
+    optim_.weight_decay = weight_decay;
+  }
   // --lr_scheduler and --warmup_steps over a run of `total_steps` optimizer steps.
   void set_schedule(std::string kind, int64_t warmup_steps, int64_t total_steps) {
-    schedule_ = std::move(kind);
-    // -1: 10% of the run for cosine; for onecycle 0 means its default (30%).
-    warmup_steps_ = warmup_steps >= 0 ? warmup_steps : (schedule_ == "cosine" ? total_steps / 10 : 0);
-    total_steps_ = total_steps;
+    optim_.schedule = std::move(kind);
+    optim_.warmup_steps = warmup_steps;
+    optim_.total_steps = total_steps;
   }
 
   std::shared_ptr<torch::nn::Module> configure_model() override {
@@ -195,26 +137,7 @@ class GptModule : public trainer::TrainingModule {
     return training_step(b, i);
   }
   trainer::OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
-    trainer::OptimizerConfig c{
-        std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(lr_).weight_decay(weight_decay_))};
-    if (schedule_ == "cosine") {
-      auto cosine = std::make_shared<trainer::CosineAnnealingLR>(c.optimizer, total_steps_ - warmup_steps_, lr_ / 10);
-      trainer::LRSchedulerPtr s = cosine;
-      if (warmup_steps_ > 0) {
-        auto warmup = std::make_shared<trainer::LinearLR>(c.optimizer, 1.0 / static_cast<double>(warmup_steps_), 1.0,
-                                                          warmup_steps_);
-        s = std::make_shared<trainer::SequentialLR>(c.optimizer, std::vector<trainer::LRSchedulerPtr>{warmup, cosine},
-                                                    std::vector<int64_t>{warmup_steps_});
-      }
-      c.lr_schedulers = {{s, "step"}};
-    } else if (schedule_ == "onecycle") {
-      trainer::OneCycleOptions oc;
-      oc.max_lr = lr_;
-      oc.total_steps = total_steps_;
-      if (warmup_steps_ > 0) oc.pct_start = static_cast<double>(warmup_steps_) / static_cast<double>(total_steps_);
-      c.lr_schedulers = {{std::make_shared<trainer::OneCycleLR>(c.optimizer, oc), "step"}};
-    }
-    return c;
+    return examples::MakeLmOptimizer(params, optim_);
   }
   // Typed, as Lightning's save_hyperparameters() keeps them: the checkpoint's
   // "hyper_parameters" (docs/checkpoints.md) and hparams.yaml.
@@ -226,10 +149,10 @@ class GptModule : public trainer::TrainingModule {
             {"n_head", config_.n_head},
             {"n_embd", config_.n_embd},
             {"dropout", config_.dropout},
-            {"lr", lr_},
-            {"weight_decay", weight_decay_},
-            {"lr_scheduler", schedule_},
-            {"warmup_steps", warmup_steps_}};
+            {"lr", optim_.lr},
+            {"weight_decay", optim_.weight_decay},
+            {"lr_scheduler", optim_.schedule},
+            {"warmup_steps", optim_.ResolvedWarmup()}};
   }
 
   // Samples `n` tokens after `prompt` ([1, T]). Collective: every rank calls it
@@ -258,36 +181,8 @@ class GptModule : public trainer::TrainingModule {
 
  private:
   examples::GptConfig config_;
-  double lr_, weight_decay_;
-  std::string schedule_ = "none";
-  int64_t warmup_steps_ = 0, total_steps_ = 0;
+  examples::LmOptimizerOptions optim_;
   std::shared_ptr<examples::GptImpl> model_;
-};
-
-std::string Fmt(const char* format, double a, double b = 0) {
-  char buf[128];
-  std::snprintf(buf, sizeof(buf), format, a, b);
-  return buf;
-}
-
-// Prints each validation loss (rank 0) as it is computed during Fit.
-class ValLossPrinter : public trainer::Callback {
- public:
-  void on_fit_start(trainer::Trainer&, trainer::TrainingModule&) override { t0_ = std::chrono::steady_clock::now(); }
-  void on_validation_end(trainer::Trainer& trainer, trainer::TrainingModule&) override {
-    if (!trainer.fitting()) return;  // Trainer::Validate before/after Fit: Run() prints those
-    last_step_ = trainer.global_step();
-    if (trainer.rank() != 0) return;
-    const auto& m = trainer.callback_metrics();
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
-    PrintLine("step " + std::to_string(trainer.global_step()) +
-              Fmt(" | val loss %.4f | %.0f s", m.count("val_loss") ? m.at("val_loss") : 0.0, secs));
-  }
-  int64_t last_step() const { return last_step_; }
-
- private:
-  std::chrono::steady_clock::time_point t0_;
-  int64_t last_step_ = -1;
 };
 
 // Every numeric flag's range (docs: examples/README.md); RunExampleMain exits 2 on a bad one.
@@ -365,13 +260,13 @@ int Run() {
   const examples::ProcessPlan plan = examples::ApplyTrainerFlags(o);  // strategy, devices, accelerator, precision
   const bool rank0 = plan.rank == 0;
 
-  Corpus corpus = Encode(ReadCorpus(examples::UserPath(FLAGS_data)), FLAGS_block_size);
+  Corpus corpus = Encode(examples::ReadCorpus(examples::UserPath(FLAGS_data)), FLAGS_block_size);
   WindowDataset train = WindowDataset::Tiled(corpus.train, FLAGS_block_size);
   WindowDataset val = WindowDataset::Spread(corpus.val, FLAGS_block_size, FLAGS_val_samples);
   const examples::GptConfig cfg = ModelConfig(static_cast<int64_t>(corpus.chars.size()));
 
   ApplyRunFlags(o);
-  auto printer = std::make_shared<ValLossPrinter>();
+  auto printer = std::make_shared<examples::ValLossPrinter>();
   o.callbacks = {printer};
   const std::string ckpt = examples::ResolveCheckpointPath(FLAGS_ckpt_path, o.default_root_dir, o.logger_name);
   trainer::Trainer trainer(o);  // validates strategy name, options and precision

@@ -214,18 +214,15 @@ int64_t ParseHfSize(const std::string& text) {
   return n;
 }
 
-std::vector<std::string> SaveHfModel(const std::string& dir, const LlamaConfig& config,
-                                     const std::vector<HfTensorSpec>& tensors,
-                                     const std::function<at::Tensor(size_t)>& fill, const HfSaveOptions& options) {
+HfModelWriter::HfModelWriter(const std::string& dir, const LlamaConfig& config,
+                             const std::vector<HfTensorSpec>& tensors, const HfSaveOptions& options)
+    : dir_(dir), config_(config), options_(options) {
   ST_CHECK_ARG(options.max_shard_bytes > 0, "Hugging Face save: max shard size must be positive");
-  const std::string dtype = DtypeName(options.dtype);
+  DtypeName(options.dtype);  // checks it
   fs::create_directories(dir);
-  int64_t total = 0;
-  const auto files = SplitIntoFiles(tensors, c10::elementSize(options.dtype), options.max_shard_bytes, total);
-  std::vector<std::string> written;
-  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  const auto files = SplitIntoFiles(tensors, c10::elementSize(options.dtype), options.max_shard_bytes, total_bytes_);
   for (size_t k = 0; k < files.size(); ++k) {
-    const std::string name = files.size() == 1 ? kHfWeightsFile : ShardName(k, files.size());
+    file_names_.push_back(files.size() == 1 ? kHfWeightsFile : ShardName(k, files.size()));
     std::vector<SafetensorsEntry> layout;
     for (size_t i : files[k]) {
       SafetensorsEntry e;
@@ -233,22 +230,35 @@ std::vector<std::string> SaveHfModel(const std::string& dir, const LlamaConfig& 
       e.dtype = options.dtype;
       e.shape = tensors[i].shape;
       layout.push_back(e);
-      weight_map[e.name] = name;
+      ST_CHECK_ARG(file_of_.emplace(e.name, k).second, "Hugging Face save: tensor '", e.name, "' given twice");
     }
-    trainer::WriteSafetensors(
-        (fs::path(dir) / name).string(), layout,
-        [&](size_t j) { return fill(files[k][j]).detach().to(at::kCPU, options.dtype).contiguous(); },
-        {{"format", "pt"}});
-    written.push_back(name);
+    files_.push_back(
+        std::make_unique<trainer::SafetensorsWriter>((fs::path(dir) / file_names_.back()).string(), std::move(layout),
+                                                     std::map<std::string, std::string>{{"format", "pt"}}));
   }
-  if (files.size() > 1) {
-    nlohmann::ordered_json index{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
-    WriteFileAtomically((fs::path(dir) / kHfIndexFile).string(), index.dump(2) + "\n");
+}
+
+HfModelWriter::~HfModelWriter() = default;
+
+void HfModelWriter::Write(const std::string& name, const at::Tensor& t) {
+  auto it = file_of_.find(name);
+  ST_CHECK_ARG(it != file_of_.end(), "Hugging Face save into ", dir_, ": no tensor '", name, "' was planned");
+  files_[it->second]->Write(name, t);
+}
+
+std::vector<std::string> HfModelWriter::Commit() {
+  for (auto& f : files_) f->Commit();
+  std::vector<std::string> written = file_names_;
+  if (files_.size() > 1) {
+    nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+    for (const auto& [name, k] : file_of_) weight_map[name] = file_names_[k];
+    nlohmann::ordered_json index{{"metadata", {{"total_size", total_bytes_}}}, {"weight_map", weight_map}};
+    WriteFileAtomically((fs::path(dir_) / kHfIndexFile).string(), index.dump(2) + "\n");
     written.push_back(kHfIndexFile);
   }
-  WriteFileAtomically((fs::path(dir) / "config.json").string(), LlamaConfigJson(config, dtype));
-  WriteFileAtomically((fs::path(dir) / "generation_config.json").string(), GenerationConfigJson(config));
-  RemoveStaleWeights(dir, std::set<std::string>(written.begin(), written.end()));
+  WriteFileAtomically((fs::path(dir_) / "config.json").string(), LlamaConfigJson(config_, DtypeName(options_.dtype)));
+  WriteFileAtomically((fs::path(dir_) / "generation_config.json").string(), GenerationConfigJson(config_));
+  RemoveStaleWeights(dir_, std::set<std::string>(written.begin(), written.end()));
   written.push_back("config.json");
   written.push_back("generation_config.json");
   return written;
@@ -257,13 +267,10 @@ std::vector<std::string> SaveHfModel(const std::string& dir, const LlamaConfig& 
 std::vector<std::string> SaveHfModel(const std::string& dir, const LlamaConfig& config, torch::nn::Module& model,
                                      const HfSaveOptions& options) {
   std::vector<HfTensorSpec> specs;
-  std::vector<at::Tensor> params;
-  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
-    specs.push_back({p.key(), p.value().sizes().vec()});
-    params.push_back(p.value());
-  }
-  return SaveHfModel(
-      dir, config, specs, [&](size_t i) { return params[i]; }, options);
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) specs.push_back({p.key(), p.value().sizes().vec()});
+  HfModelWriter writer(dir, config, specs, options);
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) writer.Write(p.key(), p.value());
+  return writer.Commit();
 }
 
 }  // namespace shardtrain::examples::llama

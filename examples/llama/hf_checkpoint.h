@@ -89,17 +89,35 @@ struct HfTensorSpec {
   std::vector<int64_t> shape;
 };
 
-// Writes a model directory at `dir`: config.json, generation_config.json and
-// the tensors, split into files of at most max_shard_bytes (a tensor larger
-// than that alone in its file) with the index when there is more than one.
-// `fill(i)` returns the i-th tensor when its bytes are due (any dtype; it is
-// converted), so a caller can gather them one at a time. Each file is written
-// atomically; weight files of an earlier save that the new one does not use
-// are removed last. Returns the files written.
-std::vector<std::string> SaveHfModel(const std::string& dir, const LlamaConfig& config,
-                                     const std::vector<HfTensorSpec>& tensors,
-                                     const std::function<at::Tensor(size_t)>& fill, const HfSaveOptions& options);
-// The same for an unsharded model: its parameters in order.
+// A model directory being written at `dir`: the tensors are split into files
+// of at most max_shard_bytes in the order given (a tensor larger than that
+// alone in its file), with the index when there is more than one file; they
+// then arrive in any order, each once (e.g. as a sharded model's units are
+// gathered), converted to the options' dtype. Commit() writes config.json
+// and generation_config.json and removes weight files of an earlier save
+// that this one does not use. Every file is written atomically; a writer
+// destroyed uncommitted leaves the directory's earlier model intact.
+class HfModelWriter {
+ public:
+  HfModelWriter(const std::string& dir, const LlamaConfig& config, const std::vector<HfTensorSpec>& tensors,
+                const HfSaveOptions& options);
+  ~HfModelWriter();
+  bool Has(const std::string& name) const { return file_of_.count(name) > 0; }
+  void Write(const std::string& name, const at::Tensor& t);
+  // The files written, relative to the directory.
+  std::vector<std::string> Commit();
+
+ private:
+  std::string dir_;
+  LlamaConfig config_;
+  HfSaveOptions options_;
+  int64_t total_bytes_ = 0;
+  std::vector<std::string> file_names_;
+  std::vector<std::unique_ptr<trainer::SafetensorsWriter>> files_;
+  std::map<std::string, size_t> file_of_;
+};
+
+// An unsharded model's parameters, in order, through HfModelWriter.
 std::vector<std::string> SaveHfModel(const std::string& dir, const LlamaConfig& config, torch::nn::Module& model,
                                      const HfSaveOptions& options);
 

@@ -59,7 +59,9 @@ at::Tensor TopP(const at::Tensor& logits, double top_p) {
   return at::empty_like(logits).scatter_(-1, order, sorted);
 }
 
-at::Tensor PickNext(at::Tensor logits, const GenerateOptions& o, at::Generator& gen) {
+}  // namespace
+
+at::Tensor PickNextToken(at::Tensor logits, const GenerateOptions& o, at::Generator& gen) {
   if (o.greedy) return logits.argmax(-1);
   logits = logits / o.temperature;
   if (o.top_k > 0 && o.top_k < logits.size(-1)) {
@@ -69,8 +71,6 @@ at::Tensor PickNext(at::Tensor logits, const GenerateOptions& o, at::Generator& 
   if (o.top_p < 1.0) logits = TopP(logits, o.top_p);
   return at::multinomial(at::softmax(logits, -1), 1, /*replacement=*/false, gen).squeeze(-1);
 }
-
-}  // namespace
 
 RmsNormImpl::RmsNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight = register_parameter("weight", at::ones({dim}));
@@ -214,7 +214,7 @@ at::Tensor LlamaForCausalLMImpl::Generate(const at::Tensor& prompt, const Genera
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
     at::Tensor hidden = model_->forward(input, &cache);
     at::Tensor logits = Head(hidden.select(1, hidden.size(1) - 1)).to(at::kFloat);
-    at::Tensor next = PickNext(logits.cpu(), o, gen).to(ids.device());
+    at::Tensor next = PickNextToken(logits.cpu(), o, gen).to(ids.device());
     if (use_eos) {
       next = at::where(done, at::full_like(next, fill), next);
       done = done.logical_or(at::isin(next, eos));

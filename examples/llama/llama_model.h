@@ -12,6 +12,7 @@
 #ifndef SHARDTRAIN_EXAMPLES_LLAMA_LLAMA_MODEL_H_
 #define SHARDTRAIN_EXAMPLES_LLAMA_LLAMA_MODEL_H_
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -107,6 +108,11 @@ struct GenerateOptions {
   uint64_t seed = 0;         // sampled: the generator's seed
   bool stop_at_eos = true;   // stop when every sequence has produced an eos id
 };
+
+// The next token of each row of `logits` ([B, vocab], float32, on the CPU)
+// as `options` say: argmax, or sampled with temperature, top-k and top-p
+// from `gen`. -> [B] int64.
+at::Tensor PickNextToken(at::Tensor logits, const GenerateOptions& options, at::Generator& gen);
 
 class LlamaForCausalLMImpl : public torch::nn::Module {
  public:

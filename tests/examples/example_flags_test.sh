@@ -6,14 +6,15 @@
 # W=1) and its hparams.yaml keeps a small learning rate exactly (1e-07, not
 # std::to_string's 0.000000).
 #
-#   example_flags_test.sh FASHION_MNIST_TRAIN GPT_TRAIN   (runfiles paths; Bazel passes them)
+#   example_flags_test.sh FASHION_MNIST_TRAIN GPT_TRAIN LLAMA_TRAIN   (runfiles paths; Bazel passes them)
 set -u
 
 die() { echo "example_flags_test: $*" >&2; exit 1; }
-[[ $# -eq 2 ]] || die "usage: example_flags_test.sh FASHION_MNIST_TRAIN GPT_TRAIN"
+[[ $# -eq 3 ]] || die "usage: example_flags_test.sh FASHION_MNIST_TRAIN GPT_TRAIN LLAMA_TRAIN"
 abspath() { [[ "$1" == /* ]] && echo "$1" || echo "$PWD/$1"; }
 FM="$(abspath "$1")"
 GPT="$(abspath "$2")"
+LLAMA="$(abspath "$3")"
 OUT="${TEST_TMPDIR:-$(mktemp -d)}/example_flags"
 rm -rf "$OUT"; mkdir -p "$OUT"
 export OMP_NUM_THREADS=1
@@ -97,6 +98,18 @@ bad "$FM" val_size -1
 bad "$FM" val_size 60000      # checked against the training images once read
 bad "$FM" log_every_n_steps 0
 bad "$FM" precision fp16
+# --- Llama (its own flags; the shared ones as GPT's)
+bad "$LLAMA" vocab_size 259
+bad "$LLAMA" hidden_size 0
+bad "$LLAMA" num_heads 3         # does not divide --hidden_size=128
+bad "$LLAMA" num_kv_heads 3      # does not divide --num_heads=4
+bad "$LLAMA" num_kv_heads 5      # more than --num_heads=4
+bad "$LLAMA" top_p 0
+bad "$LLAMA" top_p 1.5
+bad "$LLAMA" save_hf_dtype fp16
+bad "$LLAMA" save_hf_max_shard_size 5TB
+bad "$LLAMA" lr_scheduler linear
+bad "$LLAMA" block_size 0
 
 # --- a good command line still trains, and hparams keep a small learning rate exactly
 CASES=$((CASES + 1))

@@ -7,19 +7,25 @@
 #     < GPT_MAX_VAL_LOSS (2.40; measured 2.3192 on 2026-11-30 with the
 #     default cosine schedule; the loss after 200 steps is 2.42 and the
 #     constant-lr run of earlier releases ends at 2.73, so a run that trains
-#     clearly worse, or loses its schedule, fails).
+#     clearly worse, or loses its schedule, fails);
+#   - llama defaults (fsdp_native, 2 ranks, 300 steps, a 1024-piece
+#     SentencePiece tokenizer trained on the text first): final validation
+#     loss < LLAMA_MAX_VAL_LOSS (4.85; measured 4.6881 on 2026-12-05, 5.33
+#     after 100 steps and 4.87 after 200).
 # Prints each program's wall time.
 #
-#   examples_results_test.sh FASHION_MNIST_TRAIN GPT_TRAIN   (runfiles paths; Bazel passes them)
+#   examples_results_test.sh FASHION_MNIST_TRAIN GPT_TRAIN LLAMA_TRAIN   (runfiles paths; Bazel passes them)
 set -u
 
 FM_MIN_ACC="${FM_MIN_ACC:-90.0}"
 GPT_MAX_VAL_LOSS="${GPT_MAX_VAL_LOSS:-2.40}"
+LLAMA_MAX_VAL_LOSS="${LLAMA_MAX_VAL_LOSS:-4.85}"
 die() { echo "examples_results_test: $*" >&2; exit 1; }
-[[ $# -eq 2 ]] || die "usage: examples_results_test.sh FASHION_MNIST_TRAIN GPT_TRAIN"
+[[ $# -eq 3 ]] || die "usage: examples_results_test.sh FASHION_MNIST_TRAIN GPT_TRAIN LLAMA_TRAIN"
 abspath() { [[ "$1" == /* ]] && echo "$1" || echo "$PWD/$1"; }
 FM="$(abspath "$1")"
 GPT="$(abspath "$2")"
+LLAMA="$(abspath "$3")"
 OUT="${TEST_TMPDIR:-$(mktemp -d)}/examples_results"
 rm -rf "$OUT"; mkdir -p "$OUT"
 FAILURES=0
@@ -66,6 +72,14 @@ if run gpt "$GPT" --default_root_dir="$OUT/gpt"; then
   check gpt "final validation loss" "$val" "x < $GPT_MAX_VAL_LOSS"
   grep -qE "step 300/300 loss" "$OUT/gpt.out" || {
     echo "FAIL [gpt]: the default run did not reach step 300/300" >&2; FAILURES=$((FAILURES + 1)); }
+fi
+
+# Llama: "validation loss: 6.9603 -> 4.6881; 300 steps; ..."
+if run llama "$LLAMA" --default_root_dir="$OUT/llama" --tokenizer_cache_dir="$OUT/tokenizers"; then
+  val="$(sed -nE 's/^validation loss: [0-9.]+ -> ([0-9.]+);.*/\1/p' "$OUT/llama.out" | tail -1)"
+  check llama "final validation loss" "$val" "x < $LLAMA_MAX_VAL_LOSS"
+  grep -qE "step 300/300 loss" "$OUT/llama.out" || {
+    echo "FAIL [llama]: the default run did not reach step 300/300" >&2; FAILURES=$((FAILURES + 1)); }
 fi
 
 if [[ $FAILURES -ne 0 ]]; then

@@ -5,6 +5,7 @@
 //                                   transformers' (EXPECTED: a safetensors file
 //                                   llama_hf_check.py wrote)
 //   llama_test export SRC DST SIZE DTYPE   import SRC, export to DST unchanged
+//   llama_test tokenize MODEL OUT TEXT...  SentencePiece ids of each TEXT into OUT
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/utils.h>
@@ -14,11 +15,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "base/errors.h"
 #include "examples/llama/hf_checkpoint.h"
-#include "examples/llama/hf_strategy_load.h"
+#include "examples/llama/hf_strategy_io.h"
 #include "examples/llama/llama_model.h"
+#include "examples/llama/tokenizer.h"
 #include "strategies/registry.h"
 #include "strategies/strategy.h"
 #include "tests/testing/multi_rank.h"
@@ -65,6 +68,26 @@ int Check(const std::string& dir, const std::string& expected_path) {
   ok = ok && forced_diff <= kTol;
   std::cout << (ok ? "  OK\n" : "  FAIL (tolerance 1e-5)\n");
   return ok ? 0 : 1;
+}
+
+// Token ids of each text file under "0", "1", ... (llama_train_check.py tokens).
+int Tokenize(const std::string& model, const std::string& out, const std::vector<std::string>& texts) {
+  const auto tok = LoadSentencePiece(model);
+  std::vector<trainer::SafetensorsEntry> layout;
+  std::vector<at::Tensor> ids;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    std::ifstream in(texts[i], std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    ids.push_back(at::tensor(tok->Encode(text.str()), at::kLong));
+    trainer::SafetensorsEntry e;
+    e.name = std::to_string(i);
+    e.dtype = at::kLong;
+    e.shape = {ids.back().numel()};
+    layout.push_back(e);
+  }
+  trainer::WriteSafetensors(out, layout, [&](size_t i) { return ids[i]; });
+  return 0;
 }
 
 int Export(const std::string& src, const std::string& dst, const std::string& size, const std::string& dtype) {
@@ -275,6 +298,9 @@ int main(int argc, char** argv) {
   try {
     if (argc == 4 && std::strcmp(argv[1], "check") == 0) return Check(argv[2], argv[3]);
     if (argc == 6 && std::strcmp(argv[1], "export") == 0) return Export(argv[2], argv[3], argv[4], argv[5]);
+    if (argc >= 5 && std::strcmp(argv[1], "tokenize") == 0) {
+      return Tokenize(argv[2], argv[3], std::vector<std::string>(argv + 4, argv + argc));
+    }
   } catch (const std::exception& e) {
     std::cerr << "llama_test " << argv[1] << ": " << e.what() << "\n";
     return 1;

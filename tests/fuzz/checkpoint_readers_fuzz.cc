@@ -11,6 +11,8 @@
 #include <iterator>
 
 #include "base/errors.h"
+#include "examples/llama/hf_checkpoint.h"
+#include "examples/llama/llama_config.h"
 #include "trainer/checkpoint_io/archive.h"
 #include "trainer/checkpoint_io/checkpoint.h"
 #include "trainer/checkpoint_io/dcp.h"
@@ -142,8 +144,10 @@ void WriteFile(const fs::path& p, const uint8_t* data, size_t size) {
 
 // A per-process scratch directory holding a valid sharded checkpoint ("valid")
 // and the directory each input is written into ("input").
+std::vector<uint8_t> ValidHfIndex(const fs::path& dir);
+
 struct Scratch {
-  fs::path root, valid, input, input_dcp;
+  fs::path root, valid, input, input_dcp, input_hf;
   std::vector<uint8_t> valid_metadata, valid_rank0, valid_pickle, valid_dcp_metadata, valid_dcp_rank0;
   std::vector<std::pair<std::string, std::string>> records;  // the full checkpoint's data/* records
   Scratch() {
@@ -173,6 +177,8 @@ struct Scratch {
     WriteFile(input / trainer::kShardedCompleteMarker, nullptr, 0);
     input_dcp = root / "input_dcp";
     WriteSmallDcpCheckpoint(input_dcp);
+    input_hf = root / "input_hf";
+    ValidHfIndex(input_hf);  // the weight files the fuzzed index names
     valid_dcp_metadata = ReadFile(input_dcp / trainer::dcp::kMetadataFile);
     valid_dcp_rank0 = ReadFile(input_dcp / trainer::dcp::RankFileName(0));
   }
@@ -254,6 +260,18 @@ bool FuzzCheckpointReaders(const uint8_t* data, size_t size) {
         for (const auto& e : f.entries()) Touch(f.Tensor(e.name));
         break;
       }
+      case 9: {
+        const auto c = examples::llama::ParseLlamaConfig(std::string(reinterpret_cast<const char*>(bytes), n), "fuzz");
+        (void)c.NumParameters();
+        (void)examples::llama::ParseLlamaConfig(examples::llama::LlamaConfigJson(c, "float32"), "fuzz export");
+        break;
+      }
+      case 10: {
+        WriteFile(s.input_hf / examples::llama::kHfIndexFile, bytes, n);
+        const examples::llama::HfWeights w(s.input_hf.string());
+        for (const auto& name : w.names()) Touch(w.Tensor(name));
+        break;
+      }
     }
   } catch (const Error&) {
     return false;
@@ -277,6 +295,35 @@ std::vector<uint8_t> ValidSafetensors(const fs::path& path) {
 }
 }  // namespace
 
+namespace {
+// A small Hugging Face directory in two weight files and its index; the
+// index's bytes (the fuzzed part of reader 10).
+std::vector<uint8_t> ValidHfIndex(const fs::path& dir) {
+  examples::llama::LlamaConfig c;
+  c.vocab_size = 8;
+  c.hidden_size = 4;
+  c.intermediate_size = 6;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 2;
+  const std::vector<examples::llama::HfTensorSpec> specs = {
+      {"model.embed_tokens.weight", {8, 4}}, {"model.layers.0.mlp.up_proj.weight", {6, 4}}, {"model.norm.weight", {4}}};
+  examples::llama::HfSaveOptions o;
+  o.max_shard_bytes = 100;  // two files
+  examples::llama::HfModelWriter w(dir.string(), c, specs, o);
+  for (const auto& spec : specs)
+    w.Write(spec.name, at::arange(c10::multiply_integers(spec.shape), at::kFloat).view(spec.shape));
+  w.Commit();
+  return ReadFile(dir / examples::llama::kHfIndexFile);
+}
+
+std::vector<uint8_t> ValidLlamaConfig() {
+  const std::string text = examples::llama::LlamaConfigJson(examples::llama::LlamaConfig(), "bfloat16");
+  return std::vector<uint8_t>(text.begin(), text.end());
+}
+}  // namespace
+
 std::vector<Seed> ValidSeeds() {
   Scratch& s = GetScratch();
   const fs::path full = s.root / "full.ckpt";
@@ -296,7 +343,9 @@ std::vector<Seed> ValidSeeds() {
           {"full_checkpoint_pickle", with(5, s.valid_pickle)},
           {"dcp_metadata", with(6, s.valid_dcp_metadata)},
           {"dcp_rank_file", with(7, s.valid_dcp_rank0)},
-          {"safetensors", with(8, ValidSafetensors(s.root / "valid.safetensors"))}};
+          {"safetensors", with(8, ValidSafetensors(s.root / "valid.safetensors"))},
+          {"llama_config", with(9, ValidLlamaConfig())},
+          {"hf_index", with(10, ValidHfIndex(s.root / "valid_hf"))}};
 }
 
 }  // namespace shardtrain::fuzz

@@ -22,6 +22,11 @@
 //      to back), next to a valid .metadata and meta.pt
 //   8  SafetensorsFile (trainer/checkpoint_io/safetensors.h): a Hugging Face
 //      safetensors file, every tensor read
+//   9  ParseLlamaConfig (examples/llama/llama_config.h): a config.json, its
+//      parameter count and exported text read back
+//  10  HfWeights (examples/llama/hf_checkpoint.h): the bytes are
+//      model.safetensors.index.json beside two valid weight files, every
+//      tensor it names read
 // Every tensor a reader returns is read in full (as a caller would), so a
 // tensor that claims more bytes than its record holds is found. A reader may
 // only succeed or throw shardtrain::Error; any other exception escapes.
@@ -35,7 +40,7 @@
 
 namespace shardtrain::fuzz {
 
-inline constexpr int kNumReaders = 9;
+inline constexpr int kNumReaders = 11;
 
 // Runs the reader `data[0] % kNumReaders` on data[1..]. Returns true when the
 // reader accepted the input, false when it threw shardtrain::Error.

@@ -57,6 +57,9 @@ class RecordingModule : public Classifier {
   }
   void on_exception(const std::exception& e) override { events_->push_back(std::string("M:exception ") + e.what()); }
   void on_fit_end() override { events_->push_back("M:fit_end"); }
+  void on_model_wrapped() override {
+    events_->push_back(std::string("M:model_wrapped ") + (strategy().has_sharded_state() ? "sharded" : "not sharded"));
+  }
   std::map<std::string, std::string> loaded;
 
  private:
@@ -120,7 +123,7 @@ TEST(Hooks, OrderAndArgumentsOnEveryRank) {
     Trainer trainer(mine, comm);
     trainer.Fit(module, *train);
   });
-  std::vector<std::string> expected = {"M:epoch_start 0", "C:epoch_start 0"};
+  std::vector<std::string> expected = {"M:model_wrapped sharded", "M:epoch_start 0", "C:epoch_start 0"};
   for (int i = 0; i < 4; ++i) {
     const std::string n = std::to_string(i);
     for (const std::string& e :
@@ -180,8 +183,10 @@ void ExtraStateRoundTrip(const std::string& dir, const strategies::StrategyOptio
     trainer.Fit(module, *train, nullptr, last);
     module_loaded[rank] = module.loaded;
     callback_loaded[rank] = cb->loaded;
-    EXPECT_EQ(ev.front(), "M:load_checkpoint");  // before the first batch
-    EXPECT_EQ(ev[1], "C:load_checkpoint");
+    ASSERT_GE(ev.size(), 3u);
+    EXPECT_EQ(ev[0].rfind("M:model_wrapped ", 0), 0u) << ev[0];  // pretrained weights first, then the checkpoint
+    EXPECT_EQ(ev[1], "M:load_checkpoint");                       // before the first batch
+    EXPECT_EQ(ev[2], "C:load_checkpoint");
   });
   for (int r = 0; r < 2; ++r) {
     EXPECT_EQ(module_loaded[r], want) << "rank " << r;

@@ -194,6 +194,49 @@ TEST(SafetensorsTest, TheWriterChecksWhatItIsGivenAndLeavesNoFileOnError) {
                InvalidArgumentError);
 }
 
+// SafetensorsWriter: tensors in any order land where the header says (the
+// file equals WriteSafetensors' of the same tensors, byte for byte); a tensor
+// missing at Commit, written twice or of another shape is an error, and a
+// writer dropped uncommitted leaves neither the file nor a temporary.
+TEST(SafetensorsTest, TheOutOfOrderWriterPlacesEachTensorAtItsOffset) {
+  const std::string dir = Dir("out_of_order");
+  const std::vector<std::pair<std::string, at::Tensor>> tensors = {
+      {"a", at::randn({3, 5})}, {"b", at::arange(7, at::kLong)}, {"c", at::randn({4}).to(at::kBFloat16)}};
+  Write(dir + "/in_order.safetensors", tensors, {{"format", "pt"}});
+  std::vector<SafetensorsEntry> layout;
+  for (const auto& [name, t] : tensors) {
+    SafetensorsEntry e;
+    e.name = name;
+    e.dtype = t.scalar_type();
+    e.shape = t.sizes().vec();
+    layout.push_back(e);
+  }
+  {
+    SafetensorsWriter w(dir + "/any_order.safetensors", layout, {{"format", "pt"}});
+    w.Write("c", tensors[2].second.to(at::kFloat));  // converted to the entry's dtype
+    w.Write("a", tensors[0].second);
+    EXPECT_THROW(w.Write("a", tensors[0].second), InvalidArgumentError);
+    EXPECT_THROW(w.Write("b", at::arange(6, at::kLong)), InvalidArgumentError);
+    EXPECT_THROW(w.Write("d", tensors[0].second), InvalidArgumentError);
+    EXPECT_THROW(w.Commit(), InvalidArgumentError);  // "b" never written
+    w.Write("b", tensors[1].second);
+    w.Commit();
+  }
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  EXPECT_EQ(bytes(dir + "/any_order.safetensors"), bytes(dir + "/in_order.safetensors"));
+  {
+    SafetensorsWriter dropped(dir + "/dropped.safetensors", layout);
+    dropped.Write("a", tensors[0].second);
+  }
+  EXPECT_FALSE(fs::exists(dir + "/dropped.safetensors"));
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir)) files += e.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(files, 2u) << "a temporary file was left";
+}
+
 }  // namespace
 
 // archive_test's modes for tests/trainer/safetensors_python_test.sh (Python's

@@ -36,6 +36,7 @@ SRCS=(trainer/checkpoint_io/archive.cc trainer/checkpoint_io/pickle_scan.cc trai
       trainer/checkpoint_io/py_pickle.cc trainer/checkpoint_io/dcp.cc trainer/checkpoint_io/dcp_checkpoint.cc
       trainer/checkpoint_io/safetensors.cc trainer/checkpoint_io/zip_writer.cc
       base/file_util.cc sharding/sharded_state.cc sharding/shard_layout.cc
+      examples/llama/llama_config.cc examples/llama/hf_checkpoint.cc
       tests/fuzz/checkpoint_readers_fuzz.cc tests/fuzz/checkpoint_fuzzer_main.cc)
 FLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -D_GLIBCXX_USE_CXX11_ABI=$ABI -I"$ROOT" -isystem "$TORCH/include" -isystem "$TORCH/include/torch/csrc/api/include")

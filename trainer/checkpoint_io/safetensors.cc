@@ -2,17 +2,21 @@
 #include "trainer/checkpoint_io/safetensors.h"
 
 #include <ATen/ATen.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
 
 #include "base/errors.h"
+#include "base/file_util.h"
 #include "trainer/checkpoint_io/archive.h"
 #include "trainer/checkpoint_io/internal/zip_writer.h"
 
@@ -272,6 +276,75 @@ void WriteSafetensors(const std::string& path, const std::vector<SafetensorsEntr
     sink.Write(t.data_ptr(), t.nbytes());
   }
   sink.Commit();
+}
+
+SafetensorsWriter::SafetensorsWriter(const std::string& path, std::vector<SafetensorsEntry> layout,
+                                     const std::map<std::string, std::string>& metadata)
+    : path_(path), tmp_(TemporaryBeside(path, "st")), layout_(std::move(layout)), written_(layout_.size(), false) {
+  const std::string text = HeaderText(path, layout_, metadata);
+  uint64_t at = 0;
+  for (size_t i = 0; i < layout_.size(); ++i) {
+    index_[layout_[i].name] = i;
+    layout_[i].begin = at;
+    at += static_cast<uint64_t>(layout_[i].numel()) * c10::elementSize(layout_[i].dtype);
+    layout_[i].end = at;
+  }
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) ST_THROW(Error, "cannot create ", tmp_, " (for ", path, "): ", std::strerror(errno));
+  std::string head(8, '\0');
+  for (int i = 0; i < 8; ++i) head[i] = static_cast<char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  head += text;
+  data_offset_ = head.size();
+  WriteAt(head.data(), head.size(), 0);
+  if (::ftruncate(fd_, static_cast<off_t>(data_offset_ + at)) != 0) {
+    ST_THROW(Error, "cannot size ", tmp_, " (for ", path, "): ", std::strerror(errno));
+  }
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(tmp_.c_str());
+}
+
+void SafetensorsWriter::WriteAt(const void* data, size_t n, uint64_t offset) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) ST_THROW(Error, "cannot write ", tmp_, " (for ", path_, "): ", std::strerror(errno));
+    p += w;
+    n -= static_cast<size_t>(w);
+    offset += static_cast<uint64_t>(w);
+  }
+}
+
+void SafetensorsWriter::Write(const std::string& name, const at::Tensor& t) {
+  auto it = index_.find(name);
+  ST_CHECK_ARG(it != index_.end(), "SafetensorsWriter('", path_, "'): no tensor '", name, "' in its layout");
+  const SafetensorsEntry& e = layout_[it->second];
+  ST_CHECK_ARG(!written_[it->second], "SafetensorsWriter('", path_, "'): tensor '", name, "' written twice");
+  ST_CHECK_ARG(t.defined() && t.sizes().vec() == e.shape, "SafetensorsWriter('", path_, "'): tensor '", name,
+               "' should have shape ", ShapeText(e.shape), ", got ",
+               t.defined() ? ShapeText(t.sizes().vec()) : "an undefined tensor");
+  const at::Tensor bytes = t.detach().to(at::kCPU, e.dtype).contiguous();
+  WriteAt(bytes.data_ptr(), bytes.nbytes(), data_offset_ + e.begin);
+  written_[it->second] = true;
+}
+
+void SafetensorsWriter::Commit() {
+  for (size_t i = 0; i < layout_.size(); ++i) {
+    ST_CHECK_ARG(written_[i], "SafetensorsWriter('", path_, "'): tensor '", layout_[i].name, "' was never written");
+  }
+  if (::fsync(fd_) != 0) ST_THROW(Error, "cannot fsync ", tmp_, ": ", std::strerror(errno));
+  ::close(fd_);
+  fd_ = -1;
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    ST_THROW(Error, "cannot rename ", tmp_, " to ", path_, ": ", std::strerror(errno));
+  }
+  committed_ = true;
+  SyncDirectory(std::filesystem::path(path_).parent_path().string());
 }
 
 }  // namespace shardtrain::trainer

@@ -90,6 +90,38 @@ void WriteSafetensors(const std::string& path, const std::vector<SafetensorsEntr
                       const std::function<at::Tensor(size_t)>& fill,
                       const std::map<std::string, std::string>& metadata = {});
 
+// A safetensors file whose tensors arrive in any order, each exactly once
+// (e.g. as a sharded model's units are gathered): the header is written
+// first from the layout, each tensor's bytes at their own offset in a
+// temporary beside `path`. Commit() checks that every tensor arrived, fsyncs
+// and renames the file into place; destroyed uncommitted, it removes the
+// temporary and `path` is untouched.
+class SafetensorsWriter {
+ public:
+  SafetensorsWriter(const std::string& path, std::vector<SafetensorsEntry> layout,
+                    const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsWriter();
+  SafetensorsWriter(const SafetensorsWriter&) = delete;
+  SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
+
+  bool Has(const std::string& name) const { return index_.count(name) > 0; }
+  // Writes tensor `name` (converted to its entry's dtype; its shape must
+  // match). Throws InvalidArgumentError for an unknown name, another shape
+  // or a second write; shardtrain::Error when the file cannot be written.
+  void Write(const std::string& name, const at::Tensor& t);
+  void Commit();
+
+ private:
+  void WriteAt(const void* data, size_t n, uint64_t offset);
+  std::string path_, tmp_;
+  int fd_ = -1;
+  uint64_t data_offset_ = 0;
+  std::vector<SafetensorsEntry> layout_;
+  std::map<std::string, size_t> index_;
+  std::vector<bool> written_;
+  bool committed_ = false;
+};
+
 }  // namespace shardtrain::trainer
 
 #endif  // SHARDTRAIN_TRAINER_CHECKPOINT_IO_SAFETENSORS_H_

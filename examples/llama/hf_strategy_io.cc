@@ -1,10 +1,12 @@
-#include "examples/llama/hf_strategy_load.h"
+#include "examples/llama/hf_strategy_io.h"
 
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
 #include <algorithm>
 #include <map>
+#include <memory>
+#include <vector>
 
 #include "sharding/source_release.h"
 #include "strategies/strategy.h"
@@ -39,6 +41,25 @@ void LoadHfWeightsInto(strategies::Strategy& s, const LlamaConfig& config, const
         }
       },
       /*buffers=*/{});
+}
+
+void SaveHfModel(strategies::Strategy& s, const std::string& dir, const LlamaConfig& config,
+                 const HfSaveOptions& options) {
+  std::unique_ptr<HfModelWriter> writer;
+  if (s.rank() == 0) {
+    std::vector<HfTensorSpec> specs;
+    for (const auto& p : s.module().named_parameters(/*recurse=*/true)) {
+      specs.push_back({p.key(), p.value().sizes().vec()});
+    }
+    writer = std::make_unique<HfModelWriter>(dir, config, specs, options);
+  }
+  strategies::Strategy::FullStateSink sink;
+  sink.add = [](const at::Tensor& full) { return full; };  // written at once by name(), while it is valid
+  sink.name = [&](const std::string& name, const at::Tensor& full) {
+    if (writer != nullptr && writer->Has(name)) writer->Write(name, full);
+  };
+  s.ForEachFullStateTensor(/*root=*/0, sink);
+  if (writer != nullptr) writer->Commit();
 }
 
 }  // namespace shardtrain::examples::llama

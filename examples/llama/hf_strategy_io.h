@@ -1,13 +1,15 @@
-// Loading a Hugging Face directory's weights into a model that a strategy
-// has wrapped. Under a sharded strategy each rank reads only the element
+// Hugging Face directories in and out of a model that a strategy has
+// wrapped. Loading: Under a sharded strategy each rank reads only the element
 // ranges of the parameters its shards own, straight from the mapped
 // safetensors files into its shards (a parameter's range in a unit's flat
 // shard is a contiguous run of its row-major elements), and drops each run's
 // pages from the process once copied: the peak per rank is its own shards
 // plus the few pages in flight, never the whole model. Other strategies copy
-// every parameter.
-#ifndef SHARDTRAIN_EXAMPLES_LLAMA_HF_STRATEGY_LOAD_H_
-#define SHARDTRAIN_EXAMPLES_LLAMA_HF_STRATEGY_LOAD_H_
+// every parameter. Saving gathers the full parameters one unit at a time
+// (ForEachFullStateTensor) and rank 0 writes each into its place in the
+// files as it arrives: no rank ever holds the whole model.
+#ifndef SHARDTRAIN_EXAMPLES_LLAMA_HF_STRATEGY_IO_H_
+#define SHARDTRAIN_EXAMPLES_LLAMA_HF_STRATEGY_IO_H_
 
 #include "examples/llama/hf_checkpoint.h"
 #include "examples/llama/llama_config.h"
@@ -23,6 +25,11 @@ namespace shardtrain::examples::llama {
 // WrapModel (it communicates as the strategy's LoadShardsWith does).
 void LoadHfWeightsInto(strategies::Strategy& strategy, const LlamaConfig& config, const HfWeights& weights);
 
+// Writes the wrapped model as a Hugging Face directory at `dir` (HfModelWriter
+// on rank 0). Collective: every rank calls it.
+void SaveHfModel(strategies::Strategy& strategy, const std::string& dir, const LlamaConfig& config,
+                 const HfSaveOptions& options);
+
 }  // namespace shardtrain::examples::llama
 
-#endif  // SHARDTRAIN_EXAMPLES_LLAMA_HF_STRATEGY_LOAD_H_
+#endif  // SHARDTRAIN_EXAMPLES_LLAMA_HF_STRATEGY_IO_H_

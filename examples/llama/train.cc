@@ -1,0 +1,359 @@
+// examples/llama: a Llama-family model trained by the Trainer with any
+// registered strategy (default fsdp_native: FULL_SHARD over 2 CPU ranks, one
+// FSDP unit per decoder layer), from scratch or from a Hugging Face directory.
+//
+//   tools/bazel run //examples/llama:train
+//   tools/bazel run //examples/llama:train -- --save_hf=/tmp/llama-hf
+//   tools/bazel run //examples/llama:train -- --hf_checkpoint=/tmp/llama-hf --max_steps=100 --lr=3e-4
+//
+// From scratch, the text (--data, default Debian's fortunes) is tokenized by
+// a SentencePiece BPE model of --vocab_size pieces trained on it and cached
+// in --tokenizer_cache_dir. With --hf_checkpoint=DIR the model's shape comes
+// from DIR/config.json, its weights stream into each rank's shards, and the
+// tokenizer is DIR/tokenizer.model (or --tokenizer). 90% of the tokens train
+// (windows of --block_size, reshuffled every epoch), 10% validate. Prints
+// progress, the validation loss before, during and after training and a
+// sample; --save_hf=DIR writes a Hugging Face directory at the end (with the
+// tokenizer), which Python `transformers` loads.
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gflags/gflags.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <memory>
+
+#include "base/errors.h"
+#include "examples/common/example_util.h"
+#include "examples/common/flag_checks.h"
+#include "examples/common/lm_common.h"
+#include "examples/common/trainer_flags.h"
+#include "examples/llama/hf_checkpoint.h"
+#include "examples/llama/hf_strategy_io.h"
+#include "examples/llama/llama_model.h"
+#include "examples/llama/tokenizer.h"
+#include "trainer/trainer.h"
+
+DEFINE_string(data, "", "text file to train on (default: Debian's fortunes corpus)");
+DEFINE_string(hf_checkpoint, "", "fine-tune from this Hugging Face model directory (config.json + safetensors)");
+DEFINE_string(tokenizer, "", "a SentencePiece tokenizer.model (default: the checkpoint's, or one trained on the text)");
+DEFINE_int64(vocab_size, 1024, "pieces of the tokenizer trained on the text (from scratch, without --tokenizer)");
+DEFINE_string(tokenizer_cache_dir, "", "where trained tokenizers are kept (default: ~/.cache/shardtrain/tokenizers)");
+DEFINE_int64(max_steps, 300, "optimizer steps to train (counted from the start of training, also when resuming)");
+DEFINE_int64(batch_size, 16, "sequences per rank per step");
+DEFINE_int32(block_size, 64, "tokens per training sequence");
+DEFINE_int32(hidden_size, 128, "from scratch: hidden size");
+DEFINE_int32(intermediate_size, 352, "from scratch: SwiGLU MLP width");
+DEFINE_int32(num_layers, 4, "from scratch: decoder layers (one FSDP unit each)");
+DEFINE_int32(num_heads, 4, "from scratch: attention heads");
+DEFINE_int32(num_kv_heads, 2, "from scratch: key/value heads (a divisor of --num_heads; 1: multi-query)");
+DEFINE_bool(tie_word_embeddings, false, "from scratch: tie the output head to the token embedding");
+DEFINE_double(lr, 3e-3, "AdamW learning rate");
+DEFINE_double(weight_decay, 0.01, "AdamW weight decay");
+DEFINE_string(lr_scheduler, "cosine", "none, cosine (warmup, then to lr/10 at --max_steps) or onecycle");
+DEFINE_int64(warmup_steps, -1, "linear warmup steps (-1: 10% of --max_steps for cosine, 30% for onecycle)");
+DEFINE_double(grad_clip, 1.0, "clip the global gradient norm to this (0 = off)");
+DEFINE_int64(eval_every, 100, "validate every N training batches (>= 2)");
+DEFINE_int64(val_samples, 256, "validation windows, spread evenly over the validation tokens");
+DEFINE_int64(log_every_n_steps, 10, "progress and CSV log interval in steps");
+DEFINE_string(default_root_dir, "", "logs and checkpoints go to DIR/lightning_logs/version_N (default: .)");
+DEFINE_string(ckpt_path, "", "resume from this checkpoint, or 'last' for the newest run's");
+DEFINE_int64(checkpoint_every_n_steps, 0, "also write checkpoints/step=N.ckpt every N steps (0: only last.ckpt)");
+DEFINE_bool(async_checkpoint, false, "write sharded checkpoints in the background while training goes on");
+DEFINE_string(save_hf, "", "write a Hugging Face model directory here at the end");
+DEFINE_string(save_hf_dtype, "bf16", "dtype of --save_hf's weights: bf16 or fp32");
+DEFINE_string(save_hf_max_shard_size, "50GB", "split --save_hf's weights into files of at most this size");
+DEFINE_int32(sample_tokens, 48, "tokens to generate at the end (0: none)");
+DEFINE_double(temperature, 0.8, "sampling temperature");
+DEFINE_int32(top_k, 0, "sample from the k most likely tokens (0: all)");
+DEFINE_double(top_p, 1.0, "sample from the smallest set of tokens with this probability (1: all)");
+DEFINE_int32(num_workers, 2, "background threads per rank preparing the next batches (0: none)");
+DEFINE_uint64(seed, 1337, "random seed (initial weights, shuffling, sampling)");
+
+namespace {
+
+using namespace shardtrain;
+using examples::Fmt;
+using examples::PrintLine;
+using examples::llama::LlamaConfig;
+
+class LlamaModule : public trainer::TrainingModule {
+ public:
+  LlamaModule(LlamaConfig config, examples::LmOptimizerOptions optim, std::string hf_dir)
+      : config_(std::move(config)), optim_(std::move(optim)), hf_dir_(std::move(hf_dir)) {}
+
+  std::shared_ptr<torch::nn::Module> configure_model() override {
+    model_ = std::make_shared<examples::llama::LlamaForCausalLMImpl>(config_);
+    return model_;
+  }
+  // Fine-tuning: each rank streams its shards' ranges from the files.
+  void on_model_wrapped() override {
+    if (hf_dir_.empty()) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    examples::llama::LoadHfWeightsInto(strategy(), config_, examples::llama::HfWeights(hf_dir_));
+    if (strategy().rank() == 0) {
+      PrintLine("loaded " + hf_dir_ +
+                Fmt(" in %.1f s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+    }
+  }
+  at::Tensor training_step(const trainer::Batch& b, int64_t) override {
+    return examples::llama::LlamaForCausalLMImpl::Loss(forward([&] { return model_->forward(b.inputs); }), b.targets);
+  }
+  std::optional<at::Tensor> validation_step(const trainer::Batch& b, int64_t i) override { return training_step(b, i); }
+  trainer::OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
+    return examples::MakeLmOptimizer(params, optim_);
+  }
+  shardtrain::trainer::StateDict hyper_parameters() const override {
+    return {{"model", "llama"},
+            {"vocab_size", config_.vocab_size},
+            {"hidden_size", config_.hidden_size},
+            {"intermediate_size", config_.intermediate_size},
+            {"num_hidden_layers", config_.num_hidden_layers},
+            {"num_attention_heads", config_.num_attention_heads},
+            {"num_key_value_heads", config_.num_key_value_heads},
+            {"head_dim", config_.head_dim},
+            {"tie_word_embeddings", config_.tie_word_embeddings},
+            {"hf_checkpoint", hf_dir_},
+            {"lr", optim_.lr},
+            {"weight_decay", optim_.weight_decay},
+            {"lr_scheduler", optim_.schedule},
+            {"warmup_steps", optim_.ResolvedWarmup()}};
+  }
+  // Decodes `n` tokens after `prompt` ([1, T]) with a key/value cache.
+  // Collective: every rank calls it with the same prompt and seed, and each
+  // step's forward goes through the strategy (sharded layers gather).
+  at::Tensor Generate(at::Tensor ids, const examples::llama::GenerateOptions& o) {
+    at::NoGradGuard no_grad;
+    model_->eval();
+    at::Generator gen = at::detail::createCPUGenerator(o.seed);
+    std::vector<examples::llama::LayerKvCache> cache;
+    at::Tensor input = ids;
+    const at::Device device = trainer().device();
+    for (int64_t i = 0; i < o.max_new_tokens && ids.size(1) < config_.max_position_embeddings; ++i) {
+      at::Tensor logits = forward([&] { return model_->ForwardWithCache(input.to(device), cache); });
+      at::Tensor next =
+          examples::llama::PickNextToken(logits.select(1, logits.size(1) - 1).to(at::kFloat).cpu(), o, gen);
+      input = next.unsqueeze(1);
+      ids = at::cat({ids, input}, 1);
+      if (!config_.eos_token_ids.empty() && next.item<int64_t>() == config_.eos_token_ids[0]) break;
+    }
+    model_->train();
+    return ids;
+  }
+  // The full state, one unit at a time, into a Hugging Face directory (rank 0 writes).
+  void SaveHf(const std::string& dir, const examples::llama::HfSaveOptions& o) {
+    examples::llama::SaveHfModel(strategy(), dir, config_, o);
+  }
+
+ private:
+  LlamaConfig config_;
+  examples::LmOptimizerOptions optim_;
+  std::string hf_dir_;
+  std::shared_ptr<examples::llama::LlamaForCausalLMImpl> model_;
+};
+
+void CheckFlags() {
+  using examples::CheckDoubleFlag;
+  using examples::CheckIntFlag;
+  CheckIntFlag("max_steps", FLAGS_max_steps, 1);
+  examples::CheckChoiceFlag("lr_scheduler", FLAGS_lr_scheduler, {"none", "cosine", "onecycle"});
+  CheckIntFlag("warmup_steps", FLAGS_warmup_steps, -1, FLAGS_max_steps - 1);
+  CheckIntFlag("vocab_size", FLAGS_vocab_size, 260, 1 << 20);
+  CheckIntFlag("batch_size", FLAGS_batch_size, 1, 1 << 20);
+  CheckIntFlag("block_size", FLAGS_block_size, 1, 1 << 16);
+  CheckIntFlag("hidden_size", FLAGS_hidden_size, 1, 1 << 16);
+  CheckIntFlag("intermediate_size", FLAGS_intermediate_size, 1, 1 << 18);
+  CheckIntFlag("num_layers", FLAGS_num_layers, 1, 1024);
+  CheckIntFlag("num_heads", FLAGS_num_heads, 1, 1024);
+  CheckIntFlag("num_kv_heads", FLAGS_num_kv_heads, 1, FLAGS_num_heads);
+  if (FLAGS_hidden_size % FLAGS_num_heads != 0 || (FLAGS_hidden_size / FLAGS_num_heads) % 2 != 0) {
+    examples::FailFlag("num_heads", std::to_string(FLAGS_num_heads),
+                       "a divisor of --hidden_size=" + std::to_string(FLAGS_hidden_size) + " giving even head sizes",
+                       "rotary embeddings rotate pairs of each head's dimensions");
+  }
+  if (FLAGS_num_heads % FLAGS_num_kv_heads != 0) {
+    examples::FailFlag("num_kv_heads", std::to_string(FLAGS_num_kv_heads),
+                       "a divisor of --num_heads=" + std::to_string(FLAGS_num_heads),
+                       "query heads share key/value heads evenly");
+  }
+  CheckDoubleFlag("lr", FLAGS_lr, 0, examples::kNoMax, /*min_open=*/true);
+  CheckDoubleFlag("weight_decay", FLAGS_weight_decay, 0);
+  CheckDoubleFlag("grad_clip", FLAGS_grad_clip, 0);
+  CheckIntFlag("eval_every", FLAGS_eval_every, 2);
+  CheckIntFlag("val_samples", FLAGS_val_samples, 1);
+  CheckIntFlag("log_every_n_steps", FLAGS_log_every_n_steps, 1);
+  CheckIntFlag("checkpoint_every_n_steps", FLAGS_checkpoint_every_n_steps, 0);
+  examples::CheckChoiceFlag("save_hf_dtype", FLAGS_save_hf_dtype, {"bf16", "fp32"});
+  try {
+    examples::llama::ParseHfSize(FLAGS_save_hf_max_shard_size);
+  } catch (const InvalidArgumentError&) {
+    examples::FailFlag("save_hf_max_shard_size", FLAGS_save_hf_max_shard_size,
+                       "a positive size: bytes, or a number followed by B, KB, MB, GB, KiB, MiB or GiB", "");
+  }
+  CheckIntFlag("sample_tokens", FLAGS_sample_tokens, 0, 1 << 20);
+  CheckDoubleFlag("temperature", FLAGS_temperature, 0, examples::kNoMax, /*min_open=*/true);
+  CheckIntFlag("top_k", FLAGS_top_k, 0);
+  CheckDoubleFlag("top_p", FLAGS_top_p, 0, 1, /*min_open=*/true);
+  CheckIntFlag("num_workers", FLAGS_num_workers, 0, trainer::kMaxDataLoaderWorkers);
+}
+
+// The model from --hf_checkpoint's config.json, or from the flags.
+LlamaConfig ModelConfig(int64_t vocab_size, int64_t bos, int64_t eos) {
+  if (!FLAGS_hf_checkpoint.empty()) {
+    return examples::llama::ReadLlamaConfig(
+        (std::filesystem::path(examples::UserPath(FLAGS_hf_checkpoint)) / "config.json").string());
+  }
+  LlamaConfig c;
+  c.vocab_size = vocab_size;
+  c.hidden_size = FLAGS_hidden_size;
+  c.intermediate_size = FLAGS_intermediate_size;
+  c.num_hidden_layers = FLAGS_num_layers;
+  c.num_attention_heads = FLAGS_num_heads;
+  c.num_key_value_heads = FLAGS_num_kv_heads;
+  c.head_dim = FLAGS_hidden_size / FLAGS_num_heads;
+  c.max_position_embeddings = std::max<int64_t>(FLAGS_block_size, 256);
+  c.tie_word_embeddings = FLAGS_tie_word_embeddings;
+  c.bos_token_id = bos;
+  if (eos >= 0) c.eos_token_ids = {eos};
+  c.Validate();
+  return c;
+}
+
+// --tokenizer, the checkpoint's tokenizer.model, or one trained on the text.
+std::unique_ptr<examples::llama::Tokenizer> MakeTokenizer(const std::string& text) {
+  std::string path = examples::UserPath(FLAGS_tokenizer);
+  if (path.empty() && !FLAGS_hf_checkpoint.empty()) {
+    path = (std::filesystem::path(examples::UserPath(FLAGS_hf_checkpoint)) / "tokenizer.model").string();
+    ST_CHECK_ARG(std::filesystem::is_regular_file(path), "--hf_checkpoint=", FLAGS_hf_checkpoint,
+                 " has no tokenizer.model (a SentencePiece model); give one with --tokenizer=FILE");
+  }
+  if (path.empty()) {
+    std::string cache = examples::UserPath(FLAGS_tokenizer_cache_dir);
+    if (cache.empty()) {
+      const char* home = std::getenv("HOME");
+      cache = std::string(home != nullptr ? home : ".") + "/.cache/shardtrain/tokenizers";
+    }
+    path = examples::llama::TrainSentencePiece(text, FLAGS_vocab_size, cache);
+  }
+  return examples::llama::LoadSentencePiece(path);
+}
+
+struct Tokens {
+  at::Tensor train, val;
+};
+
+Tokens Tokenize(const examples::llama::Tokenizer& tok, const std::string& text) {
+  const std::vector<int64_t> ids = tok.Encode(text);
+  at::Tensor all = at::tensor(ids, at::kLong);
+  const int64_t n = all.numel() * 9 / 10;
+  ST_CHECK_ARG(all.numel() - n > FLAGS_block_size + 1, "the text is too short for --block_size=", FLAGS_block_size,
+               " (", all.numel() - n, " validation tokens)");
+  return {all.slice(0, 0, n), all.slice(0, n)};
+}
+
+void ApplyRunFlags(trainer::TrainerOptions& o) {
+  o.max_epochs = -1;
+  o.max_steps = FLAGS_max_steps;
+  o.batch_size = FLAGS_batch_size;
+  o.val_check_interval = static_cast<double>(FLAGS_eval_every);
+  o.gradient_clip_val = FLAGS_grad_clip;
+  o.log_every_n_steps = FLAGS_log_every_n_steps;
+  o.checkpoint_every_n_steps = FLAGS_checkpoint_every_n_steps;
+  o.async_checkpoint = FLAGS_async_checkpoint;
+  o.default_root_dir =
+      FLAGS_default_root_dir.empty() ? examples::UserPath(".") : examples::UserPath(FLAGS_default_root_dir);
+  o.seed = FLAGS_seed;
+  o.num_workers = FLAGS_num_workers;
+}
+
+// Generates after the validation text's first tokens; every rank runs it.
+std::string Sample(LlamaModule& module, const examples::llama::Tokenizer& tok, const Tokens& tokens) {
+  examples::llama::GenerateOptions g;
+  g.max_new_tokens = FLAGS_sample_tokens;
+  g.temperature = FLAGS_temperature;
+  g.top_k = FLAGS_top_k;
+  g.top_p = FLAGS_top_p;
+  g.seed = FLAGS_seed;
+  at::Tensor prompt = tokens.val.slice(0, 0, std::min<int64_t>(8, FLAGS_block_size)).unsqueeze(0);
+  at::Tensor ids = module.Generate(prompt, g)[0];
+  return tok.Decode(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel()));
+}
+
+void SaveHfAtEnd(LlamaModule& module, const examples::llama::Tokenizer& tok, bool rank0) {
+  const std::string dir = examples::UserPath(FLAGS_save_hf);
+  examples::llama::HfSaveOptions o;
+  o.dtype = FLAGS_save_hf_dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+  o.max_shard_bytes = examples::llama::ParseHfSize(FLAGS_save_hf_max_shard_size);
+  const auto t0 = std::chrono::steady_clock::now();
+  module.SaveHf(dir, o);
+  if (!rank0) return;
+  std::filesystem::copy_file(tok.file(), std::filesystem::path(dir) / "tokenizer.model",
+                             std::filesystem::copy_options::overwrite_existing);
+  PrintLine("wrote Hugging Face directory " + dir +
+            Fmt(" in %.1f s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
+}
+
+int Run() {
+  const auto t_start = std::chrono::steady_clock::now();
+  trainer::TrainerOptions o;
+  const examples::ProcessPlan plan = examples::ApplyTrainerFlags(o);
+  const bool rank0 = plan.rank == 0;
+  const std::string text = examples::ReadCorpus(examples::UserPath(FLAGS_data));
+  const auto tok = MakeTokenizer(text);
+  const Tokens tokens = Tokenize(*tok, text);
+  const LlamaConfig cfg = ModelConfig(tok->vocab_size(), tok->bos_id(), tok->eos_id());
+  ST_CHECK_ARG(cfg.vocab_size >= tok->vocab_size(), "the model's vocabulary (", cfg.vocab_size,
+               ") is smaller than the tokenizer's (", tok->vocab_size(), ", ", tok->source(), ")");
+  examples::WindowDataset train = examples::WindowDataset::Tiled(tokens.train, FLAGS_block_size);
+  examples::WindowDataset val = examples::WindowDataset::Spread(tokens.val, FLAGS_block_size, FLAGS_val_samples);
+
+  ApplyRunFlags(o);
+  auto printer = std::make_shared<examples::ValLossPrinter>();
+  o.callbacks = {printer};
+  const std::string ckpt = examples::ResolveCheckpointPath(FLAGS_ckpt_path, o.default_root_dir, o.logger_name);
+  trainer::Trainer trainer(o);
+  examples::LmOptimizerOptions optim{FLAGS_lr, FLAGS_weight_decay, FLAGS_lr_scheduler, FLAGS_warmup_steps,
+                                     FLAGS_max_steps};
+  LlamaModule module(cfg, optim, examples::UserPath(FLAGS_hf_checkpoint));
+  if (rank0) {
+    std::printf("ShardTrain Llama: %s, strategy %s%s%s, %d rank(s), %s, batch %ld x %d, tokenizer %s, %ld+%ld tokens\n",
+                cfg.ToString().c_str(), FLAGS_strategy.c_str(), FLAGS_strategy_options.empty() ? "" : " ",
+                FLAGS_strategy_options.c_str(), plan.devices * plan.num_nodes, FLAGS_precision.c_str(),
+                static_cast<long>(FLAGS_batch_size), plan.devices * plan.num_nodes, tok->source().c_str(),
+                static_cast<long>(tokens.train.numel()), static_cast<long>(tokens.val.numel()));
+    std::fflush(stdout);
+  }
+  double first_val = std::numeric_limits<double>::quiet_NaN();
+  if (ckpt.empty()) {
+    first_val = trainer.Validate(module, val);
+    if (rank0) PrintLine("step 0 | val loss " + Fmt("%.4f", first_val));
+  }
+  const double fit_secs = examples::TimedFit(trainer, module, train, &val, ckpt);
+  double last_val = trainer.val_losses().empty() ? first_val : trainer.val_losses().back();
+  if (printer->last_step() != trainer.global_step()) {
+    last_val = trainer.Validate(module, val);
+    if (rank0) PrintLine("step " + std::to_string(trainer.global_step()) + " | val loss " + Fmt("%.4f", last_val));
+  }
+  if (std::isnan(first_val) && !trainer.val_losses().empty()) first_val = trainer.val_losses().front();
+  const std::string sample = FLAGS_sample_tokens > 0 ? Sample(module, *tok, tokens) : "";
+  if (!FLAGS_save_hf.empty()) SaveHfAtEnd(module, *tok, rank0);
+  if (rank0) {
+    const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+    std::printf("validation loss: %.4f -> %.4f; %ld steps; fit %.0f s, total %.0f s\n", first_val, last_val,
+                static_cast<long>(trainer.step_losses().size()), fit_secs, total);
+    if (!sample.empty()) std::printf("--- sample ---\n%s\n--------------\n", sample.c_str());
+    examples::PrintOutputPaths(trainer);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return shardtrain::examples::RunExampleMain(
+      argc, argv, "train a Llama-family model with the ShardTrain Trainer: train --strategy=fsdp_native --devices=2",
+      Run, CheckFlags);
+}

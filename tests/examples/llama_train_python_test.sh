@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# //examples/llama:train against Python (transformers, sentencepiece; pinned by
+# tools/bootstrap.sh), end to end at W=2 fsdp_native on a fixed text:
+#   1. the tokenizer it trains encodes the text (and a multilingual sample)
+#      token for token as Python sentencepiece does with the same model;
+#   2. trained from scratch, its --save_hf export loads in transformers and
+#      gives the validation loss the program printed;
+#   3. Python continues training that export; the program, started from
+#      Python's directory (--hf_checkpoint), reports the validation loss
+#      Python measured before it trains.
+set -euo pipefail
+train="$1"; tool="$2"; checker="$3"; defs="$4"
+source "$(dirname "${BASH_SOURCE[0]}")/../testing/python.sh" "$defs"
+skip_without_module transformers llama_train_python_test
+skip_without_module sentencepiece llama_train_python_test
+tmp="${TEST_TMPDIR:-$(mktemp -d)}/llama_train"
+rm -rf "$tmp"; mkdir -p "$tmp"
+"$python" "$checker" corpus "$tmp/corpus.txt" "$tmp/multilingual.txt"
+common=(--data="$tmp/corpus.txt" --tokenizer_cache_dir="$tmp/tok" --vocab_size=512 --devices=2
+        --strategy=fsdp_native --block_size=32 --batch_size=8 --val_samples=64 --hidden_size=64
+        --intermediate_size=176 --num_layers=2 --num_heads=4 --num_kv_heads=2 --sample_tokens=8
+        --num_workers=0 --default_root_dir="$tmp/runs")
+val_of() { sed -n "s/^step $2 | val loss \([0-9.]*\).*/\1/p" "$1" | tail -1; }
+close() { "$python" -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); sys.exit(abs(a - b) > 2e-4 * max(1, abs(b)))" "$1" "$2"; }
+
+# 1-2: from scratch, exported in fp32.
+"$train" "${common[@]}" --max_steps=30 --eval_every=1000 --save_hf="$tmp/st_hf" --save_hf_dtype=fp32 \
+  --save_hf_max_shard_size=100KB | tee "$tmp/scratch.log"
+[[ -f "$tmp/st_hf/model.safetensors.index.json" ]] || fail "a 100KB limit did not shard the export"
+model="$(ls "$tmp"/tok/*.model)"
+"$tool" tokenize "$model" "$tmp/ids.safetensors" "$tmp/corpus.txt" "$tmp/multilingual.txt"
+"$python" "$checker" tokens "$model" "$tmp/ids.safetensors" "$tmp/corpus.txt" "$tmp/multilingual.txt" ||
+  fail "the tokenizer differs from Python's"
+ours="$(val_of "$tmp/scratch.log" 30)"
+theirs="$("$python" "$checker" val-loss "$tmp/st_hf" "$tmp/corpus.txt" 32 64 | sed -n 's/python val loss //p')"
+echo "final validation loss: ShardTrain $ours, transformers on the export $theirs"
+close "$ours" "$theirs" || fail "transformers evaluates the export to $theirs, the program printed $ours"
+
+# 3: Python trains on; ShardTrain starts where Python left it.
+"$python" "$checker" continue "$tmp/st_hf" "$tmp/py_hf" "$tmp/corpus.txt" 32 40
+theirs="$("$python" "$checker" val-loss "$tmp/py_hf" "$tmp/corpus.txt" 32 64 | sed -n 's/python val loss //p')"
+"$train" "${common[@]}" --hf_checkpoint="$tmp/py_hf" --max_steps=2 --eval_every=1000 --lr=1e-4 | tee "$tmp/fine.log"
+ours="$(val_of "$tmp/fine.log" 0)"
+echo "validation loss of Python's checkpoint: transformers $theirs, ShardTrain after loading it $ours"
+close "$ours" "$theirs" || fail "ShardTrain starts Python's checkpoint at $ours, Python measured $theirs"
+echo PASS
