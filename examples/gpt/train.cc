@@ -38,47 +38,17 @@
 #include "examples/common/example_util.h"
 #include "examples/common/flag_checks.h"
 #include "examples/common/lm_common.h"
+#include "examples/common/lm_flags.h"
 #include "examples/common/trainer_flags.h"
 #include "examples/gpt/gpt_model.h"
 #include "strategies/registry.h"
 #include "trainer/callbacks/callback.h"
 #include "trainer/trainer.h"
 
-DEFINE_string(data, "", "text file to train on (default: Debian's fortunes corpus)");
-DEFINE_int64(max_steps, 300, "optimizer steps to train (counted from the start of training, also when resuming)");
-DEFINE_int64(batch_size, 16, "sequences per rank per step");
-DEFINE_int32(block_size, 64, "context length");
 DEFINE_int32(n_layer, 4, "transformer blocks (one FSDP unit each)");
 DEFINE_int32(n_head, 4, "attention heads");
 DEFINE_int32(n_embd, 128, "embedding width");
 DEFINE_double(dropout, 0.0, "dropout");
-DEFINE_double(lr, 3e-3, "AdamW learning rate");
-DEFINE_double(weight_decay, 0.01, "AdamW weight decay");
-DEFINE_string(lr_scheduler, "cosine",
-              "none (constant lr), cosine (to lr/10 at --max_steps) or onecycle (up to --lr, then down to "
-              "lr/25e4; AdamW beta1 cycled 0.95-0.85); stepped every optimizer step");
-DEFINE_int64(warmup_steps, -1,
-             "linear warmup steps before the cosine (from lr/warmup_steps), or the rising part of onecycle "
-             "(-1, the default: 10% of --max_steps for cosine, 30% for onecycle; 0: none for cosine, 30% for "
-             "onecycle)");
-DEFINE_double(grad_clip, 1.0, "clip the global gradient norm to this (0 = off)");
-DEFINE_int64(eval_every, 100,
-             "validate every N training batches, counted within each epoch (the Trainer's val_check_interval; "
-             "without gradient accumulation, as here, a batch is an optimizer step); >= 2");
-DEFINE_int64(val_samples, 512, "validation windows, spread evenly over the validation text");
-DEFINE_int64(log_every_n_steps, 10, "progress and CSV log interval in steps");
-DEFINE_string(default_root_dir, "", "logs and checkpoints go to DIR/lightning_logs/version_N (default: the current directory)");
-DEFINE_string(ckpt_path, "", "resume from this checkpoint (.../checkpoints/last.ckpt), or 'last' for the newest run's");
-DEFINE_int64(checkpoint_every_n_steps, 0, "also write checkpoints/step=N.ckpt every N steps (0: only last.ckpt)");
-DEFINE_bool(async_checkpoint, false,
-            "write sharded checkpoints in the background while training goes on (full ones stay synchronous)");
-DEFINE_int32(sample_tokens, 300, "characters to generate at the end (0: none)");
-DEFINE_double(temperature, 0.8, "sampling temperature");
-DEFINE_int32(top_k, 0, "sample from the k most likely characters (0: all; at most 256)");
-DEFINE_int32(num_workers, 2,
-             "background threads per rank preparing the next batches (the Trainer's num_workers; 0: on the "
-             "training thread); the batches, hence the losses, are the same at any value");
-DEFINE_uint64(seed, 1337, "random seed (initial weights, shuffling, sampling)");
 DEFINE_bool(sharded_construction, true,
             "with fsdp/fsdp_native: build each block straight into this rank's shard (no rank ever holds the whole "
             "model; same initial weights at any world size)");
@@ -115,16 +85,8 @@ Corpus Encode(const std::string& text, int64_t block_size) {
 
 class GptModule : public trainer::TrainingModule {
  public:
-  GptModule(examples::GptConfig config, double lr, double weight_decay) : config_(config) {
-    optim_.lr = lr;
-    optim_.weight_decay = weight_decay;
-  }
-  // --lr_scheduler and --warmup_steps over a run of `total_steps` optimizer steps.
-  void set_schedule(std::string kind, int64_t warmup_steps, int64_t total_steps) {
-    optim_.schedule = std::move(kind);
-    optim_.warmup_steps = warmup_steps;
-    optim_.total_steps = total_steps;
-  }
+  GptModule(examples::GptConfig config, examples::LmOptimizerOptions optim)
+      : config_(config), optim_(std::move(optim)) {}
 
   std::shared_ptr<torch::nn::Module> configure_model() override {
     model_ = std::make_shared<examples::GptImpl>(config_);
@@ -187,13 +149,8 @@ class GptModule : public trainer::TrainingModule {
 
 // Every numeric flag's range (docs: examples/README.md); RunExampleMain exits 2 on a bad one.
 void CheckFlags() {
-  using examples::CheckDoubleFlag;
   using examples::CheckIntFlag;
-  CheckIntFlag("max_steps", FLAGS_max_steps, 1);
-  examples::CheckChoiceFlag("lr_scheduler", FLAGS_lr_scheduler, {"none", "cosine", "onecycle"});
-  CheckIntFlag("warmup_steps", FLAGS_warmup_steps, -1, FLAGS_max_steps - 1);
-  CheckIntFlag("batch_size", FLAGS_batch_size, 1, 1 << 20);
-  CheckIntFlag("block_size", FLAGS_block_size, 1, 1 << 16);
+  examples::CheckLmFlags();
   CheckIntFlag("n_layer", FLAGS_n_layer, 1, 1024);
   CheckIntFlag("n_head", FLAGS_n_head, 1, 1024);
   CheckIntFlag("n_embd", FLAGS_n_embd, 1, 1 << 16);
@@ -201,18 +158,7 @@ void CheckFlags() {
     examples::FailFlag("n_embd", std::to_string(FLAGS_n_embd),
                        "a multiple of --n_head=" + std::to_string(FLAGS_n_head), "each head gets n_embd / n_head");
   }
-  CheckDoubleFlag("dropout", FLAGS_dropout, 0, 1, false, /*max_open=*/true);
-  CheckDoubleFlag("lr", FLAGS_lr, 0, examples::kNoMax, /*min_open=*/true);
-  CheckDoubleFlag("weight_decay", FLAGS_weight_decay, 0);
-  CheckDoubleFlag("grad_clip", FLAGS_grad_clip, 0);
-  CheckIntFlag("eval_every", FLAGS_eval_every, 2);
-  CheckIntFlag("val_samples", FLAGS_val_samples, 1);
-  CheckIntFlag("log_every_n_steps", FLAGS_log_every_n_steps, 1);
-  CheckIntFlag("checkpoint_every_n_steps", FLAGS_checkpoint_every_n_steps, 0);
-  CheckIntFlag("sample_tokens", FLAGS_sample_tokens, 0, 1 << 20);
-  CheckDoubleFlag("temperature", FLAGS_temperature, 0, examples::kNoMax, /*min_open=*/true);
-  CheckIntFlag("top_k", FLAGS_top_k, 0, 256);
-  CheckIntFlag("num_workers", FLAGS_num_workers, 0, trainer::kMaxDataLoaderWorkers);
+  examples::CheckDoubleFlag("dropout", FLAGS_dropout, 0, 1, false, /*max_open=*/true);
 }
 
 // The model the flags describe, for a vocabulary of `vocab` characters.
@@ -225,23 +171,6 @@ examples::GptConfig ModelConfig(int64_t vocab) {
   cfg.n_embd = FLAGS_n_embd;
   cfg.dropout = FLAGS_dropout;
   return cfg;
-}
-
-// The run's own flags into `o` (the common ones are ApplyTrainerFlags').
-void ApplyRunFlags(trainer::TrainerOptions& o) {
-  o.max_epochs = -1;
-  o.max_steps = FLAGS_max_steps;
-  o.batch_size = FLAGS_batch_size;
-  o.val_check_interval = static_cast<double>(FLAGS_eval_every);
-  o.gradient_clip_val = FLAGS_grad_clip;
-  o.log_every_n_steps = FLAGS_log_every_n_steps;
-  o.checkpoint_every_n_steps = FLAGS_checkpoint_every_n_steps;
-  o.async_checkpoint = FLAGS_async_checkpoint;
-  o.default_root_dir = FLAGS_default_root_dir.empty() ? examples::UserPath(".") : examples::UserPath(FLAGS_default_root_dir);
-  o.seed = FLAGS_seed;
-  o.num_workers = FLAGS_num_workers;
-  // On by default for fsdp/fsdp_native (GptImpl initialises inside each block's constructor).
-  if (!FLAGS_sharded_construction) o.sharded_construction = false;
 }
 
 // `tokens` characters generated after the validation text's first few, as text.
@@ -265,14 +194,15 @@ int Run() {
   WindowDataset val = WindowDataset::Spread(corpus.val, FLAGS_block_size, FLAGS_val_samples);
   const examples::GptConfig cfg = ModelConfig(static_cast<int64_t>(corpus.chars.size()));
 
-  ApplyRunFlags(o);
+  examples::ApplyLmFlags(o);
+  // On by default for fsdp/fsdp_native (GptImpl initialises inside each block's constructor).
+  if (!FLAGS_sharded_construction) o.sharded_construction = false;
   auto printer = std::make_shared<examples::ValLossPrinter>();
   o.callbacks = {printer};
   const std::string ckpt = examples::ResolveCheckpointPath(FLAGS_ckpt_path, o.default_root_dir, o.logger_name);
   trainer::Trainer trainer(o);  // validates strategy name, options and precision
 
-  GptModule module(cfg, FLAGS_lr, FLAGS_weight_decay);
-  module.set_schedule(FLAGS_lr_scheduler, FLAGS_warmup_steps, FLAGS_max_steps);
+  GptModule module(cfg, examples::LmOptimizerFromFlags());
   if (rank0) {
     std::printf("ShardTrain GPT: %s, strategy %s%s%s, %d rank(s)%s, %s, batch %ld x %d ranks, corpus %ld+%ld chars\n",
                 cfg.ToString().c_str(), FLAGS_strategy.c_str(), FLAGS_strategy_options.empty() ? "" : " ",
@@ -285,27 +215,17 @@ int Run() {
   }
 
   // Validation loss before training (a resumed run reports it after loading).
-  double first_val = std::numeric_limits<double>::quiet_NaN();
-  if (ckpt.empty()) {
-    first_val = trainer.Validate(module, val);
-    if (rank0) PrintLine("step 0 | val loss " + Fmt("%.4f", first_val));
-  }
-  const double fit_secs = examples::TimedFit(trainer, module, train, &val, ckpt);
-  double last_val = trainer.val_losses().empty() ? std::numeric_limits<double>::quiet_NaN() : trainer.val_losses().back();
-  if (printer->last_step() != trainer.global_step()) {
-    last_val = trainer.Validate(module, val);
-    if (rank0) PrintLine("step " + std::to_string(trainer.global_step()) + " | val loss " + Fmt("%.4f", last_val));
-  }
-  if (std::isnan(first_val) && !trainer.val_losses().empty()) first_val = trainer.val_losses().front();
+  const examples::LmRunResult r = examples::FitWithValidation(trainer, module, train, val, ckpt, *printer);
 
   const std::string sample = FLAGS_sample_tokens > 0 ? Sample(module, corpus, cfg.block_size) : "";
   if (rank0) {
     const double total_secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
     const auto& losses = trainer.step_losses();
-    std::printf("validation loss: %.4f -> %.4f (%s); train loss %.4f -> %.4f over %ld steps; fit %.0f s, total %.0f s\n",
-                first_val, last_val, ckpt.empty() ? "before -> after training" : "first validation after resume -> end",
-                losses.empty() ? 0.0 : losses.front(), losses.empty() ? 0.0 : losses.back(),
-                static_cast<long>(losses.size()), fit_secs, total_secs);
+    std::printf(
+        "validation loss: %.4f -> %.4f (%s); train loss %.4f -> %.4f over %ld steps; fit %.0f s, total %.0f s\n",
+        r.first_val, r.last_val, ckpt.empty() ? "before -> after training" : "first validation after resume -> end",
+        losses.empty() ? 0.0 : losses.front(), losses.empty() ? 0.0 : losses.back(), static_cast<long>(losses.size()),
+        r.fit_secs, total_secs);
     if (!sample.empty()) std::printf("--- sample ---\n%s\n--------------\n", sample.c_str());
     examples::PrintOutputPaths(trainer);
   }

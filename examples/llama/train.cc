@@ -30,6 +30,7 @@
 #include "examples/common/example_util.h"
 #include "examples/common/flag_checks.h"
 #include "examples/common/lm_common.h"
+#include "examples/common/lm_flags.h"
 #include "examples/common/trainer_flags.h"
 #include "examples/llama/hf_checkpoint.h"
 #include "examples/llama/hf_strategy_io.h"
@@ -37,41 +38,20 @@
 #include "examples/llama/tokenizer.h"
 #include "trainer/trainer.h"
 
-DEFINE_string(data, "", "text file to train on (default: Debian's fortunes corpus)");
 DEFINE_string(hf_checkpoint, "", "fine-tune from this Hugging Face model directory (config.json + safetensors)");
 DEFINE_string(tokenizer, "", "a SentencePiece tokenizer.model (default: the checkpoint's, or one trained on the text)");
 DEFINE_int64(vocab_size, 1024, "pieces of the tokenizer trained on the text (from scratch, without --tokenizer)");
 DEFINE_string(tokenizer_cache_dir, "", "where trained tokenizers are kept (default: ~/.cache/shardtrain/tokenizers)");
-DEFINE_int64(max_steps, 300, "optimizer steps to train (counted from the start of training, also when resuming)");
-DEFINE_int64(batch_size, 16, "sequences per rank per step");
-DEFINE_int32(block_size, 64, "tokens per training sequence");
 DEFINE_int32(hidden_size, 128, "from scratch: hidden size");
 DEFINE_int32(intermediate_size, 352, "from scratch: SwiGLU MLP width");
 DEFINE_int32(num_layers, 4, "from scratch: decoder layers (one FSDP unit each)");
 DEFINE_int32(num_heads, 4, "from scratch: attention heads");
 DEFINE_int32(num_kv_heads, 2, "from scratch: key/value heads (a divisor of --num_heads; 1: multi-query)");
 DEFINE_bool(tie_word_embeddings, false, "from scratch: tie the output head to the token embedding");
-DEFINE_double(lr, 3e-3, "AdamW learning rate");
-DEFINE_double(weight_decay, 0.01, "AdamW weight decay");
-DEFINE_string(lr_scheduler, "cosine", "none, cosine (warmup, then to lr/10 at --max_steps) or onecycle");
-DEFINE_int64(warmup_steps, -1, "linear warmup steps (-1: 10% of --max_steps for cosine, 30% for onecycle)");
-DEFINE_double(grad_clip, 1.0, "clip the global gradient norm to this (0 = off)");
-DEFINE_int64(eval_every, 100, "validate every N training batches (>= 2)");
-DEFINE_int64(val_samples, 256, "validation windows, spread evenly over the validation tokens");
-DEFINE_int64(log_every_n_steps, 10, "progress and CSV log interval in steps");
-DEFINE_string(default_root_dir, "", "logs and checkpoints go to DIR/lightning_logs/version_N (default: .)");
-DEFINE_string(ckpt_path, "", "resume from this checkpoint, or 'last' for the newest run's");
-DEFINE_int64(checkpoint_every_n_steps, 0, "also write checkpoints/step=N.ckpt every N steps (0: only last.ckpt)");
-DEFINE_bool(async_checkpoint, false, "write sharded checkpoints in the background while training goes on");
 DEFINE_string(save_hf, "", "write a Hugging Face model directory here at the end");
 DEFINE_string(save_hf_dtype, "bf16", "dtype of --save_hf's weights: bf16 or fp32");
 DEFINE_string(save_hf_max_shard_size, "50GB", "split --save_hf's weights into files of at most this size");
-DEFINE_int32(sample_tokens, 48, "tokens to generate at the end (0: none)");
-DEFINE_double(temperature, 0.8, "sampling temperature");
-DEFINE_int32(top_k, 0, "sample from the k most likely tokens (0: all)");
 DEFINE_double(top_p, 1.0, "sample from the smallest set of tokens with this probability (1: all)");
-DEFINE_int32(num_workers, 2, "background threads per rank preparing the next batches (0: none)");
-DEFINE_uint64(seed, 1337, "random seed (initial weights, shuffling, sampling)");
 
 namespace {
 
@@ -158,12 +138,8 @@ class LlamaModule : public trainer::TrainingModule {
 void CheckFlags() {
   using examples::CheckDoubleFlag;
   using examples::CheckIntFlag;
-  CheckIntFlag("max_steps", FLAGS_max_steps, 1);
-  examples::CheckChoiceFlag("lr_scheduler", FLAGS_lr_scheduler, {"none", "cosine", "onecycle"});
-  CheckIntFlag("warmup_steps", FLAGS_warmup_steps, -1, FLAGS_max_steps - 1);
+  examples::CheckLmFlags();
   CheckIntFlag("vocab_size", FLAGS_vocab_size, 260, 1 << 20);
-  CheckIntFlag("batch_size", FLAGS_batch_size, 1, 1 << 20);
-  CheckIntFlag("block_size", FLAGS_block_size, 1, 1 << 16);
   CheckIntFlag("hidden_size", FLAGS_hidden_size, 1, 1 << 16);
   CheckIntFlag("intermediate_size", FLAGS_intermediate_size, 1, 1 << 18);
   CheckIntFlag("num_layers", FLAGS_num_layers, 1, 1024);
@@ -179,13 +155,6 @@ void CheckFlags() {
                        "a divisor of --num_heads=" + std::to_string(FLAGS_num_heads),
                        "query heads share key/value heads evenly");
   }
-  CheckDoubleFlag("lr", FLAGS_lr, 0, examples::kNoMax, /*min_open=*/true);
-  CheckDoubleFlag("weight_decay", FLAGS_weight_decay, 0);
-  CheckDoubleFlag("grad_clip", FLAGS_grad_clip, 0);
-  CheckIntFlag("eval_every", FLAGS_eval_every, 2);
-  CheckIntFlag("val_samples", FLAGS_val_samples, 1);
-  CheckIntFlag("log_every_n_steps", FLAGS_log_every_n_steps, 1);
-  CheckIntFlag("checkpoint_every_n_steps", FLAGS_checkpoint_every_n_steps, 0);
   examples::CheckChoiceFlag("save_hf_dtype", FLAGS_save_hf_dtype, {"bf16", "fp32"});
   try {
     examples::llama::ParseHfSize(FLAGS_save_hf_max_shard_size);
@@ -193,11 +162,7 @@ void CheckFlags() {
     examples::FailFlag("save_hf_max_shard_size", FLAGS_save_hf_max_shard_size,
                        "a positive size: bytes, or a number followed by B, KB, MB, GB, KiB, MiB or GiB", "");
   }
-  CheckIntFlag("sample_tokens", FLAGS_sample_tokens, 0, 1 << 20);
-  CheckDoubleFlag("temperature", FLAGS_temperature, 0, examples::kNoMax, /*min_open=*/true);
-  CheckIntFlag("top_k", FLAGS_top_k, 0);
   CheckDoubleFlag("top_p", FLAGS_top_p, 0, 1, /*min_open=*/true);
-  CheckIntFlag("num_workers", FLAGS_num_workers, 0, trainer::kMaxDataLoaderWorkers);
 }
 
 // The model from --hf_checkpoint's config.json, or from the flags.
@@ -254,21 +219,6 @@ Tokens Tokenize(const examples::llama::Tokenizer& tok, const std::string& text) 
   return {all.slice(0, 0, n), all.slice(0, n)};
 }
 
-void ApplyRunFlags(trainer::TrainerOptions& o) {
-  o.max_epochs = -1;
-  o.max_steps = FLAGS_max_steps;
-  o.batch_size = FLAGS_batch_size;
-  o.val_check_interval = static_cast<double>(FLAGS_eval_every);
-  o.gradient_clip_val = FLAGS_grad_clip;
-  o.log_every_n_steps = FLAGS_log_every_n_steps;
-  o.checkpoint_every_n_steps = FLAGS_checkpoint_every_n_steps;
-  o.async_checkpoint = FLAGS_async_checkpoint;
-  o.default_root_dir =
-      FLAGS_default_root_dir.empty() ? examples::UserPath(".") : examples::UserPath(FLAGS_default_root_dir);
-  o.seed = FLAGS_seed;
-  o.num_workers = FLAGS_num_workers;
-}
-
 // Generates after the validation text's first tokens; every rank runs it.
 std::string Sample(LlamaModule& module, const examples::llama::Tokenizer& tok, const Tokens& tokens) {
   examples::llama::GenerateOptions g;
@@ -310,14 +260,12 @@ int Run() {
   examples::WindowDataset train = examples::WindowDataset::Tiled(tokens.train, FLAGS_block_size);
   examples::WindowDataset val = examples::WindowDataset::Spread(tokens.val, FLAGS_block_size, FLAGS_val_samples);
 
-  ApplyRunFlags(o);
+  examples::ApplyLmFlags(o);
   auto printer = std::make_shared<examples::ValLossPrinter>();
   o.callbacks = {printer};
   const std::string ckpt = examples::ResolveCheckpointPath(FLAGS_ckpt_path, o.default_root_dir, o.logger_name);
   trainer::Trainer trainer(o);
-  examples::LmOptimizerOptions optim{FLAGS_lr, FLAGS_weight_decay, FLAGS_lr_scheduler, FLAGS_warmup_steps,
-                                     FLAGS_max_steps};
-  LlamaModule module(cfg, optim, examples::UserPath(FLAGS_hf_checkpoint));
+  LlamaModule module(cfg, examples::LmOptimizerFromFlags(), examples::UserPath(FLAGS_hf_checkpoint));
   if (rank0) {
     std::printf("ShardTrain Llama: %s, strategy %s%s%s, %d rank(s), %s, batch %ld x %d, tokenizer %s, %ld+%ld tokens\n",
                 cfg.ToString().c_str(), FLAGS_strategy.c_str(), FLAGS_strategy_options.empty() ? "" : " ",
@@ -326,24 +274,13 @@ int Run() {
                 static_cast<long>(tokens.train.numel()), static_cast<long>(tokens.val.numel()));
     std::fflush(stdout);
   }
-  double first_val = std::numeric_limits<double>::quiet_NaN();
-  if (ckpt.empty()) {
-    first_val = trainer.Validate(module, val);
-    if (rank0) PrintLine("step 0 | val loss " + Fmt("%.4f", first_val));
-  }
-  const double fit_secs = examples::TimedFit(trainer, module, train, &val, ckpt);
-  double last_val = trainer.val_losses().empty() ? first_val : trainer.val_losses().back();
-  if (printer->last_step() != trainer.global_step()) {
-    last_val = trainer.Validate(module, val);
-    if (rank0) PrintLine("step " + std::to_string(trainer.global_step()) + " | val loss " + Fmt("%.4f", last_val));
-  }
-  if (std::isnan(first_val) && !trainer.val_losses().empty()) first_val = trainer.val_losses().front();
+  const examples::LmRunResult r = examples::FitWithValidation(trainer, module, train, val, ckpt, *printer);
   const std::string sample = FLAGS_sample_tokens > 0 ? Sample(module, *tok, tokens) : "";
   if (!FLAGS_save_hf.empty()) SaveHfAtEnd(module, *tok, rank0);
   if (rank0) {
     const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-    std::printf("validation loss: %.4f -> %.4f; %ld steps; fit %.0f s, total %.0f s\n", first_val, last_val,
-                static_cast<long>(trainer.step_losses().size()), fit_secs, total);
+    std::printf("validation loss: %.4f -> %.4f; %ld steps; fit %.0f s, total %.0f s\n", r.first_val, r.last_val,
+                static_cast<long>(trainer.step_losses().size()), r.fit_secs, total);
     if (!sample.empty()) std::printf("--- sample ---\n%s\n--------------\n", sample.c_str());
     examples::PrintOutputPaths(trainer);
   }

@@ -73,7 +73,7 @@ bad "$GPT" eval_every 1
 bad "$GPT" log_every_n_steps 0
 bad "$GPT" sample_tokens -1
 bad "$GPT" temperature 0
-bad "$GPT" top_k 257
+bad "$GPT" top_k -1
 bad "$GPT" num_workers -1
 bad "$GPT" num_workers 257
 # --- the flags every example shares (trainer_flags)

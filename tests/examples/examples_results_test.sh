@@ -10,8 +10,8 @@
 #     clearly worse, or loses its schedule, fails);
 #   - llama defaults (fsdp_native, 2 ranks, 300 steps, a 1024-piece
 #     SentencePiece tokenizer trained on the text first): final validation
-#     loss < LLAMA_MAX_VAL_LOSS (4.85; measured 4.6881 on 2026-12-05, 5.33
-#     after 100 steps and 4.87 after 200).
+#     loss < LLAMA_MAX_VAL_LOSS (4.85; measured 4.6870 on 2026-12-05, 5.33
+#     after 100 steps and 4.86 after 200).
 # Prints each program's wall time.
 #
 #   examples_results_test.sh FASHION_MNIST_TRAIN GPT_TRAIN LLAMA_TRAIN   (runfiles paths; Bazel passes them)
