@@ -202,6 +202,7 @@ at::Tensor LlamaForCausalLMImpl::Generate(const at::Tensor& prompt, const Genera
                prompt.sizes());
   ST_CHECK_ARG(o.greedy || o.temperature > 0, "Llama: temperature must be positive, got ", o.temperature);
   ST_CHECK_ARG(o.top_p > 0 && o.top_p <= 1, "Llama: top_p must be in (0, 1], got ", o.top_p);
+  ST_CHECK_ARG(o.top_k >= 0, "Llama: top_k must be >= 0 (0: all), got ", o.top_k);
   at::NoGradGuard no_grad;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(o.seed);
   std::vector<LayerKvCache> cache;

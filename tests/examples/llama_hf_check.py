@@ -6,7 +6,9 @@
       rope, a sharded index, bf16 weights, a config in the 4.x schema), saves
       each as OUT/<case> and writes OUT/<case>.expected.safetensors: input ids,
       their logits, a prompt, transformers' greedy generation from it and the
-      teacher-forced logits over that sequence.
+      teacher-forced logits over that sequence (and, as comma-separated text,
+      the first prompt and its greedy continuation: <case>.prompt.txt,
+      <case>.generated.txt).
   llama_hf_check.py check-export SRC DST
       loads ShardTrain's export DST with from_pretrained: no missing or
       unexpected keys, every tensor bit-identical to SRC's, the same logits.
@@ -94,6 +96,10 @@ def make(out):
         model.to(dtype).save_pretrained(d, **save)
         if name.startswith("mqa"):
             to_v4_schema(os.path.join(d, "config.json"))
+        with open(d + ".prompt.txt", "w") as f:
+            f.write(",".join(str(i) for i in prompt[0].tolist()))
+        with open(d + ".generated.txt", "w") as f:
+            f.write(",".join(str(i) for i in generated[0].tolist()))
         save_file({"input_ids": ids, "logits": logits.contiguous(), "prompt_ids": prompt,
                    "generated_ids": generated.contiguous(), "generated_logits": generated_logits.contiguous()},
                   d + ".expected.safetensors")

@@ -6,7 +6,7 @@
 # (llama_test check), and its export loads in Python bit for bit with the same
 # logits and no missing or unexpected keys (llama_test export, check-export).
 set -euo pipefail
-tool="$1"; checker="$2"; defs="$3"
+tool="$1"; checker="$2"; defs="$3"; generate="$4"
 source "$(dirname "${BASH_SOURCE[0]}")/../testing/python.sh" "$defs"
 skip_without_module transformers llama_hf_python_test
 tmp="${TEST_TMPDIR:-$(mktemp -d)}/llama_hf"
@@ -15,6 +15,20 @@ rm -rf "$tmp"; mkdir -p "$tmp"
 for case in gqa_untied_sharded mqa_tied_llama3_headdim mha_bias_linear_bf16; do
   "$tool" check "$tmp/$case" "$tmp/$case.expected.safetensors" || fail "$case: ShardTrain differs from transformers"
 done
+# The generate program: greedy ids equal transformers' generate.
+for case in gqa_untied_sharded mqa_tied_llama3_headdim; do
+  want="$(cat "$tmp/$case.generated.txt")"
+  got="$("$generate" --hf_checkpoint="$tmp/$case" --prompt_ids="$(cat "$tmp/$case.prompt.txt")" --greedy \
+    --max_new_tokens=12 --print_ids | sed -n 's/^ids: //p')"
+  [[ "$got" == "$want" ]] || fail "$case: generate --greedy gave $got, transformers $want"
+  echo "$case: generate --greedy: the same 12 ids as transformers"
+done
+"$generate" --hf_checkpoint="$tmp/gqa_untied_sharded" --prompt_ids=5,6 --max_new_tokens=4 --top_k=5 --top_p=0.9 \
+  --seed=3 --print_ids | grep -qE '^ids: 5,6(,[0-9]+){4}$' || fail "sampled generation"
+if "$generate" --hf_checkpoint="$tmp/gqa_untied_sharded" --prompt_ids=5,999 2>"$tmp/bad_ids.err"; then
+  fail "an id outside the vocabulary was accepted"
+fi
+grep -q "'999' is not a token id (valid: integers in \[0, 97)" "$tmp/bad_ids.err" || fail "bad id message: $(cat "$tmp/bad_ids.err")"
 # Import -> export with no training: sharded (small limit) and single-file.
 "$tool" export "$tmp/gqa_untied_sharded" "$tmp/export_sharded" 30KB fp32
 [[ -f "$tmp/export_sharded/model.safetensors.index.json" ]] || fail "a 30KB limit did not shard the export"
