@@ -272,6 +272,7 @@ int Run() {
                 FLAGS_strategy_options.c_str(), plan.devices * plan.num_nodes, FLAGS_precision.c_str(),
                 static_cast<long>(FLAGS_batch_size), plan.devices * plan.num_nodes, tok->source().c_str(),
                 static_cast<long>(tokens.train.numel()), static_cast<long>(tokens.val.numel()));
+    if (!ckpt.empty()) std::printf("resuming from %s\n", ckpt.c_str());
     std::fflush(stdout);
   }
   const examples::LmRunResult r = examples::FitWithValidation(trainer, module, train, val, ckpt, *printer);
