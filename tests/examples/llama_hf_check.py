@@ -12,18 +12,30 @@
   llama_hf_check.py check-export SRC DST
       loads ShardTrain's export DST with from_pretrained: no missing or
       unexpected keys, every tensor bit-identical to SRC's, the same logits.
+  llama_hf_check.py fsdp2 DIR OUT [DIR OUT ...]
+      PyTorch FSDP2 (fully_shard on each decoder layer and the root, Gloo,
+      W=2) trains the transformers model from DIR for FIT_STEPS AdamW steps on
+      random global batches of FIT_BATCH rows (each rank its half) and writes
+      OUT: "batches" [steps, rows, FIT_SEQ + 1], "losses" (the mean of the
+      ranks' losses per step, float64) and the final weights under "w/<name>",
+      for llama_test fit to train on and compare with.
 """
 import json
 import os
 import sys
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
 from safetensors.torch import save_file
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import fully_shard
 import transformers
 from transformers import LlamaConfig, LlamaForCausalLM
 
 transformers.logging.set_verbosity_error()
 MARGIN = 1e-3  # top-2 logit margin every greedy step must exceed
+FIT_STEPS, FIT_BATCH, FIT_SEQ, FIT_LR, FIT_WD = 10, 4, 12, 1e-3, 0.01  # llama_test fit uses the same
 
 BASE = dict(vocab_size=97, hidden_size=32, intermediate_size=56, num_hidden_layers=3, num_attention_heads=4,
             max_position_embeddings=128, bos_token_id=1, eos_token_id=2)
@@ -122,10 +134,50 @@ def check_export(src, dst):
     print(f"{dst}: {len(ref_sd)} tensors bit-identical to {src}, same logits, no missing or unexpected keys")
 
 
+def fsdp2_rank(rank, world, pairs):
+    for src, out in pairs:
+        fsdp2_fit(rank, world, src, out)
+
+
+def fsdp2_fit(rank, world, src, out):
+    model = LlamaForCausalLM.from_pretrained(src, dtype=torch.float32).train()
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=FIT_LR, weight_decay=FIT_WD)
+    batches = torch.randint(0, model.config.vocab_size, (FIT_STEPS, FIT_BATCH, FIT_SEQ + 1),
+                            generator=torch.Generator().manual_seed(11))
+    per = FIT_BATCH // world
+    losses = []
+    for step in range(FIT_STEPS):
+        rows = batches[step, rank * per:(rank + 1) * per]
+        logits = model(rows[:, :-1]).logits.float()
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), rows[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        losses.append(mean.item() / world)
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        tensors = {"w/" + k: v.contiguous() for k, v in state.items()}
+        save_file({"batches": batches, "losses": torch.tensor(losses, dtype=torch.float64), **tensors}, out)
+        print(f"{src}: FSDP2 W={world}, {FIT_STEPS} AdamW steps, losses {losses[0]:.6f} -> {losses[-1]:.6f}")
+
+
+def fsdp2(args):
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "trainer"))
+    from gloo_spawn import spawn_gloo
+    spawn_gloo(fsdp2_rank, 2, list(zip(args[::2], args[1::2])))
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2])
     elif sys.argv[1] == "check-export":
         check_export(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "fsdp2":
+        fsdp2(sys.argv[2:])
     else:
         sys.exit(f"unknown mode {sys.argv[1]}")

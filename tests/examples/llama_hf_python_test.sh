@@ -4,7 +4,10 @@
 # download), saved as Hugging Face directories; ShardTrain's model gives the
 # same logits (1e-5), the same greedy ids and teacher-forced logits
 # (llama_test check), and its export loads in Python bit for bit with the same
-# logits and no missing or unexpected keys (llama_test export, check-export).
+# logits and no missing or unexpected keys (llama_test export, check-export);
+# 10 AdamW steps of fsdp_native FULL_SHARD at W=2 from a checkpoint give the
+# losses and weights of PyTorch FSDP2 on the transformers model (1e-5;
+# llama_hf_check.py fsdp2, llama_test fit).
 set -euo pipefail
 tool="$1"; checker="$2"; defs="$3"; generate="$4"
 source "$(dirname "${BASH_SOURCE[0]}")/../testing/python.sh" "$defs"
@@ -29,6 +32,11 @@ if "$generate" --hf_checkpoint="$tmp/gqa_untied_sharded" --prompt_ids=5,999 2>"$
   fail "an id outside the vocabulary was accepted"
 fi
 grep -q "'999' is not a token id (valid: integers in \[0, 97)" "$tmp/bad_ids.err" || fail "bad id message: $(cat "$tmp/bad_ids.err")"
+# Training from the checkpoint against PyTorch FSDP2 (fully_shard, Gloo, W=2): untied GQA and tied MQA.
+"$python" "$checker" fsdp2 "$tmp/gqa_untied_sharded" "$tmp/gqa.fsdp2.safetensors" \
+  "$tmp/mqa_tied_llama3_headdim" "$tmp/mqa.fsdp2.safetensors" || fail "PyTorch FSDP2 could not train the models"
+"$tool" fit "$tmp/gqa_untied_sharded" "$tmp/gqa.fsdp2.safetensors" || fail "gqa: fsdp_native differs from FSDP2"
+"$tool" fit "$tmp/mqa_tied_llama3_headdim" "$tmp/mqa.fsdp2.safetensors" || fail "mqa: fsdp_native differs from FSDP2"
 # Import -> export with no training: sharded (small limit) and single-file.
 "$tool" export "$tmp/gqa_untied_sharded" "$tmp/export_sharded" 30KB fp32
 [[ -f "$tmp/export_sharded/model.safetensors.index.json" ]] || fail "a 30KB limit did not shard the export"

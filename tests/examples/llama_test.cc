@@ -6,10 +6,17 @@
 //                                   llama_hf_check.py wrote)
 //   llama_test export SRC DST SIZE DTYPE   import SRC, export to DST unchanged
 //   llama_test tokenize MODEL OUT TEXT...  SentencePiece ids of each TEXT into OUT
+//   llama_test fit DIR REFERENCE   10 AdamW steps of fsdp_native FULL_SHARD at
+//                                  W=2 from DIR on REFERENCE's batches: losses
+//                                  and weights against PyTorch FSDP2's
+//                                  (llama_hf_check.py fsdp2)
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/optim/adamw.h>
 #include <torch/utils.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -99,6 +106,70 @@ int Export(const std::string& src, const std::string& dst, const std::string& si
   options.dtype = dtype == "bf16" ? at::kBFloat16 : at::kFloat;
   for (const std::string& f : SaveHfModel(dst, hf.config, *model, options)) std::cout << dst << "/" << f << "\n";
   return 0;
+}
+
+// What one rank of Fit() ends with.
+struct FitResult {
+  std::vector<double> losses;
+  std::map<std::string, at::Tensor> state;
+};
+
+FitResult FitFsdpNative(const HfModelDir& hf, const at::Tensor& batches) {
+  constexpr int kWorld = 2;
+  constexpr double kLr = 1e-3, kWeightDecay = 0.01;  // llama_hf_check.py's FIT_LR, FIT_WD
+  std::vector<LlamaForCausalLM> models;
+  for (int r = 0; r < kWorld; ++r) models.emplace_back(hf.config);
+  FitResult result;
+  testing::RunRanks(kWorld, [&](int rank, const auto& comm) {
+    auto s = strategies::StrategyRegistry::Create("fsdp_native", {{"sharding_strategy", "FULL_SHARD"}});
+    s->Setup(comm, ClusterInfo());
+    s->WrapModel(models[rank].ptr());
+    LoadHfWeightsInto(*s, hf.config, hf.weights);
+    torch::optim::AdamW opt(s->parameters(), torch::optim::AdamWOptions(kLr).weight_decay(kWeightDecay));
+    const int64_t per = batches.size(1) / kWorld;
+    std::vector<double> losses;
+    for (int64_t step = 0; step < batches.size(0); ++step) {
+      const at::Tensor rows = batches[step].slice(0, rank * per, (rank + 1) * per);
+      const at::Tensor loss = s->Forward(
+          [&] { return LlamaForCausalLMImpl::Loss(models[rank]->forward(rows.slice(1, 0, -1)), rows.slice(1, 1)); });
+      s->Backward(loss);
+      opt.step();
+      opt.zero_grad();
+      losses.push_back(s->ReduceMean(loss.item<double>()));
+    }
+    auto state = s->FullStateDict();
+    if (rank == 0) result = {losses, state};
+  });
+  return result;
+}
+
+// ShardTrain's fsdp_native against PyTorch FSDP2 from the same checkpoint and
+// batches: every loss within 1e-5 and every weight within 1e-5.
+int Fit(const std::string& dir, const std::string& reference_path) {
+  constexpr double kTol = 1e-5;
+  const HfModelDir hf(dir);
+  const trainer::SafetensorsFile ref(reference_path);
+  const FitResult ours = FitFsdpNative(hf, ref.Tensor("batches"));
+  const at::Tensor want = ref.Tensor("losses");
+  bool ok = static_cast<int64_t>(ours.losses.size()) == want.numel();
+  double loss_diff = 0, weight_diff = 0;
+  for (size_t i = 0; ok && i < ours.losses.size(); ++i) {
+    loss_diff = std::max(loss_diff, std::abs(ours.losses[i] - want[i].item<double>()));
+  }
+  for (const auto& [name, tensor] : ours.state) {
+    if (!ref.Has("w/" + name)) {
+      std::cout << "  FSDP2's state has no " << name << "\n";
+      ok = false;
+      continue;
+    }
+    weight_diff = std::max(weight_diff, MaxAbsDiff(tensor, ref.Tensor("w/" + name)));
+  }
+  std::cout << dir << ": fsdp_native W=2 vs PyTorch FSDP2, " << ours.losses.size() << " AdamW steps, losses "
+            << ours.losses.front() << " -> " << ours.losses.back() << "\n  losses max |diff| " << loss_diff
+            << ", weights (" << ours.state.size() << " tensors) max |diff| " << weight_diff << "\n";
+  ok = ok && loss_diff <= kTol && weight_diff <= kTol;
+  std::cout << (ok ? "  OK\n" : "  FAIL (tolerance 1e-5)\n");
+  return ok ? 0 : 1;
 }
 
 TEST(LlamaConfigTest, ReadsBothRopeSchemas) {
@@ -297,6 +368,7 @@ int main(int argc, char** argv) {
   using namespace shardtrain::examples::llama;
   try {
     if (argc == 4 && std::strcmp(argv[1], "check") == 0) return Check(argv[2], argv[3]);
+    if (argc == 4 && std::strcmp(argv[1], "fit") == 0) return Fit(argv[2], argv[3]);
     if (argc == 6 && std::strcmp(argv[1], "export") == 0) return Export(argv[2], argv[3], argv[4], argv[5]);
     if (argc >= 5 && std::strcmp(argv[1], "tokenize") == 0) {
       return Tokenize(argv[2], argv[3], std::vector<std::string>(argv + 4, argv + argc));
