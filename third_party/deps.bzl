@@ -64,6 +64,11 @@ def shardtrain_dependencies():
         headers = ["sentencepiece_processor.h", "sentencepiece_trainer.h"],
         libs = {"sentencepiece": ["sentencepiece_train", "sentencepiece"]},
     )
+    # PCRE2 (Debian libpcre2-dev) and ICU (Debian libicu-dev): the regular
+    # expressions and Unicode normalization of byte-level BPE tokenizer.json
+    # files (examples/llama/bpe_tokenizer.cc).
+    _maybe(system_library, "pcre2", headers = ["pcre2.h"], libs = {"pcre2": ["pcre2-8"]})
+    _maybe(system_library, "icu", headers = ["unicode"], libs = {"icu": ["icuuc"]})
     # OpenSSL's libcrypto (Debian libssl-dev): HMAC-SHA-256 of the rendezvous
     # store's values (comm/signed_store.cc). Debian keeps openssl/configuration.h
     # under the multiarch include directory: a second, headers-only repository.

@@ -18,7 +18,7 @@ DEBIAN_PACKAGES=(
   bazel-bootstrap bazel-rules-java bazel-platforms
   libabsl-dev libgoogle-glog-dev libgflags-dev libgtest-dev libgmock-dev
   nlohmann-json3-dev libgloo-dev zlib1g-dev libssl-dev libisal-dev dataset-fashion-mnist fortunes
-  libsentencepiece-dev
+  libsentencepiece-dev libpcre2-dev libicu-dev
   python3 python3-venv binutils g++ clang-14 libclang-rt-14-dev
   iproute2 util-linux openmpi-bin slurmctld slurmd slurm-client munge
 )
@@ -60,6 +60,7 @@ PY_ORACLE_PINS=(
   safetensors==0.8.0   # tests/trainer/safetensors_check.py: Hugging Face's tensor files (trainer/checkpoint_io/safetensors.h)
   transformers==5.25.0 # tests/examples/llama_hf_check.py: the Llama reference (examples/llama)
   sentencepiece==0.2.1 # tests/examples/llama_train_check.py: the tokenizer reference (examples/llama/tokenizer.h)
+  tokenizers==0.23.3   # tests/examples/llama_train_check.py: the byte-level BPE reference (examples/llama/bpe_tokenizer.cc)
 )
 PINS_STAMP="$PREFIX/.shardtrain-pins-$(printf '%s\n' "${PY_ORACLE_PINS[@]}" | md5sum | cut -c1-12)"
 if [[ ! -f "$PINS_STAMP" ]]; then

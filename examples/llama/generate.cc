@@ -3,11 +3,12 @@
 //   tools/bazel run //examples/llama:generate -- --hf_checkpoint=DIR --prompt="Once upon a time"
 //   tools/bazel run //examples/llama:generate -- --hf_checkpoint=DIR --prompt_ids=1,2,3 --greedy --print_ids
 //
-// The prompt is text (encoded with DIR/tokenizer.model or --tokenizer, the
-// beginning-of-sequence id first as Hugging Face's Llama tokenizer does) or
-// token ids. Decoding uses a key/value cache; greedy (--greedy) or sampled
-// with temperature, top-k and top-p from --seed. Prints the text (when there
-// is a tokenizer) and, with --print_ids, the ids of prompt and continuation.
+// The prompt is text (encoded with DIR/tokenizer.model, DIR/tokenizer.json or
+// --tokenizer, config.json's beginning-of-sequence id first as Hugging Face's
+// Llama tokenizers do) or token ids. Decoding uses a key/value cache; greedy
+// (--greedy) or sampled with temperature, top-k and top-p from --seed. Prints
+// the text (when there is a tokenizer) and, with --print_ids, the ids of
+// prompt and continuation.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gflags/gflags.h>
@@ -25,7 +26,7 @@
 DEFINE_string(hf_checkpoint, "", "the Hugging Face model directory (config.json + safetensors); required");
 DEFINE_string(prompt, "", "the prompt as text (needs a tokenizer)");
 DEFINE_string(prompt_ids, "", "the prompt as comma-separated token ids (instead of --prompt)");
-DEFINE_string(tokenizer, "", "a SentencePiece tokenizer.model (default: the checkpoint's)");
+DEFINE_string(tokenizer, "", "a SentencePiece tokenizer.model or a tokenizer.json (default: the checkpoint's)");
 DEFINE_bool(add_bos, true, "with --prompt: put the beginning-of-sequence id first");
 DEFINE_int32(max_new_tokens, 64, "tokens to generate at most (fewer when an end-of-sequence id comes)");
 DEFINE_bool(greedy, false, "take the most likely token each step instead of sampling");
@@ -61,12 +62,12 @@ std::vector<int64_t> ParseIds(const std::string& text, int64_t vocab) {
 
 std::unique_ptr<Tokenizer> MaybeTokenizer() {
   std::string path = FLAGS_tokenizer;
-  if (path.empty()) path = (std::filesystem::path(FLAGS_hf_checkpoint) / "tokenizer.model").string();
+  if (path.empty()) path = FindTokenizerFile(FLAGS_hf_checkpoint);
   if (!std::filesystem::is_regular_file(path)) {
     ST_CHECK_ARG(FLAGS_tokenizer.empty(), "--tokenizer=", FLAGS_tokenizer, " is not a file");
     return nullptr;
   }
-  return LoadSentencePiece(path);
+  return LoadTokenizer(path);
 }
 
 int Run() {

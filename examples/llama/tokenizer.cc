@@ -78,6 +78,29 @@ std::unique_ptr<Tokenizer> LoadSentencePiece(const std::string& model_file) {
   return std::make_unique<SentencePieceTokenizer>(model_file);
 }
 
+std::string FindTokenizerFile(const std::string& dir) {
+  for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
+    const auto path = std::filesystem::path(dir) / name;
+    if (std::filesystem::is_regular_file(path)) return path.string();
+  }
+  return "";
+}
+
+void CopyTokenizerFiles(const Tokenizer& tok, const std::string& dir) {
+  namespace fs = std::filesystem;
+  const fs::path from(tok.file());
+  const bool json = from.extension() == ".json";
+  std::vector<std::pair<fs::path, std::string>> files = {{from, json ? "tokenizer.json" : "tokenizer.model"}};
+  if (json && fs::is_regular_file(from.parent_path() / "tokenizer_config.json")) {
+    files.emplace_back(from.parent_path() / "tokenizer_config.json", "tokenizer_config.json");
+  }
+  for (const auto& [file, name] : files) {
+    const fs::path to = fs::path(dir) / name;
+    if (fs::exists(to) && fs::equivalent(file, to)) continue;
+    fs::copy_file(file, to, fs::copy_options::overwrite_existing);
+  }
+}
+
 std::string TrainSentencePiece(const std::string& text, int64_t vocab_size, const std::string& cache_dir) {
   ST_CHECK_ARG(vocab_size >= 260 && vocab_size <= 1 << 20, "tokenizer vocabulary size ", vocab_size,
                " is out of range (valid: 260 .. 1048576; the 256 byte pieces and 4 special tokens come first)");

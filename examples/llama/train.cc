@@ -10,7 +10,8 @@
 // a SentencePiece BPE model of --vocab_size pieces trained on it and cached
 // in --tokenizer_cache_dir. With --hf_checkpoint=DIR the model's shape comes
 // from DIR/config.json, its weights stream into each rank's shards, and the
-// tokenizer is DIR/tokenizer.model (or --tokenizer). 90% of the tokens train
+// tokenizer is DIR/tokenizer.model, else DIR/tokenizer.json (or --tokenizer:
+// SentencePiece or byte-level BPE). 90% of the tokens train
 // (windows of --block_size, reshuffled every epoch), 10% validate. Prints
 // progress, the validation loss before, during and after training and a
 // sample; --save_hf=DIR writes a Hugging Face directory at the end (with the
@@ -39,7 +40,9 @@
 #include "trainer/trainer.h"
 
 DEFINE_string(hf_checkpoint, "", "fine-tune from this Hugging Face model directory (config.json + safetensors)");
-DEFINE_string(tokenizer, "", "a SentencePiece tokenizer.model (default: the checkpoint's, or one trained on the text)");
+DEFINE_string(tokenizer, "",
+              "a SentencePiece tokenizer.model or a byte-level BPE tokenizer.json (default: the checkpoint's, or one "
+              "trained on the text)");
 DEFINE_int64(vocab_size, 1024, "pieces of the tokenizer trained on the text (from scratch, without --tokenizer)");
 DEFINE_string(tokenizer_cache_dir, "", "where trained tokenizers are kept (default: ~/.cache/shardtrain/tokenizers)");
 DEFINE_int32(hidden_size, 128, "from scratch: hidden size");
@@ -187,13 +190,15 @@ LlamaConfig ModelConfig(int64_t vocab_size, int64_t bos, int64_t eos) {
   return c;
 }
 
-// --tokenizer, the checkpoint's tokenizer.model, or one trained on the text.
+// --tokenizer, the checkpoint's tokenizer (tokenizer.model or tokenizer.json),
+// or one trained on the text.
 std::unique_ptr<examples::llama::Tokenizer> MakeTokenizer(const std::string& text) {
   std::string path = examples::UserPath(FLAGS_tokenizer);
   if (path.empty() && !FLAGS_hf_checkpoint.empty()) {
-    path = (std::filesystem::path(examples::UserPath(FLAGS_hf_checkpoint)) / "tokenizer.model").string();
-    ST_CHECK_ARG(std::filesystem::is_regular_file(path), "--hf_checkpoint=", FLAGS_hf_checkpoint,
-                 " has no tokenizer.model (a SentencePiece model); give one with --tokenizer=FILE");
+    path = examples::llama::FindTokenizerFile(examples::UserPath(FLAGS_hf_checkpoint));
+    ST_CHECK_ARG(!path.empty(), "--hf_checkpoint=", FLAGS_hf_checkpoint,
+                 " has no tokenizer.model (SentencePiece) or tokenizer.json (byte-level BPE); give one with "
+                 "--tokenizer=FILE");
   }
   if (path.empty()) {
     std::string cache = examples::UserPath(FLAGS_tokenizer_cache_dir);
@@ -203,7 +208,7 @@ std::unique_ptr<examples::llama::Tokenizer> MakeTokenizer(const std::string& tex
     }
     path = examples::llama::TrainSentencePiece(text, FLAGS_vocab_size, cache);
   }
-  return examples::llama::LoadSentencePiece(path);
+  return examples::llama::LoadTokenizer(path);
 }
 
 struct Tokens {
@@ -240,8 +245,7 @@ void SaveHfAtEnd(LlamaModule& module, const examples::llama::Tokenizer& tok, boo
   const auto t0 = std::chrono::steady_clock::now();
   module.SaveHf(dir, o);
   if (!rank0) return;
-  std::filesystem::copy_file(tok.file(), std::filesystem::path(dir) / "tokenizer.model",
-                             std::filesystem::copy_options::overwrite_existing);
+  examples::llama::CopyTokenizerFiles(tok, dir);
   PrintLine("wrote Hugging Face directory " + dir +
             Fmt(" in %.1f s", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()));
 }

@@ -5,7 +5,10 @@
 //                                   transformers' (EXPECTED: a safetensors file
 //                                   llama_hf_check.py wrote)
 //   llama_test export SRC DST SIZE DTYPE   import SRC, export to DST unchanged
-//   llama_test tokenize MODEL OUT TEXT...  SentencePiece ids of each TEXT into OUT
+//   llama_test tokenize MODEL OUT TEXT...  ids of each TEXT ("0", "1", ...) and
+//                                          their decoding ("decoded0", ...)
+//                                          into OUT (MODEL: tokenizer.model or
+//                                          tokenizer.json)
 //   llama_test fit DIR REFERENCE   10 AdamW steps of fsdp_native FULL_SHARD at
 //                                  W=2 from DIR on REFERENCE's batches: losses
 //                                  and weights against PyTorch FSDP2's
@@ -77,23 +80,31 @@ int Check(const std::string& dir, const std::string& expected_path) {
   return ok ? 0 : 1;
 }
 
-// Token ids of each text file under "0", "1", ... (llama_train_check.py tokens).
+// Token ids of each text file under "0", "1", ... and the text decoded from
+// them as bytes under "decoded0", ... (llama_train_check.py tokens).
 int Tokenize(const std::string& model, const std::string& out, const std::vector<std::string>& texts) {
-  const auto tok = LoadSentencePiece(model);
+  const auto tok = LoadTokenizer(model);
   std::vector<trainer::SafetensorsEntry> layout;
-  std::vector<at::Tensor> ids;
+  std::vector<at::Tensor> tensors;
+  auto add = [&](const std::string& name, at::Tensor t) {
+    trainer::SafetensorsEntry e;
+    e.name = name;
+    e.dtype = t.scalar_type();
+    e.shape = {t.numel()};
+    layout.push_back(e);
+    tensors.push_back(std::move(t));
+  };
   for (size_t i = 0; i < texts.size(); ++i) {
     std::ifstream in(texts[i], std::ios::binary);
     std::stringstream text;
     text << in.rdbuf();
-    ids.push_back(at::tensor(tok->Encode(text.str()), at::kLong));
-    trainer::SafetensorsEntry e;
-    e.name = std::to_string(i);
-    e.dtype = at::kLong;
-    e.shape = {ids.back().numel()};
-    layout.push_back(e);
+    const std::vector<int64_t> ids = tok->Encode(text.str());
+    const std::string decoded = tok->Decode(ids);
+    add(std::to_string(i), at::tensor(ids, at::kLong));
+    add("decoded" + std::to_string(i),
+        at::tensor(std::vector<uint8_t>(decoded.begin(), decoded.end()), at::TensorOptions(at::kByte)));
   }
-  trainer::WriteSafetensors(out, layout, [&](size_t i) { return ids[i]; });
+  trainer::WriteSafetensors(out, layout, [&](size_t i) { return tensors[i]; });
   return 0;
 }
 
@@ -246,6 +257,51 @@ TEST(LlamaModelTest, CachedChunksEqualOneForward) {
   EXPECT_EQ(cache.size(), 2u);
   EXPECT_EQ(cache[0].length(), 9);
   EXPECT_LE(MaxAbsDiff(at::cat(parts, 1), full), 1e-5);
+}
+
+// A hand-written byte-level BPE file: what it encodes, and every part this
+// reader does not support refused by name.
+TEST(ByteLevelBpeTest, EncodesAndRefusesWhatItDoesNotSupport) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "bpe";
+  fs::create_directories(dir);
+  auto load = [&](const std::string& pre, const std::string& extra) {
+    std::ofstream(dir / "tokenizer.json") << R"({"added_tokens": [{"id": 6, "content": "<s>", "rstrip": true}],
+        "normalizer": null, "pre_tokenizer": )"
+                                          << pre << R"(, "decoder": {"type": "ByteLevel"},
+        "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "Ġ": 2, "ab": 3, "Ġab": 4, "c": 5},
+                  "merges": ["a b", ["Ġ", "ab"]])"
+                                          << extra << "}}";
+    return LoadTokenizer((dir / "tokenizer.json").string());
+  };
+  auto error = [&](const std::string& pre, const std::string& extra) {
+    try {
+      load(pre, extra);
+    } catch (const InvalidArgumentError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string byte_level = R"({"type": "ByteLevel", "add_prefix_space": false, "use_regex": true})";
+  const auto tok = load(byte_level, "");
+  EXPECT_EQ(tok->Encode("ab ab<s>  c"), (std::vector<int64_t>{3, 4, 6, 5}));
+  EXPECT_EQ(tok->Decode({3, 4, 6, 5}), "ab ab<s>c");
+  EXPECT_EQ(tok->vocab_size(), 7);
+  EXPECT_NE(
+      error(R"({"type": "Metaspace"})", "").find("pre-tokenizer \"Metaspace\" is not supported (valid: ByteLevel"),
+      std::string::npos);
+  EXPECT_NE(error(R"({"type": "Split", "pattern": {"Regex": "(unclosed"}, "behavior": "Isolated"})", "")
+                .find("does not compile at offset"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"type": "Split", "pattern": {"Regex": "a"}, "behavior": "Removed"})", "")
+                .find("valid: Isolated, not inverted"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"type": "Split", "pattern": {"Regex": "a"}, "behavior": "Isolated"})", "")
+                .find("has no ByteLevel step"),
+            std::string::npos);
+  EXPECT_NE(error(byte_level, R"(, "dropout": 0.1)").find("dropout is not supported"), std::string::npos);
+  EXPECT_NE(error(byte_level, R"(, "continuing_subword_prefix": "##")").find("valid: null"), std::string::npos);
+  std::ofstream(dir / "tokenizer.json") << "{not json";
+  EXPECT_THROW(LoadTokenizer((dir / "tokenizer.json").string()), InvalidArgumentError);
 }
 
 class HfCheckpointTest : public ::testing::Test {

@@ -1,12 +1,22 @@
 """The Python side of llama_train_python_test.sh (transformers, sentencepiece
 and torch are the reference).
 
-  llama_train_check.py corpus OUT.txt SAMPLE.txt
+  llama_train_check.py corpus OUT.txt SAMPLE.txt [SPECIAL.txt]
       writes the test's training text (ASCII quotations from Debian's
-      fortunes, a multilingual sample at the end) and the sample alone.
+      fortunes, a multilingual sample at the end), the sample alone, and a
+      text with special tokens, decomposed accents and odd whitespace.
+  llama_train_check.py bpe OUT TEXT
+      trains three byte-level BPE tokenizers on TEXT with Python `tokenizers`
+      and saves each as OUT/<name>/tokenizer.json (+ tokenizer_config.json):
+      llama3 (Llama 3's pre-tokenizer expression, ignore_merges, special
+      tokens, one with rstrip), qwen2 (NFC normalizer, Qwen2's expression,
+      merges saved as pairs) and gpt2 (ByteLevel's own expression with a
+      prefix space, merges as strings).
   llama_train_check.py tokens MODEL IDS.safetensors TEXT...
       checks that ShardTrain's token ids of each TEXT (llama_test tokenize:
-      tensors "0", "1", ...) equal Python sentencepiece's, token for token.
+      tensors "0", "1", ...) equal Python's, token for token (sentencepiece for
+      a .model, tokenizers' encode(add_special_tokens=False) for a .json), and
+      that its decoding ("decoded0", ...) equals Python's.
   llama_train_check.py val-loss DIR TEXT BLOCK N
       the validation loss of the Hugging Face directory DIR as the training
       program computes it: the last 10% of TEXT's tokens, N windows of BLOCK
@@ -16,9 +26,11 @@ and torch are the reference).
       tokens) for STEPS steps and saves it with its tokenizer to DST; prints
       the validation loss of the result.
 """
+import json
 import os
 import shutil
 import sys
+import unicodedata
 
 import sentencepiece as spm
 import torch
@@ -32,7 +44,16 @@ MULTILINGUAL = ("Grüße aus Köln — naïve café. Здравствуйте, �
                 "שלום עולם 🙂 Ελληνικά: γειά σου κόσμε. हिन्दी में नमस्ते।\n")
 
 
-def corpus(out, sample):
+SPECIAL = ("<|begin_of_text|>Hello world<|end_of_text|>  next<|eot_id|>   spaced\t\ttabs\r\n\n"
+           "numbers 1234567 and 3.14159; CAPS DON'T I'LL we've\n" + unicodedata.normalize("NFD", "café naïve Köln") +
+           " <|end_of_text|><|end_of_text|>x \u00a0nbsp\u3000ideographic\n")
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                  r"\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def corpus(out, sample, special=None):
     root = "/usr/share/games/fortunes"
     text = []
     for name in sorted(os.listdir(root)):
@@ -45,25 +66,83 @@ def corpus(out, sample):
         f.write(ascii_text[:400_000] + MULTILINGUAL)
     with open(sample, "w", encoding="utf-8") as f:
         f.write(MULTILINGUAL)
+    if special:
+        with open(special, "w", encoding="utf-8", newline="") as f:
+            f.write(SPECIAL)
+
+
+def bpe(out, text_path):
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    lines = read(text_path).splitlines()
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    kinds = {
+        "llama3": (models.BPE(ignore_merges=True), None,
+                   pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_PATTERN), "isolated"), byte_level])),
+        "qwen2": (models.BPE(), normalizers.NFC(),
+                  pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_PATTERN), "isolated"), byte_level])),
+        "gpt2": (models.BPE(), None, pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True)),
+    }
+    for name, (model, normalizer, pre) in kinds.items():
+        tok = Tokenizer(model)
+        if normalizer is not None:
+            tok.normalizer = normalizer
+        tok.pre_tokenizer = pre
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=700, special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+        tok.train_from_iterator(lines, trainer)
+        d = os.path.join(out, name)
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, "tokenizer.json")
+        tok.save(path)
+        with open(path) as f:
+            saved = json.load(f)
+        merges = saved["model"]["merges"]
+        if name == "gpt2" and merges and not isinstance(merges[0], str):  # the older "a b" spelling
+            saved["model"]["merges"] = [" ".join(m) for m in merges]
+        if name == "llama3":  # a word no merge sequence reaches: only ignore_merges finds it
+            saved["model"]["vocab"]["\u0120spaced"] = len(saved["model"]["vocab"])
+        with open(path, "w") as f:
+            json.dump(saved, f)
+        if name == "llama3":
+            tok = Tokenizer.from_file(path)
+            tok.add_special_tokens([AddedToken("<|eot_id|>", rstrip=True, special=True)])
+            tok.save(path)
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>"}, f)
+        print(f"{name}: {tok.get_vocab_size()} tokens, merges as {type(saved['model']['merges'][0]).__name__}")
 
 
 def read(path):
-    with open(path, encoding="utf-8") as f:
+    with open(path, encoding="utf-8", newline="") as f:
         return f.read()
 
 
-def tokens(model, ids_path, *texts):
+def python_tokenizer(model):
+    """(encode, decode) of Python's reference for a tokenizer file."""
+    if model.endswith(".json"):
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(model)
+        return (lambda text: tok.encode(text, add_special_tokens=False).ids,
+                lambda ids: tok.decode(ids, skip_special_tokens=False))
     sp = spm.SentencePieceProcessor(model_file=model)
+    return sp.encode, sp.decode
+
+
+def tokens(model, ids_path, *texts):
+    encode, decode = python_tokenizer(model)
     ours = load_file(ids_path)
     for i, path in enumerate(texts):
         text = read(path)
-        want, got = sp.encode(text), ours[str(i)].tolist()
+        want, got = encode(text), ours[str(i)].tolist()
         if got != want:
             at = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-            sys.exit(f"{path}: token ids differ from Python sentencepiece's at {at}: {got[at:at + 5]} vs "
+            sys.exit(f"{path}: token ids differ from Python's ({model}) at {at} of {len(want)}: {got[at:at + 5]} vs "
                      f"{want[at:at + 5]}")
-        assert sp.decode(want) == text or not text.isascii(), "decode"
-        print(f"{path}: {len(want)} tokens equal Python sentencepiece's")
+        decoded = bytes(ours[f"decoded{i}"].tolist()).decode("utf-8", errors="replace")
+        if decoded != decode(want):
+            sys.exit(f"{path}: ShardTrain decodes the ids to {decoded[:80]!r}..., Python to {decode(want)[:80]!r}...")
+        print(f"{path}: {len(want)} tokens and their decoding equal Python's ({os.path.basename(model)})")
 
 
 def split(model, text_path):
@@ -117,6 +196,8 @@ if __name__ == "__main__":
     mode, args = sys.argv[1], sys.argv[2:]
     if mode == "corpus":
         corpus(*args)
+    elif mode == "bpe":
+        bpe(*args)
     elif mode == "tokens":
         tokens(*args)
     elif mode == "val-loss":

@@ -2,7 +2,11 @@
 # //examples/llama:train against Python (transformers, sentencepiece; pinned by
 # tools/bootstrap.sh), end to end at W=2 fsdp_native on a fixed text:
 #   1. the tokenizer it trains encodes the text (and a multilingual sample)
-#      token for token as Python sentencepiece does with the same model;
+#      token for token as Python sentencepiece does with the same model; three
+#      byte-level BPE tokenizer.json files Python `tokenizers` trains (Llama 3,
+#      Qwen2 and GPT-2 styles) encode the text, the sample and a text with
+#      special tokens token for token as `tokenizers` does, and decode alike;
+#      the program trains and exports with one (tokenizer.json travels along);
 #   2. trained from scratch, its --save_hf export loads in transformers and
 #      gives the validation loss the program printed;
 #   3. Python continues training that export; the program, started from
@@ -13,9 +17,10 @@ train="$1"; tool="$2"; checker="$3"; defs="$4"
 source "$(dirname "${BASH_SOURCE[0]}")/../testing/python.sh" "$defs"
 skip_without_module transformers llama_train_python_test
 skip_without_module sentencepiece llama_train_python_test
+skip_without_module tokenizers llama_train_python_test
 tmp="${TEST_TMPDIR:-$(mktemp -d)}/llama_train"
 rm -rf "$tmp"; mkdir -p "$tmp"
-"$python" "$checker" corpus "$tmp/corpus.txt" "$tmp/multilingual.txt"
+"$python" "$checker" corpus "$tmp/corpus.txt" "$tmp/multilingual.txt" "$tmp/special.txt"
 common=(--data="$tmp/corpus.txt" --tokenizer_cache_dir="$tmp/tok" --vocab_size=512 --devices=2
         --strategy=fsdp_native --block_size=32 --batch_size=8 --val_samples=64 --hidden_size=64
         --intermediate_size=176 --num_layers=2 --num_heads=4 --num_kv_heads=2 --sample_tokens=8
@@ -31,6 +36,18 @@ model="$(ls "$tmp"/tok/*.model)"
 "$tool" tokenize "$model" "$tmp/ids.safetensors" "$tmp/corpus.txt" "$tmp/multilingual.txt"
 "$python" "$checker" tokens "$model" "$tmp/ids.safetensors" "$tmp/corpus.txt" "$tmp/multilingual.txt" ||
   fail "the tokenizer differs from Python's"
+"$python" "$checker" bpe "$tmp/bpe" "$tmp/corpus.txt"
+texts=("$tmp/corpus.txt" "$tmp/multilingual.txt" "$tmp/special.txt")
+for kind in llama3 qwen2 gpt2; do
+  "$tool" tokenize "$tmp/bpe/$kind/tokenizer.json" "$tmp/$kind.ids.safetensors" "${texts[@]}"
+  "$python" "$checker" tokens "$tmp/bpe/$kind/tokenizer.json" "$tmp/$kind.ids.safetensors" "${texts[@]}" ||
+    fail "$kind: the byte-level BPE tokenizer differs from Python tokenizers'"
+done
+"$train" "${common[@]}" --tokenizer="$tmp/bpe/llama3/tokenizer.json" --max_steps=2 \
+  --eval_every=1000 --save_hf="$tmp/bpe_hf" | tee "$tmp/bpe.log"
+grep -q "tokenizer byte-level BPE $tmp/bpe/llama3/tokenizer.json" "$tmp/bpe.log" || fail "not trained with tokenizer.json"
+cmp "$tmp/bpe/llama3/tokenizer.json" "$tmp/bpe_hf/tokenizer.json" || fail "the export lacks tokenizer.json"
+[[ -f "$tmp/bpe_hf/tokenizer_config.json" ]] || fail "the export lacks tokenizer_config.json"
 ours="$(val_of "$tmp/scratch.log" 30)"
 theirs="$("$python" "$checker" val-loss "$tmp/st_hf" "$tmp/corpus.txt" 32 64 | sed -n 's/python val loss //p')"
 echo "final validation loss: ShardTrain $ours, transformers on the export $theirs"
