@@ -15,7 +15,10 @@
 // (windows of --block_size, reshuffled every epoch), 10% validate. Prints
 // progress, the validation loss before, during and after training and a
 // sample; --save_hf=DIR writes a Hugging Face directory at the end (with the
-// tokenizer), which Python `transformers` loads.
+// tokenizer), which Python `transformers` loads. --sft_data=FILE fine-tunes on
+// prompt/completion pairs (JSON Lines) instead of the text: the loss is taken
+// on the completions only, batches are padded (or packed, --sft_packing), and
+// the last 10% of the examples validate.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gflags/gflags.h>
@@ -36,6 +39,7 @@
 #include "examples/llama/hf_checkpoint.h"
 #include "examples/llama/hf_strategy_io.h"
 #include "examples/llama/llama_model.h"
+#include "examples/llama/sft_data.h"
 #include "examples/llama/tokenizer.h"
 #include "trainer/trainer.h"
 
@@ -54,6 +58,11 @@ DEFINE_bool(tie_word_embeddings, false, "from scratch: tie the output head to th
 DEFINE_string(save_hf, "", "write a Hugging Face model directory here at the end");
 DEFINE_string(save_hf_dtype, "bf16", "dtype of --save_hf's weights: bf16 or fp32");
 DEFINE_string(save_hf_max_shard_size, "50GB", "split --save_hf's weights into files of at most this size");
+DEFINE_string(sft_data, "",
+              "fine-tune on prompt/completion pairs from this JSON Lines file (loss on the completions only) instead "
+              "of --data's text");
+DEFINE_bool(sft_packing, false,
+            "with --sft_data: pack the examples into windows of --block_size instead of one padded row each");
 DEFINE_double(top_p, 1.0, "sample from the smallest set of tokens with this probability (1: all)");
 
 namespace {
@@ -166,6 +175,13 @@ void CheckFlags() {
                        "a positive size: bytes, or a number followed by B, KB, MB, GB, KiB, MiB or GiB", "");
   }
   CheckDoubleFlag("top_p", FLAGS_top_p, 0, 1, /*min_open=*/true);
+  if (!FLAGS_sft_data.empty() && !std::filesystem::is_regular_file(examples::UserPath(FLAGS_sft_data))) {
+    examples::FailFlag("sft_data", FLAGS_sft_data,
+                       "a readable JSON Lines file of {\"prompt\": ..., \"completion\": ...}", "no such file");
+  }
+  if (FLAGS_sft_packing && FLAGS_sft_data.empty()) {
+    examples::FailFlag("sft_packing", "true", "false without --sft_data", "only fine-tuning examples are packed");
+  }
 }
 
 // The model from --hf_checkpoint's config.json, or from the flags.
@@ -211,28 +227,66 @@ std::unique_ptr<examples::llama::Tokenizer> MakeTokenizer(const std::string& tex
   return examples::llama::LoadTokenizer(path);
 }
 
-struct Tokens {
-  at::Tensor train, val;
+// What a run trains and validates on, and the prompt its sample continues.
+struct RunData {
+  std::unique_ptr<trainer::Dataset> train, val;
+  at::Tensor prompt;  // [1, T]
+  std::string summary;
 };
 
-Tokens Tokenize(const examples::llama::Tokenizer& tok, const std::string& text) {
-  const std::vector<int64_t> ids = tok.Encode(text);
-  at::Tensor all = at::tensor(ids, at::kLong);
+// Windows of the text's tokens: 90% train (tiled), 10% validate.
+RunData TextData(const examples::llama::Tokenizer& tok, const std::string& text) {
+  at::Tensor all = at::tensor(tok.Encode(text), at::kLong);
   const int64_t n = all.numel() * 9 / 10;
   ST_CHECK_ARG(all.numel() - n > FLAGS_block_size + 1, "the text is too short for --block_size=", FLAGS_block_size,
                " (", all.numel() - n, " validation tokens)");
-  return {all.slice(0, 0, n), all.slice(0, n)};
+  const at::Tensor train = all.slice(0, 0, n), val = all.slice(0, n);
+  RunData d;
+  d.train = std::make_unique<examples::WindowDataset>(examples::WindowDataset::Tiled(train, FLAGS_block_size));
+  d.val = std::make_unique<examples::WindowDataset>(
+      examples::WindowDataset::Spread(val, FLAGS_block_size, FLAGS_val_samples));
+  d.prompt = val.slice(0, 0, std::min<int64_t>(8, FLAGS_block_size)).unsqueeze(0);
+  d.summary = std::to_string(train.numel()) + "+" + std::to_string(val.numel()) + " tokens";
+  return d;
 }
 
-// Generates after the validation text's first tokens; every rank runs it.
-std::string Sample(LlamaModule& module, const examples::llama::Tokenizer& tok, const Tokens& tokens) {
+// --sft_data's examples: the last 10% (at least 1, at most --val_samples)
+// validate, padded; the rest train, padded or packed (--sft_packing).
+RunData SftData(const examples::llama::Tokenizer& tok, const std::vector<examples::llama::SftExample>& examples,
+                const LlamaConfig& cfg) {
+  using examples::llama::SftDataset;
+  ST_CHECK_ARG(examples.size() >= 2, "--sft_data=", FLAGS_sft_data, " holds ", examples.size(),
+               " example(s); at least 2 are needed (one to train on, one to validate)");
+  const int64_t bos = cfg.bos_token_id, eos = cfg.eos_token_ids.empty() ? -1 : cfg.eos_token_ids[0];
+  const size_t n_val = std::min<size_t>(FLAGS_val_samples, std::max<size_t>(1, examples.size() / 10));
+  std::vector<examples::llama::SftSequence> train, val;
+  for (size_t i = 0; i < examples.size(); ++i) {
+    (i + n_val < examples.size() ? train : val).push_back(examples::llama::TokenizeSft(tok, examples[i], bos, eos));
+  }
+  const int64_t pad = eos >= 0 ? eos : 0;
+  RunData d;
+  d.train = std::make_unique<SftDataset>(FLAGS_sft_packing ? SftDataset::Packed(train, FLAGS_block_size)
+                                                           : SftDataset::Padded(train, FLAGS_block_size, pad));
+  auto v = std::make_unique<SftDataset>(SftDataset::Padded(val, FLAGS_block_size, pad));
+  std::vector<int64_t> prompt = tok.Encode(examples[examples.size() - n_val].prompt);
+  if (bos >= 0) prompt.insert(prompt.begin(), bos);
+  d.prompt = at::tensor(prompt, at::kLong).unsqueeze(0);
+  d.summary = std::to_string(train.size()) + "+" + std::to_string(val.size()) + " fine-tuning examples (" +
+              (FLAGS_sft_packing ? "packed into " : "padded, ") + std::to_string(d.train->size()) + " rows; " +
+              std::to_string(static_cast<const SftDataset&>(*d.train).loss_tokens()) + "+" +
+              std::to_string(v->loss_tokens()) + " completion tokens)";
+  d.val = std::move(v);
+  return d;
+}
+
+// Generates after `prompt`; every rank runs it.
+std::string Sample(LlamaModule& module, const examples::llama::Tokenizer& tok, const at::Tensor& prompt) {
   examples::llama::GenerateOptions g;
   g.max_new_tokens = FLAGS_sample_tokens;
   g.temperature = FLAGS_temperature;
   g.top_k = FLAGS_top_k;
   g.top_p = FLAGS_top_p;
   g.seed = FLAGS_seed;
-  at::Tensor prompt = tokens.val.slice(0, 0, std::min<int64_t>(8, FLAGS_block_size)).unsqueeze(0);
   at::Tensor ids = module.Generate(prompt, g)[0];
   return tok.Decode(std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel()));
 }
@@ -255,14 +309,19 @@ int Run() {
   trainer::TrainerOptions o;
   const examples::ProcessPlan plan = examples::ApplyTrainerFlags(o);
   const bool rank0 = plan.rank == 0;
-  const std::string text = examples::ReadCorpus(examples::UserPath(FLAGS_data));
+  std::vector<examples::llama::SftExample> sft;
+  std::string text;
+  if (FLAGS_sft_data.empty()) {
+    text = examples::ReadCorpus(examples::UserPath(FLAGS_data));
+  } else {  // the examples' text trains a tokenizer from scratch
+    sft = examples::llama::ReadSftJsonl(examples::UserPath(FLAGS_sft_data));
+    for (const auto& e : sft) text += e.prompt + e.completion + "\n";
+  }
   const auto tok = MakeTokenizer(text);
-  const Tokens tokens = Tokenize(*tok, text);
   const LlamaConfig cfg = ModelConfig(tok->vocab_size(), tok->bos_id(), tok->eos_id());
   ST_CHECK_ARG(cfg.vocab_size >= tok->vocab_size(), "the model's vocabulary (", cfg.vocab_size,
                ") is smaller than the tokenizer's (", tok->vocab_size(), ", ", tok->source(), ")");
-  examples::WindowDataset train = examples::WindowDataset::Tiled(tokens.train, FLAGS_block_size);
-  examples::WindowDataset val = examples::WindowDataset::Spread(tokens.val, FLAGS_block_size, FLAGS_val_samples);
+  const RunData data = sft.empty() ? TextData(*tok, text) : SftData(*tok, sft, cfg);
 
   examples::ApplyLmFlags(o);
   auto printer = std::make_shared<examples::ValLossPrinter>();
@@ -271,16 +330,16 @@ int Run() {
   trainer::Trainer trainer(o);
   LlamaModule module(cfg, examples::LmOptimizerFromFlags(), examples::UserPath(FLAGS_hf_checkpoint));
   if (rank0) {
-    std::printf("ShardTrain Llama: %s, strategy %s%s%s, %d rank(s), %s, batch %ld x %d, tokenizer %s, %ld+%ld tokens\n",
+    std::printf("ShardTrain Llama: %s, strategy %s%s%s, %d rank(s), %s, batch %ld x %d, tokenizer %s, %s\n",
                 cfg.ToString().c_str(), FLAGS_strategy.c_str(), FLAGS_strategy_options.empty() ? "" : " ",
                 FLAGS_strategy_options.c_str(), plan.devices * plan.num_nodes, FLAGS_precision.c_str(),
                 static_cast<long>(FLAGS_batch_size), plan.devices * plan.num_nodes, tok->source().c_str(),
-                static_cast<long>(tokens.train.numel()), static_cast<long>(tokens.val.numel()));
+                data.summary.c_str());
     if (!ckpt.empty()) std::printf("resuming from %s\n", ckpt.c_str());
     std::fflush(stdout);
   }
-  const examples::LmRunResult r = examples::FitWithValidation(trainer, module, train, val, ckpt, *printer);
-  const std::string sample = FLAGS_sample_tokens > 0 ? Sample(module, *tok, tokens) : "";
+  const examples::LmRunResult r = examples::FitWithValidation(trainer, module, *data.train, *data.val, ckpt, *printer);
+  const std::string sample = FLAGS_sample_tokens > 0 ? Sample(module, *tok, data.prompt) : "";
   if (!FLAGS_save_hf.empty()) SaveHfAtEnd(module, *tok, rank0);
   if (rank0) {
     const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();

@@ -110,6 +110,8 @@ bad "$LLAMA" save_hf_dtype fp16
 bad "$LLAMA" save_hf_max_shard_size 5TB
 bad "$LLAMA" lr_scheduler linear
 bad "$LLAMA" block_size 0
+bad "$LLAMA" sft_data /nonexistent.jsonl
+bad "$LLAMA" sft_packing true
 
 # --- a good command line still trains, and hparams keep a small learning rate exactly
 CASES=$((CASES + 1))

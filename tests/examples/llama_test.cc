@@ -31,6 +31,7 @@
 #include "examples/llama/hf_checkpoint.h"
 #include "examples/llama/hf_strategy_io.h"
 #include "examples/llama/llama_model.h"
+#include "examples/llama/sft_data.h"
 #include "examples/llama/tokenizer.h"
 #include "strategies/registry.h"
 #include "strategies/strategy.h"
@@ -302,6 +303,67 @@ TEST(ByteLevelBpeTest, EncodesAndRefusesWhatItDoesNotSupport) {
   EXPECT_NE(error(byte_level, R"(, "continuing_subword_prefix": "##")").find("valid: null"), std::string::npos);
   std::ofstream(dir / "tokenizer.json") << "{not json";
   EXPECT_THROW(LoadTokenizer((dir / "tokenizer.json").string()), InvalidArgumentError);
+}
+
+// One id per byte (ids 10..): enough to see where SftDataset puts each token.
+class ByteTokenizer : public Tokenizer {
+ public:
+  std::vector<int64_t> Encode(const std::string& text) const override {
+    std::vector<int64_t> ids;
+    for (unsigned char c : text) ids.push_back(10 + c);
+    return ids;
+  }
+  std::string Decode(const std::vector<int64_t>&) const override { return ""; }
+  int64_t vocab_size() const override { return 266; }
+  int64_t bos_id() const override { return 1; }
+  int64_t eos_id() const override { return 2; }
+  std::string source() const override { return "bytes"; }
+  std::string file() const override { return ""; }
+};
+
+TEST(SftDataTest, LossOnCompletionsOnlyPaddedOrPacked) {
+  const ByteTokenizer tok;
+  const SftSequence s = TokenizeSft(tok, {"ab", "c"}, 1, 2);
+  EXPECT_EQ(s.ids, (std::vector<int64_t>{1, 107, 108, 109, 2}));
+  EXPECT_EQ(s.labels, (std::vector<int64_t>{-100, -100, -100, 109, 2}));
+  const SftSequence longer = TokenizeSft(tok, {"a", "bcd"}, 1, 2);  // 6 tokens
+  const SftSequence no_loss = TokenizeSft(tok, {"abcdefgh", "i"}, 1, 2);
+  // Padded: a row per example (the one whose completion lies past the block left out), right-padded with id 0.
+  const SftDataset padded = SftDataset::Padded({s, longer, no_loss}, /*block=*/5, /*pad_id=*/0);
+  ASSERT_EQ(padded.size(), 2);
+  const trainer::Batch b = padded.get_batch({0, 1});
+  EXPECT_TRUE(b.inputs.equal(at::tensor({1, 107, 108, 109, 0, 1, 107, 108, 109, 110}, at::kLong).view({2, 5})))
+      << b.inputs;
+  EXPECT_TRUE(b.targets.equal(at::tensor({-100, -100, 109, 2, -100, -100, 108, 109, 110, 2}, at::kLong).view({2, 5})))
+      << b.targets;
+  EXPECT_EQ(padded.loss_tokens(), 6);
+  // Packed: the sequences end to end in windows of block + 1 = 4.
+  const SftDataset packed = SftDataset::Packed({s, longer}, /*block=*/3);
+  ASSERT_EQ(packed.size(), 2);  // 11 tokens: two windows, the rest dropped
+  const trainer::Batch p = packed.get_batch({0, 1});
+  EXPECT_TRUE(p.inputs.equal(at::tensor({1, 107, 108, 2, 1, 107}, at::kLong).view({2, 3}))) << p.inputs;
+  EXPECT_TRUE(p.targets.equal(at::tensor({-100, -100, 109, -100, -100, 108}, at::kLong).view({2, 3}))) << p.targets;
+}
+
+TEST(SftDataTest, BadLinesNameTheLineAndWhatIsValid) {
+  const fs::path path = fs::path(::testing::TempDir()) / "sft.jsonl";
+  auto error = [&](const std::string& text) {
+    std::ofstream(path) << text;
+    try {
+      ReadSftJsonl(path.string());
+    } catch (const InvalidArgumentError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error("{\"prompt\": \"a\", \"completion\": \"b\"}\n\n[1]\n").find("sft.jsonl:3: not a JSON object"),
+            std::string::npos);
+  EXPECT_NE(error("{\"prompt\": \"a\"}\n").find("sft.jsonl:1: \"completion\" is missing"), std::string::npos);
+  EXPECT_NE(error("{\"prompt\": 1, \"completion\": \"b\"}\n").find("\"prompt\" is not a string"), std::string::npos);
+  EXPECT_NE(error("{\"messages\": []}\n").find("need the checkpoint's chat template"), std::string::npos);
+  EXPECT_NE(error("\n").find("holds no examples"), std::string::npos);
+  std::ofstream(path) << "{\"prompt\": \"a\", \"completion\": \"b\", \"id\": 3}\n";
+  EXPECT_EQ(ReadSftJsonl(path.string()).size(), 1u);
 }
 
 class HfCheckpointTest : public ::testing::Test {

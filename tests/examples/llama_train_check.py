@@ -21,6 +21,13 @@ and torch are the reference).
       the validation loss of the Hugging Face directory DIR as the training
       program computes it: the last 10% of TEXT's tokens, N windows of BLOCK
       tokens spread evenly over them, mean next-token cross-entropy (fp32).
+  llama_train_check.py sft-data OUT.jsonl TEXT N
+      writes N prompt/completion pairs (JSON Lines) cut from TEXT's lines.
+  llama_train_check.py sft-loss DIR JSONL BLOCK N
+      the completion-only loss transformers computes for the last N examples
+      of JSONL as one batch: [bos] prompt completion [eos] cut to BLOCK + 1
+      tokens, right-padded with an attention mask, labels -100 on the prompt
+      and the padding.
   llama_train_check.py continue SRC DST TEXT BLOCK STEPS
       trains SRC in Python (transformers, AdamW, windows of the training
       tokens) for STEPS steps and saves it with its tokenizer to DST; prints
@@ -175,6 +182,36 @@ def val_loss(d, text_path, block, n):
     return loss
 
 
+def sft_data(out, text_path, n):
+    lines = [l.strip() for l in read(text_path).splitlines() if 24 <= len(l.strip()) <= 60 and " " in l.strip()]
+    with open(out, "w", encoding="utf-8") as f:
+        for line in lines[:n]:
+            cut = line.index(" ", len(line) // 2) if " " in line[len(line) // 2:] else line.index(" ")
+            f.write(json.dumps({"prompt": line[:cut], "completion": line[cut:], "id": len(line)}) + "\n")
+
+
+def sft_loss(d, jsonl, block, n):
+    model = LlamaForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(d, "tokenizer.model"))
+    bos, eos = model.config.bos_token_id, model.config.eos_token_id
+    eos = eos[0] if isinstance(eos, list) else eos
+    with open(jsonl, encoding="utf-8") as f:
+        examples = [json.loads(line) for line in f if line.strip()][-n:]
+    rows = []
+    for e in examples:
+        prompt, completion = [bos] + sp.encode(e["prompt"]), sp.encode(e["completion"]) + [eos]
+        ids, labels = (prompt + completion)[:block + 1], ([-100] * len(prompt) + completion)[:block + 1]
+        if any(l != -100 for l in labels[1:]):
+            rows.append((ids, labels))
+    width = max(len(ids) for ids, _ in rows)
+    ids = torch.tensor([r + [eos] * (width - len(r)) for r, _ in rows])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r, _ in rows])
+    labels = torch.tensor([l + [-100] * (width - len(l)) for _, l in rows])
+    with torch.no_grad():
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss.item()
+    print(f"python sft loss {loss:.6f} ({len(rows)} examples, {int((labels[:, 1:] != -100).sum())} completion tokens)")
+
+
 def continue_training(src, dst, text_path, block, steps):
     torch.manual_seed(0)
     model = LlamaForCausalLM.from_pretrained(src, dtype=torch.float32).train()
@@ -202,6 +239,10 @@ if __name__ == "__main__":
         tokens(*args)
     elif mode == "val-loss":
         val_loss(args[0], args[1], int(args[2]), int(args[3]))
+    elif mode == "sft-data":
+        sft_data(args[0], args[1], int(args[2]))
+    elif mode == "sft-loss":
+        sft_loss(args[0], args[1], int(args[2]), int(args[3]))
     elif mode == "continue":
         continue_training(args[0], args[1], args[2], int(args[3]), int(args[4]))
     else:

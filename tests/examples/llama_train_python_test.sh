@@ -11,7 +11,12 @@
 #      gives the validation loss the program printed;
 #   3. Python continues training that export; the program, started from
 #      Python's directory (--hf_checkpoint), reports the validation loss
-#      Python measured before it trains.
+#      Python measured before it trains;
+#   4. fine-tuned from it on prompt/completion pairs (--sft_data), its
+#      completion-only validation loss before training equals transformers'
+#      (padded batch with an attention mask, labels -100 on the prompt), and
+#      transformers evaluates its export to the loss it printed at the end;
+#      packed batches (--sft_packing) train too.
 set -euo pipefail
 train="$1"; tool="$2"; checker="$3"; defs="$4"
 source "$(dirname "${BASH_SOURCE[0]}")/../testing/python.sh" "$defs"
@@ -60,4 +65,19 @@ theirs="$("$python" "$checker" val-loss "$tmp/py_hf" "$tmp/corpus.txt" 32 64 | s
 ours="$(val_of "$tmp/fine.log" 0)"
 echo "validation loss of Python's checkpoint: transformers $theirs, ShardTrain after loading it $ours"
 close "$ours" "$theirs" || fail "ShardTrain starts Python's checkpoint at $ours, Python measured $theirs"
+# 4: fine-tuning on prompt/completion pairs, one rank, the validation examples in one batch.
+"$python" "$checker" sft-data "$tmp/sft.jsonl" "$tmp/corpus.txt" 200
+sft=(--hf_checkpoint="$tmp/py_hf" --sft_data="$tmp/sft.jsonl" --devices=1 --batch_size=20 --val_samples=20
+     --block_size=48 --max_steps=6 --eval_every=1000 --lr=1e-3)
+"$train" "${common[@]}" "${sft[@]}" --save_hf="$tmp/sft_hf" --save_hf_dtype=fp32 | tee "$tmp/sft.log"
+grep -q "180+20 fine-tuning examples (padded" "$tmp/sft.log" || fail "the program did not report padded SFT data"
+for pair in "py_hf 0" "sft_hf 6"; do
+  set -- $pair
+  theirs="$("$python" "$checker" sft-loss "$tmp/$1" "$tmp/sft.jsonl" 48 20 | sed -n 's/python sft loss \([0-9.]*\).*/\1/p')"
+  ours="$(val_of "$tmp/sft.log" "$2")"
+  echo "completion-only validation loss of $1: transformers $theirs, ShardTrain $ours (step $2)"
+  close "$ours" "$theirs" || fail "$1: transformers' completion-only loss is $theirs, the program printed $ours"
+done
+"$train" "${common[@]}" "${sft[@]}" --sft_packing --max_steps=2 | tee "$tmp/packed.log"
+grep -q "180+20 fine-tuning examples (packed into" "$tmp/packed.log" || fail "--sft_packing did not pack"
 echo PASS
