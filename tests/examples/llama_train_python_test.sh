@@ -9,7 +9,7 @@
 #      the program trains and exports with one (tokenizer.json travels along);
 #   2. trained from scratch, its --save_hf export loads in transformers and
 #      gives the validation loss the program printed;
-#   3. Python continues training that export; the program, started from
+#   3. Python continues training that export (300 AdamW steps); the program, started from
 #      Python's directory (--hf_checkpoint), reports the validation loss
 #      Python measured before it trains;
 #   4. fine-tuned from it on prompt/completion pairs (--sft_data), its
@@ -59,7 +59,7 @@ echo "final validation loss: ShardTrain $ours, transformers on the export $their
 close "$ours" "$theirs" || fail "transformers evaluates the export to $theirs, the program printed $ours"
 
 # 3: Python trains on; ShardTrain starts where Python left it.
-"$python" "$checker" continue "$tmp/st_hf" "$tmp/py_hf" "$tmp/corpus.txt" 32 40
+"$python" "$checker" continue "$tmp/st_hf" "$tmp/py_hf" "$tmp/corpus.txt" 32 300
 theirs="$("$python" "$checker" val-loss "$tmp/py_hf" "$tmp/corpus.txt" 32 64 | sed -n 's/python val loss //p')"
 "$train" "${common[@]}" --hf_checkpoint="$tmp/py_hf" --max_steps=2 --eval_every=1000 --lr=1e-4 | tee "$tmp/fine.log"
 ours="$(val_of "$tmp/fine.log" 0)"
