@@ -115,13 +115,20 @@ int Bench() {
   std::shared_ptr<LlamaForCausalLMImpl> model;
   {
     auto scope = strategy->MakeConstructionScope();  // each wrap point keeps only this rank's shard
-    at::manual_seed(0);  // the initial values (replaced by the load) agree across ranks, as the Trainer's seed does
+    examples::llama::ZeroInitScope zero_init;        // no random weights: the load replaces them (as from_pretrained)
     model = std::make_shared<LlamaForCausalLMImpl>(hf.config);
   }
+  const double built_s = Since(t_load);
   strategy->WrapModel(model);
+  const double wrapped_s = Since(t_load);
   examples::llama::LoadHfWeightsInto(*strategy, hf.config, hf.weights);
   world->Barrier()->Wait();
   const double load_s = Since(t_load);
+  if (info.rank == 0) {
+    std::fprintf(stderr,
+                 "[llama_bench] load: model built %.2f s, wrapped %.2f s, weights read %.2f s (peak RSS %.0f MiB)\n",
+                 built_s, wrapped_s - built_s, load_s - wrapped_s, testing::ProcStatusKb("VmHWM") / 1024.0);
+  }
   const double load_peak = MaxOverRanks(*world, testing::ProcStatusKb("VmHWM") / 1024.0);
   Steps steps;
   double step_peak = 0;

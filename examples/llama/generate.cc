@@ -75,7 +75,10 @@ int Run() {
   ST_CHECK_ARG(FLAGS_prompt.empty() != FLAGS_prompt_ids.empty(), "give one of --prompt=TEXT and --prompt_ids=1,2,3");
   ST_CHECK_ARG(FLAGS_max_new_tokens >= 0, "--max_new_tokens=", FLAGS_max_new_tokens, " must be >= 0");
   HfModelDir hf(FLAGS_hf_checkpoint);
-  LlamaForCausalLM model(hf.config);
+  LlamaForCausalLM model = [&] {
+    ZeroInitScope zero_init;  // every weight is loaded next
+    return LlamaForCausalLM(hf.config);
+  }();
   LoadHfWeights(*model, hf.config, hf.weights);
   model->eval();
   const auto tok = MaybeTokenizer();

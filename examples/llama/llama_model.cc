@@ -12,12 +12,17 @@
 namespace shardtrain::examples::llama {
 namespace {
 
-torch::nn::Linear MakeLinear(torch::nn::Module& owner, const char* name, int64_t in, int64_t out, bool bias,
-                             double std) {
-  auto l = owner.register_module(name, torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias)));
-  torch::nn::init::normal_(l->weight, 0.0, std);
-  if (bias) torch::nn::init::zeros_(l->bias);
-  return l;
+thread_local bool t_zero_init = false;
+
+// [rows, cols] from N(0, std), or zeros under a ZeroInitScope.
+at::Tensor InitialWeight(int64_t rows, int64_t cols, double std) {
+  at::Tensor w = at::zeros({rows, cols});
+  if (!t_zero_init) torch::nn::init::normal_(w, 0.0, std);
+  return w;
+}
+
+LlamaLinear MakeLinear(torch::nn::Module& owner, const char* name, int64_t in, int64_t out, bool bias, double std) {
+  return owner.register_module(name, LlamaLinear(in, out, bias, std));
 }
 
 // Rotary frequencies as Hugging Face computes them (the same float32 operations).
@@ -60,6 +65,15 @@ at::Tensor TopP(const at::Tensor& logits, double top_p) {
 }
 
 }  // namespace
+
+ZeroInitScope::ZeroInitScope() : previous_(t_zero_init) { t_zero_init = true; }
+ZeroInitScope::~ZeroInitScope() { t_zero_init = previous_; }
+bool ZeroInitScope::active() { return t_zero_init; }
+
+LlamaLinearImpl::LlamaLinearImpl(int64_t in, int64_t out, bool bias, double std) {
+  weight = register_parameter("weight", InitialWeight(out, in, std));
+  if (bias) this->bias = register_parameter("bias", at::zeros({out}));
+}
 
 at::Tensor PickNextToken(at::Tensor logits, const GenerateOptions& o, at::Generator& gen) {
   if (o.greedy) return logits.argmax(-1);
@@ -144,8 +158,10 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor&
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config_(c), inv_freq_(RopeInverseFrequencies(c)) {
-  embed_tokens_ = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
-  torch::nn::init::normal_(embed_tokens_->weight, 0.0, c.initializer_range);
+  embed_tokens_ = register_module(
+      "embed_tokens",
+      torch::nn::Embedding(torch::nn::EmbeddingOptions(c.vocab_size, c.hidden_size)
+                               ._weight(InitialWeight(c.vocab_size, c.hidden_size, c.initializer_range))));
   layers_holder_ = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     auto layer = std::make_shared<sharding::Sharded<LlamaDecoderLayerImpl>>(c);

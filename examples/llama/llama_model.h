@@ -36,6 +36,34 @@ struct LayerKvCache {
 };
 
 // Root-mean-square layer norm, computed in float32 (Hugging Face's LlamaRMSNorm).
+// While one is alive on a thread, the Llama modules built on it get zero
+// weights instead of random ones, drawing no random numbers: for a model whose
+// weights are all loaded next (as transformers' from_pretrained skips the
+// initialization). Zeros rather than uninitialized memory, so the ranks of a
+// sharded construction agree on the values until the load replaces them.
+class ZeroInitScope {
+ public:
+  ZeroInitScope();
+  ~ZeroInitScope();
+  ZeroInitScope(const ZeroInitScope&) = delete;
+  ZeroInitScope& operator=(const ZeroInitScope&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+
+// y = x W^T + b, with Hugging Face's parameter names (weight [out, in],
+// bias [out]); weights drawn from N(0, std) (zero under a ZeroInitScope),
+// biases zero.
+class LlamaLinearImpl : public torch::nn::Module {
+ public:
+  LlamaLinearImpl(int64_t in, int64_t out, bool bias, double std);
+  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
+  at::Tensor weight, bias;
+};
+TORCH_MODULE(LlamaLinear);
+
 class RmsNormImpl : public torch::nn::Module {
  public:
   RmsNormImpl(int64_t dim, double eps);
@@ -56,7 +84,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
 
  private:
   int64_t heads_, kv_heads_, head_dim_;
-  torch::nn::Linear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
+  LlamaLinear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
 };
 
 class LlamaMlpImpl : public torch::nn::Module {
@@ -65,7 +93,7 @@ class LlamaMlpImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
 
  private:
-  torch::nn::Linear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
+  LlamaLinear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
 };
 
 class LlamaDecoderLayerImpl : public torch::nn::Module {
@@ -133,7 +161,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   at::Tensor Head(const at::Tensor& hidden);
   LlamaConfig config_;
   std::shared_ptr<LlamaModelImpl> model_;
-  torch::nn::Linear lm_head_{nullptr};  // null when tied to the embedding
+  LlamaLinear lm_head_{nullptr};  // null when tied to the embedding
 };
 TORCH_MODULE(LlamaForCausalLM);
 

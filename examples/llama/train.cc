@@ -78,6 +78,9 @@ class LlamaModule : public trainer::TrainingModule {
       : config_(std::move(config)), optim_(std::move(optim)), hf_dir_(std::move(hf_dir)) {}
 
   std::shared_ptr<torch::nn::Module> configure_model() override {
+    // Fine-tuning: no random initialization of weights the load replaces.
+    std::optional<examples::llama::ZeroInitScope> zero_init;
+    if (!hf_dir_.empty()) zero_init.emplace();
     model_ = std::make_shared<examples::llama::LlamaForCausalLMImpl>(config_);
     return model_;
   }

@@ -235,6 +235,35 @@ TEST(LlamaConfigTest, SizesParseAsTransformersWritesThem) {
   EXPECT_THROW(ParseHfSize("GB"), InvalidArgumentError);
 }
 
+// Under a ZeroInitScope no weight is drawn at random (they are all zero) and
+// the generator is untouched; outside it the model is random again.
+TEST(LlamaModelTest, ZeroInitScopeDrawsNoRandomWeights) {
+  LlamaConfig c;
+  c.vocab_size = 40;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 8;
+  c.num_hidden_layers = 1;
+  c.attention_bias = true;
+  torch::manual_seed(5);
+  const at::Tensor before = at::rand({1});
+  torch::manual_seed(5);
+  {
+    ZeroInitScope zero_init;
+    EXPECT_TRUE(ZeroInitScope::active());
+    LlamaForCausalLM model(c);
+    for (const auto& p : model->named_parameters()) {
+      if (p.key().find("norm") == std::string::npos) EXPECT_EQ(p.value().abs().sum().item<double>(), 0) << p.key();
+    }
+  }
+  EXPECT_TRUE(at::rand({1}).equal(before));  // no random numbers were drawn
+  EXPECT_FALSE(ZeroInitScope::active());
+  LlamaForCausalLM random(c);
+  EXPECT_GT(random->named_parameters()["model.layers.0.mlp.up_proj.weight"].abs().sum().item<double>(), 0);
+}
+
 // Logits computed in chunks with a key/value cache equal one full forward.
 TEST(LlamaModelTest, CachedChunksEqualOneForward) {
   LlamaConfig c;
