@@ -26,6 +26,8 @@ namespace {
 
 using Json = nlohmann::json;
 
+constexpr int64_t kMaxTokens = 1 << 21;  // ids 0 .. 2097151: the largest vocabularies have ~256K
+
 // GPT-2's pre-tokenizer expression, which ByteLevel uses when use_regex is true.
 constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
@@ -87,8 +89,13 @@ class Regex {
       const int rc = pcre2_match(code_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at,
                                  at == 0 ? 0 : PCRE2_NO_UTF_CHECK, data, nullptr);
       if (rc == PCRE2_ERROR_NOMATCH) break;
-      ST_CHECK_ARG(rc >= 0, "the text to tokenize is not valid UTF-8 (PCRE2 error ", rc, " near byte ",
-                   pcre2_get_startchar(data), ")");
+      if (rc < 0) {
+        PCRE2_UCHAR message[256];
+        pcre2_get_error_message(rc, message, sizeof(message));
+        ST_THROW(InvalidArgumentError, "the pre-tokenizer's expression failed on the text at byte ", at, ": ",
+                 reinterpret_cast<char*>(message),
+                 rc <= PCRE2_ERROR_UTF8_ERR1 && rc >= PCRE2_ERROR_UTF8_ERR21 ? " (the text is not valid UTF-8)" : "");
+      }
       const PCRE2_SIZE* v = pcre2_get_ovector_pointer(data);
       if (v[1] == v[0]) {  // an empty match: step over one character
         at = v[0] + (v[0] < text.size() ? Utf8Length(text[v[0]]) : 1);
@@ -233,8 +240,8 @@ class ByteLevelBpe : public Tokenizer {
   }
 
   void SetToken(int64_t id, const std::string& token) {
-    ST_CHECK_ARG(id >= 0 && id < (1 << 24), path_, ": token ", Json(token).dump(), " has id ", id,
-                 " (valid: 0 .. 16777215)");
+    ST_CHECK_ARG(id >= 0 && id < kMaxTokens, path_, ": token ", Json(token).dump(), " has id ", id, " (valid: 0 .. ",
+                 kMaxTokens - 1, ")");
     if (id >= static_cast<int64_t>(id_to_token_.size())) id_to_token_.resize(id + 1);
     id_to_token_[id] = token;
     vocab_[token] = id;
@@ -436,12 +443,6 @@ class ByteLevelBpe : public Tokenizer {
 
 std::unique_ptr<Tokenizer> LoadByteLevelBpe(const std::string& tokenizer_json) {
   return std::make_unique<ByteLevelBpe>(tokenizer_json);
-}
-
-std::unique_ptr<Tokenizer> LoadTokenizer(const std::string& path) {
-  const std::string ext = std::filesystem::path(path).extension().string();
-  if (ext == ".json") return LoadByteLevelBpe(path);
-  return LoadSentencePiece(path);
 }
 
 }  // namespace shardtrain::examples::llama

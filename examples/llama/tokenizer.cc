@@ -78,6 +78,11 @@ std::unique_ptr<Tokenizer> LoadSentencePiece(const std::string& model_file) {
   return std::make_unique<SentencePieceTokenizer>(model_file);
 }
 
+std::unique_ptr<Tokenizer> LoadTokenizer(const std::string& path) {
+  if (std::filesystem::path(path).extension() == ".json") return LoadByteLevelBpe(path);
+  return LoadSentencePiece(path);
+}
+
 std::string FindTokenizerFile(const std::string& dir) {
   for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
     const auto path = std::filesystem::path(dir) / name;

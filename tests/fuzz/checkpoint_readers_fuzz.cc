@@ -13,6 +13,7 @@
 #include "base/errors.h"
 #include "examples/llama/hf_checkpoint.h"
 #include "examples/llama/llama_config.h"
+#include "examples/llama/tokenizer.h"
 #include "trainer/checkpoint_io/archive.h"
 #include "trainer/checkpoint_io/checkpoint.h"
 #include "trainer/checkpoint_io/dcp.h"
@@ -272,6 +273,15 @@ bool FuzzCheckpointReaders(const uint8_t* data, size_t size) {
         for (const auto& name : w.names()) Touch(w.Tensor(name));
         break;
       }
+      case 11: {
+        const fs::path json = s.input / "tokenizer.json";
+        WriteFile(json, bytes, n);
+        const auto tok = examples::llama::LoadByteLevelBpe(json.string());
+        const std::vector<int64_t> ids =
+            tok->Encode("<s>Hello  world 123 \xc3\xa9t\xc3\xa9\n\t\xe4\xbd\xa0\xe5\xa5\xbd<s>");
+        (void)tok->Decode(ids);
+        break;
+      }
     }
   } catch (const Error&) {
     return false;
@@ -318,6 +328,23 @@ std::vector<uint8_t> ValidHfIndex(const fs::path& dir) {
   return ReadFile(dir / examples::llama::kHfIndexFile);
 }
 
+// A small byte-level BPE tokenizer.json: GPT-2's split, a Split step,
+// NFC, merges in both spellings, an added token with rstrip.
+std::vector<uint8_t> ValidTokenizerJson() {
+  const std::string text = R"({"version": "1.0", "normalizer": {"type": "Sequence", "normalizers": [{"type": "NFC"}]},
+    "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+      {"type": "Split", "pattern": {"Regex": "\\p{N}{1,3}| ?\\p{L}+|\\s+|."}, "behavior": "Isolated", "invert": false},
+      {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]},
+    "decoder": {"type": "ByteLevel"},
+    "added_tokens": [{"id": 9, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": true,
+                      "normalized": false, "special": true}],
+    "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+              "end_of_word_suffix": null, "ignore_merges": true,
+              "vocab": {"H": 0, "e": 1, "l": 2, "o": 3, "He": 4, "ll": 5, "Hell": 6, "\u0120": 7, "w": 8},
+              "merges": ["H e", ["l", "l"], "He ll"]}})";
+  return std::vector<uint8_t>(text.begin(), text.end());
+}
+
 std::vector<uint8_t> ValidLlamaConfig() {
   const std::string text = examples::llama::LlamaConfigJson(examples::llama::LlamaConfig(), "bfloat16");
   return std::vector<uint8_t>(text.begin(), text.end());
@@ -345,7 +372,8 @@ std::vector<Seed> ValidSeeds() {
           {"dcp_rank_file", with(7, s.valid_dcp_rank0)},
           {"safetensors", with(8, ValidSafetensors(s.root / "valid.safetensors"))},
           {"llama_config", with(9, ValidLlamaConfig())},
-          {"hf_index", with(10, ValidHfIndex(s.root / "valid_hf"))}};
+          {"hf_index", with(10, ValidHfIndex(s.root / "valid_hf"))},
+          {"bpe_tokenizer", with(11, ValidTokenizerJson())}};
 }
 
 }  // namespace shardtrain::fuzz

@@ -27,6 +27,9 @@
 //  10  HfWeights (examples/llama/hf_checkpoint.h): the bytes are
 //      model.safetensors.index.json beside two valid weight files, every
 //      tensor it names read
+//  11  LoadByteLevelBpe (examples/llama/tokenizer.h): the bytes are a byte-level
+//      BPE tokenizer.json; a fixed text (special tokens, multilingual) is
+//      encoded and decoded with it
 // Every tensor a reader returns is read in full (as a caller would), so a
 // tensor that claims more bytes than its record holds is found. A reader may
 // only succeed or throw shardtrain::Error; any other exception escapes.
@@ -40,7 +43,7 @@
 
 namespace shardtrain::fuzz {
 
-inline constexpr int kNumReaders = 11;
+inline constexpr int kNumReaders = 12;
 
 // Runs the reader `data[0] % kNumReaders` on data[1..]. Returns true when the
 // reader accepted the input, false when it threw shardtrain::Error.

@@ -37,6 +37,7 @@ SRCS=(trainer/checkpoint_io/archive.cc trainer/checkpoint_io/pickle_scan.cc trai
       trainer/checkpoint_io/safetensors.cc trainer/checkpoint_io/zip_writer.cc
       base/file_util.cc sharding/sharded_state.cc sharding/shard_layout.cc
       examples/llama/llama_config.cc examples/llama/hf_checkpoint.cc
+      examples/llama/bpe_tokenizer.cc
       tests/fuzz/checkpoint_readers_fuzz.cc tests/fuzz/checkpoint_fuzzer_main.cc)
 FLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -D_GLIBCXX_USE_CXX11_ABI=$ABI -I"$ROOT" -isystem "$TORCH/include" -isystem "$TORCH/include/torch/csrc/api/include")
@@ -58,7 +59,8 @@ for src in "${SRCS[@]}"; do
   fi
 done
 for pid in "${pids[@]+"${pids[@]}"}"; do wait "$pid"; done
-"$CXX" "${FLAGS[@]}" "${objs[@]}" -L"$TORCH/lib" -Wl,-rpath,"$TORCH/lib" -ltorch_cpu -lc10 -lisal -o "$WORK/checkpoint_fuzzer"
+"$CXX" "${FLAGS[@]}" "${objs[@]}" -L"$TORCH/lib" -Wl,-rpath,"$TORCH/lib" -ltorch_cpu -lc10 -lisal \
+  -lpcre2-8 -licuuc -o "$WORK/checkpoint_fuzzer"
 echo "[fuzz] built $WORK/checkpoint_fuzzer in $((SECONDS - t0)) s"
 
 # LibTorch keeps process-wide caches alive to the end: leak checks would name
