@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "base/errors.h"
 #include "examples/llama/tokenizer.h"
@@ -305,7 +306,7 @@ class ByteLevelBpe : public Tokenizer {
                    " has single_word: true, which is not supported (valid: false)");
       ST_CHECK_ARG(!a.content.empty(), path_, ": an added token with id ", a.id, " is empty");
       SetToken(a.id, a.content);
-      added_ids_.insert({a.id, added_.size()});
+      added_ids_.insert(a.id);
       added_.push_back(a);
     }
   }
@@ -434,7 +435,7 @@ class ByteLevelBpe : public Tokenizer {
   std::vector<const icu::Normalizer2*> normalizers_;
   std::vector<PreTokenizerStep> pre_tokenizer_;
   std::vector<AddedToken> added_;
-  std::unordered_map<int64_t, size_t> added_ids_;
+  std::unordered_set<int64_t> added_ids_;  // decoded as their content, not byte-mapped
   mutable std::mutex cache_mu_;
   mutable std::unordered_map<std::string, std::vector<int64_t>> cache_;
 };

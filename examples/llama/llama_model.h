@@ -35,7 +35,6 @@ struct LayerKvCache {
   int64_t length() const { return keys.defined() ? keys.size(2) : 0; }
 };
 
-// Root-mean-square layer norm, computed in float32 (Hugging Face's LlamaRMSNorm).
 // While one is alive on a thread, the Llama modules built on it get zero
 // weights instead of random ones, drawing no random numbers: for a model whose
 // weights are all loaded next (as transformers' from_pretrained skips the
@@ -64,6 +63,7 @@ class LlamaLinearImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaLinear);
 
+// Root-mean-square layer norm, computed in float32 (Hugging Face's LlamaRMSNorm).
 class RmsNormImpl : public torch::nn::Module {
  public:
   RmsNormImpl(int64_t dim, double eps);

@@ -267,17 +267,17 @@ RunData SftData(const examples::llama::Tokenizer& tok, const std::vector<example
     (i + n_val < examples.size() ? train : val).push_back(examples::llama::TokenizeSft(tok, examples[i], bos, eos));
   }
   const int64_t pad = eos >= 0 ? eos : 0;
-  RunData d;
-  d.train = std::make_unique<SftDataset>(FLAGS_sft_packing ? SftDataset::Packed(train, FLAGS_block_size)
-                                                           : SftDataset::Padded(train, FLAGS_block_size, pad));
+  auto t = std::make_unique<SftDataset>(FLAGS_sft_packing ? SftDataset::Packed(train, FLAGS_block_size)
+                                                          : SftDataset::Padded(train, FLAGS_block_size, pad));
   auto v = std::make_unique<SftDataset>(SftDataset::Padded(val, FLAGS_block_size, pad));
+  RunData d;
   std::vector<int64_t> prompt = tok.Encode(examples[examples.size() - n_val].prompt);
   if (bos >= 0) prompt.insert(prompt.begin(), bos);
   d.prompt = at::tensor(prompt, at::kLong).unsqueeze(0);
   d.summary = std::to_string(train.size()) + "+" + std::to_string(val.size()) + " fine-tuning examples (" +
-              (FLAGS_sft_packing ? "packed into " : "padded, ") + std::to_string(d.train->size()) + " rows; " +
-              std::to_string(static_cast<const SftDataset&>(*d.train).loss_tokens()) + "+" +
-              std::to_string(v->loss_tokens()) + " completion tokens)";
+              (FLAGS_sft_packing ? "packed into " : "padded, ") + std::to_string(t->size()) + " rows; " +
+              std::to_string(t->loss_tokens()) + "+" + std::to_string(v->loss_tokens()) + " completion tokens)";
+  d.train = std::move(t);
   d.val = std::move(v);
   return d;
 }
