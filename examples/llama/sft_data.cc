@@ -11,30 +11,86 @@
 namespace shardtrain::examples::llama {
 namespace {
 
+using Json = nlohmann::ordered_json;
+
 // Whether a row of ids/labels takes any loss (a target after its first token).
 bool TakesLoss(const std::vector<int64_t>& labels, size_t begin, size_t end) {
   return std::any_of(labels.begin() + begin + 1, labels.begin() + end, [](int64_t l) { return l != kIgnoreIndex; });
 }
 
+const char* const kValidLines =
+    "{\"prompt\": \"...\", \"completion\": \"...\"}, {\"messages\": [{\"role\": ..., \"content\": ...}, ..., "
+    "{\"role\": \"assistant\", ...}]} or {\"prompt\": [messages], \"completion\": [messages]}";
+
+// Each message an object with a string "role"; `what` names the list.
+void CheckMessages(const Json& messages, const std::string& where, const std::string& what) {
+  ST_CHECK_ARG(messages.is_array(), where, ": \"", what, "\" is not a list of messages (valid: ", kValidLines, ")");
+  for (const Json& m : messages) {
+    ST_CHECK_ARG(m.is_object() && m.contains("role") && m["role"].is_string(), where, ": a message in \"", what,
+                 "\" is not an object with a string \"role\": ", m.dump());
+  }
+}
+
+// A chat line rendered: the prompt turns with the generation prompt, and the
+// rest of the whole conversation's rendering as the completion.
+SftExample RenderChat(const Json& j, const ChatTemplate& chat, const std::string& where) {
+  Json prompt, whole;
+  if (j.contains("messages")) {
+    whole = j["messages"];
+    CheckMessages(whole, where, "messages");
+    ST_CHECK_ARG(!whole.empty() && whole.back()["role"] == "assistant", where,
+                 ": the last message must be the assistant's (the loss is taken on it), not ",
+                 whole.empty() ? std::string("an empty list") : whole.back()["role"].dump());
+    prompt = whole;
+    prompt.erase(prompt.size() - 1);
+  } else {
+    prompt = j["prompt"];
+    CheckMessages(prompt, where, "prompt");
+    ST_CHECK_ARG(j.contains("completion"), where, ": \"completion\" is missing (valid: ", kValidLines, ")");
+    CheckMessages(j["completion"], where, "completion");
+    ST_CHECK_ARG(!j["completion"].empty(), where, ": \"completion\" holds no message");
+    whole = prompt;
+    for (const Json& m : j["completion"]) whole.push_back(m);
+  }
+  std::string head, all;
+  try {
+    head = chat.Apply(prompt, /*add_generation_prompt=*/true);
+    all = chat.Apply(whole, /*add_generation_prompt=*/false);
+  } catch (const InvalidArgumentError& e) {
+    ST_THROW(InvalidArgumentError, where, ": ", e.what());
+  }
+  ST_CHECK_ARG(all.compare(0, head.size(), head) == 0, where, ": ", chat.origin(),
+               " renders the whole conversation as a text that does not begin with its rendering of the prompt "
+               "turns and the generation prompt, so the completion cannot be cut out of it (prompt: ",
+               Json(head).dump(), ", whole: ", Json(all).dump(), ")");
+  return {head, all.substr(head.size()), /*chat=*/true};
+}
+
 }  // namespace
 
-std::vector<SftExample> ReadSftJsonl(const std::string& path) {
+std::vector<SftExample> ReadSftJsonl(const std::string& path, const std::function<const ChatTemplate*()>& chat) {
   std::ifstream in(path, std::ios::binary);
   ST_CHECK_ARG(in, "cannot read --sft_data=", path);
   std::vector<SftExample> out;
   std::string line;
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    const Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
     const std::string where = path + ":" + std::to_string(n);
-    ST_CHECK_ARG(j.is_object(), where, ": not a JSON object (valid: {\"prompt\": \"...\", \"completion\": \"...\"})");
-    ST_CHECK_ARG(!j.contains("messages"), where,
-                 ": chat \"messages\" lines need the checkpoint's chat template, which this program does not apply "
-                 "(valid: {\"prompt\": \"...\", \"completion\": \"...\"}; render the chat into them first)");
+    ST_CHECK_ARG(j.is_object(), where, ": not a JSON object (valid: ", kValidLines, ")");
+    if (j.contains("messages") || (j.contains("prompt") && j["prompt"].is_array())) {
+      const ChatTemplate* tmpl = chat ? chat() : nullptr;
+      ST_CHECK_ARG(tmpl != nullptr, where,
+                   ": a chat line needs the checkpoint's chat template, and none was found (a Hugging Face "
+                   "directory keeps it in chat_template.jinja or tokenizer_config.json's \"chat_template\"; "
+                   "give one with --hf_checkpoint, or write the line as {\"prompt\": \"...\", \"completion\": "
+                   "\"...\"})");
+      out.push_back(RenderChat(j, *tmpl, where));
+      continue;
+    }
     for (const char* key : {"prompt", "completion"}) {
       ST_CHECK_ARG(j.contains(key) && j[key].is_string(), where, ": \"", key, "\" is ",
-                   j.contains(key) ? "not a string" : "missing",
-                   " (valid: {\"prompt\": \"...\", \"completion\": ", "\"...\"})");
+                   j.contains(key) ? "not a string" : "missing", " (valid: ", kValidLines, ")");
     }
     out.push_back({j["prompt"].get<std::string>(), j["completion"].get<std::string>()});
   }
@@ -44,6 +100,7 @@ std::vector<SftExample> ReadSftJsonl(const std::string& path) {
 
 SftSequence TokenizeSft(const Tokenizer& tok, const SftExample& example, int64_t bos_id, int64_t eos_id) {
   SftSequence s;
+  if (example.chat) bos_id = eos_id = -1;  // the template wrote them
   if (bos_id >= 0) s.ids.push_back(bos_id);
   const std::vector<int64_t> prompt = tok.Encode(example.prompt), completion = tok.Encode(example.completion);
   s.ids.insert(s.ids.end(), prompt.begin(), prompt.end());

@@ -1,6 +1,7 @@
 // Supervised fine-tuning data for the Llama example: prompt/completion pairs
 // from JSON Lines, tokenized as [bos] prompt completion [eos] with the loss on
-// the completion (and eos) only, served either padded (one example per row,
+// the completion (and eos) only, or chats rendered by the checkpoint's chat
+// template with the loss on the final assistant turn, served either padded (one example per row,
 // each batch right-padded to its longest row) or packed (examples
 // concatenated and cut into windows of the block size).
 #ifndef SHARDTRAIN_EXAMPLES_LLAMA_SFT_DATA_H_
@@ -9,9 +10,11 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "examples/llama/chat_template.h"
 #include "examples/llama/tokenizer.h"
 #include "trainer/data/data.h"
 
@@ -22,13 +25,25 @@ inline constexpr int64_t kIgnoreIndex = -100;
 
 struct SftExample {
   std::string prompt, completion;
+  // Rendered by a chat template: the text holds the special tokens the
+  // template writes (bos included), so none are added around it.
+  bool chat = false;
 };
 
-// The examples of a JSON Lines file: one object per non-blank line with
-// string members "prompt" and "completion" (others are ignored). Throws
-// InvalidArgumentError naming the file, the line and what is wrong (a chat
-// "messages" line, which needs a chat template, is refused by name).
-std::vector<SftExample> ReadSftJsonl(const std::string& path);
+// The examples of a JSON Lines file, one object per non-blank line (other
+// members are ignored), each of:
+//   {"prompt": "...", "completion": "..."}             plain text
+//   {"messages": [{"role": ..., "content": ...}, ..., {"role": "assistant", ...}]}
+//   {"prompt": [messages...], "completion": [messages...]}   (TRL's conversational form)
+// A chat's prompt is the template's rendering of the turns before the
+// completion (all but the last message) with the generation prompt; its
+// completion is the rest of the rendering of the whole conversation, so the
+// loss falls on the final assistant turn and what the template writes after
+// it. `chat` gives the template (nullptr: none) and is called only when a
+// chat line is met. Throws InvalidArgumentError naming the file, the line and
+// what is wrong.
+std::vector<SftExample> ReadSftJsonl(const std::string& path,
+                                     const std::function<const ChatTemplate*()>& chat = nullptr);
 
 // One tokenized example: ids and, position by position, the target id or
 // kIgnoreIndex (prompt and bos).
@@ -36,9 +51,10 @@ struct SftSequence {
   std::vector<int64_t> ids, labels;
 };
 
-// [bos] prompt completion [eos] (bos/eos when >= 0); labels are the ids of the
-// completion and eos, kIgnoreIndex elsewhere. Prompt and completion are
-// encoded separately, so their boundary is a token boundary.
+// [bos] prompt completion [eos] (bos/eos when >= 0 and the example is not a
+// chat); labels are the ids of the completion and eos, kIgnoreIndex
+// elsewhere. Prompt and completion are encoded separately, so their boundary
+// is a token boundary.
 SftSequence TokenizeSft(const Tokenizer& tok, const SftExample& example, int64_t bos_id, int64_t eos_id);
 
 // Batches for the Trainer: inputs [B, T] and targets [B, T] (targets are the

@@ -18,17 +18,24 @@
 // tokenizer), which Python `transformers` loads. --sft_data=FILE fine-tunes on
 // prompt/completion pairs (JSON Lines) instead of the text: the loss is taken
 // on the completions only, batches are padded (or packed, --sft_packing), and
-// the last 10% of the examples validate.
+// the last 10% of the examples validate. Chat lines ("messages", or "prompt"
+// and "completion" as lists of messages) are rendered by the checkpoint's
+// chat template (chat_template.jinja or tokenizer_config.json's, as
+// transformers' apply_chat_template renders them), with the loss on the final
+// assistant turn.
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gflags/gflags.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include "base/errors.h"
 #include "examples/common/example_util.h"
@@ -60,7 +67,7 @@ DEFINE_string(save_hf_dtype, "bf16", "dtype of --save_hf's weights: bf16 or fp32
 DEFINE_string(save_hf_max_shard_size, "50GB", "split --save_hf's weights into files of at most this size");
 DEFINE_string(sft_data, "",
               "fine-tune on prompt/completion pairs from this JSON Lines file (loss on the completions only) instead "
-              "of --data's text");
+              "of --data's text; chat lines ({\"messages\": [...]}) go through --hf_checkpoint's chat template");
 DEFINE_bool(sft_packing, false,
             "with --sft_data: pack the examples into windows of --block_size instead of one padded row each");
 DEFINE_double(top_p, 1.0, "sample from the smallest set of tokens with this probability (1: all)");
@@ -230,6 +237,39 @@ std::unique_ptr<examples::llama::Tokenizer> MakeTokenizer(const std::string& tex
   return examples::llama::LoadTokenizer(path);
 }
 
+// The chat template of --hf_checkpoint's directory (else --tokenizer's),
+// loaded when --sft_data's first chat line asks for it.
+std::function<const examples::llama::ChatTemplate*()> ChatTemplateGetter(bool rank0) {
+  struct State {
+    bool loaded = false;
+    std::optional<examples::llama::ChatTemplate> chat;
+  };
+  auto state = std::make_shared<State>();
+  return [state, rank0]() -> const examples::llama::ChatTemplate* {
+    if (!state->loaded) {
+      state->loaded = true;
+      std::string dir = examples::UserPath(FLAGS_hf_checkpoint);
+      if (dir.empty() && !FLAGS_tokenizer.empty())
+        dir = std::filesystem::path(examples::UserPath(FLAGS_tokenizer)).parent_path().string();
+      if (!dir.empty()) state->chat = examples::llama::LoadChatTemplate(dir);
+      if (rank0 && state->chat) PrintLine("chat template " + state->chat->origin());
+    }
+    return state->chat ? &*state->chat : nullptr;
+  };
+}
+
+// Chat examples hold the template's special tokens as text: only a tokenizer
+// that splits added tokens out of the text (tokenizer.json) encodes them as
+// transformers does.
+void CheckChatTokenizer(const std::vector<examples::llama::SftExample>& sft, const examples::llama::Tokenizer& tok) {
+  const bool chats = std::any_of(sft.begin(), sft.end(), [](const auto& e) { return e.chat; });
+  const std::string& file = tok.file();
+  ST_CHECK_ARG(!chats || (file.size() >= 5 && file.compare(file.size() - 5, 5, ".json") == 0),
+               "--sft_data=", FLAGS_sft_data, " holds chats, whose templates write special tokens as text; the ",
+               "tokenizer ", tok.source(), " does not split them out (valid: a byte-level BPE tokenizer.json, as ",
+               "--tokenizer=FILE or in --hf_checkpoint's directory without a tokenizer.model)");
+}
+
 // What a run trains and validates on, and the prompt its sample continues.
 struct RunData {
   std::unique_ptr<trainer::Dataset> train, val;
@@ -271,10 +311,13 @@ RunData SftData(const examples::llama::Tokenizer& tok, const std::vector<example
                                                           : SftDataset::Padded(train, FLAGS_block_size, pad));
   auto v = std::make_unique<SftDataset>(SftDataset::Padded(val, FLAGS_block_size, pad));
   RunData d;
-  std::vector<int64_t> prompt = tok.Encode(examples[examples.size() - n_val].prompt);
-  if (bos >= 0) prompt.insert(prompt.begin(), bos);
+  const examples::llama::SftExample& first_val = examples[examples.size() - n_val];
+  std::vector<int64_t> prompt = tok.Encode(first_val.prompt);
+  if (bos >= 0 && !first_val.chat) prompt.insert(prompt.begin(), bos);
   d.prompt = at::tensor(prompt, at::kLong).unsqueeze(0);
+  const auto chats = std::count_if(examples.begin(), examples.end(), [](const auto& e) { return e.chat; });
   d.summary = std::to_string(train.size()) + "+" + std::to_string(val.size()) + " fine-tuning examples (" +
+              (chats > 0 ? std::to_string(chats) + " chats; " : "") +
               (FLAGS_sft_packing ? "packed into " : "padded, ") + std::to_string(t->size()) + " rows; " +
               std::to_string(t->loss_tokens()) + "+" + std::to_string(v->loss_tokens()) + " completion tokens)";
   d.train = std::move(t);
@@ -317,10 +360,11 @@ int Run() {
   if (FLAGS_sft_data.empty()) {
     text = examples::ReadCorpus(examples::UserPath(FLAGS_data));
   } else {  // the examples' text trains a tokenizer from scratch
-    sft = examples::llama::ReadSftJsonl(examples::UserPath(FLAGS_sft_data));
+    sft = examples::llama::ReadSftJsonl(examples::UserPath(FLAGS_sft_data), ChatTemplateGetter(rank0));
     for (const auto& e : sft) text += e.prompt + e.completion + "\n";
   }
   const auto tok = MakeTokenizer(text);
+  CheckChatTokenizer(sft, *tok);
   const LlamaConfig cfg = ModelConfig(tok->vocab_size(), tok->bos_id(), tok->eos_id());
   ST_CHECK_ARG(cfg.vocab_size >= tok->vocab_size(), "the model's vocabulary (", cfg.vocab_size,
                ") is smaller than the tokenizer's (", tok->vocab_size(), ", ", tok->source(), ")");

@@ -28,6 +28,7 @@
 #include <sstream>
 
 #include "base/errors.h"
+#include "examples/llama/chat_template.h"
 #include "examples/llama/hf_checkpoint.h"
 #include "examples/llama/hf_strategy_io.h"
 #include "examples/llama/llama_model.h"
@@ -389,10 +390,65 @@ TEST(SftDataTest, BadLinesNameTheLineAndWhatIsValid) {
             std::string::npos);
   EXPECT_NE(error("{\"prompt\": \"a\"}\n").find("sft.jsonl:1: \"completion\" is missing"), std::string::npos);
   EXPECT_NE(error("{\"prompt\": 1, \"completion\": \"b\"}\n").find("\"prompt\" is not a string"), std::string::npos);
-  EXPECT_NE(error("{\"messages\": []}\n").find("need the checkpoint's chat template"), std::string::npos);
+  EXPECT_NE(error("{\"messages\": []}\n").find("sft.jsonl:1: a chat line needs the checkpoint's chat template"),
+            std::string::npos);
   EXPECT_NE(error("\n").find("holds no examples"), std::string::npos);
   std::ofstream(path) << "{\"prompt\": \"a\", \"completion\": \"b\", \"id\": 3}\n";
   EXPECT_EQ(ReadSftJsonl(path.string()).size(), 1u);
+}
+
+TEST(SftDataTest, ChatLinesGoThroughTheTemplate) {
+  const fs::path path = fs::path(::testing::TempDir()) / "chat.jsonl";
+  const ChatTemplate chat(
+      "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' and not loop.first %}"
+      "{{ raise_exception('system goes first') }}{% endif %}<{{ m.role }}>{{ m.content }}{{ eos_token }}{% endfor %}"
+      "{% if add_generation_prompt %}<assistant>{% endif %}",
+      "t.jinja", {{"bos_token", "B"}, {"eos_token", "E"}});
+  auto read = [&](const std::string& text, const ChatTemplate* t) {
+    std::ofstream(path) << text;
+    return ReadSftJsonl(path.string(), [t] { return t; });
+  };
+  const auto examples = read(R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+{"prompt": [{"role": "user", "content": "q"}], "completion": [{"role": "assistant", "content": "a"}]}
+{"prompt": "p", "completion": "c"})",
+                             &chat);
+  ASSERT_EQ(examples.size(), 3u);
+  for (int k : {0, 1}) {
+    EXPECT_EQ(examples[k].prompt, "B<user>qE<assistant>");
+    EXPECT_EQ(examples[k].completion, "aE");
+    EXPECT_TRUE(examples[k].chat);
+  }
+  EXPECT_FALSE(examples[2].chat);
+  // A chat's ids are the template's text alone: no bos/eos around it.
+  const ByteTokenizer tok;
+  const SftSequence s = TokenizeSft(tok, {"B", "aE", true}, 1, 2);
+  EXPECT_EQ(s.ids, (std::vector<int64_t>{10 + 'B', 10 + 'a', 10 + 'E'}));
+  EXPECT_EQ(s.labels, (std::vector<int64_t>{-100, 10 + 'a', 10 + 'E'}));
+  auto error = [&](const std::string& text, const ChatTemplate* t) {
+    try {
+      read(text, t);
+    } catch (const InvalidArgumentError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const std::string user = R"({"role": "user", "content": "q"})";
+  EXPECT_NE(
+      error("{\"messages\": [" + user + "]}", &chat).find("chat.jsonl:1: the last message must be the assistant's"),
+      std::string::npos);
+  EXPECT_NE(error("{\"prompt\": [" + user + "]}", &chat).find("\"completion\" is missing"), std::string::npos);
+  EXPECT_NE(error("{\"messages\": [1]}", &chat).find("not an object with a string \"role\""), std::string::npos);
+  const std::string system = R"({"role": "system", "content": "s"})",
+                    answer = R"({"role": "assistant", "content": "a"})";
+  EXPECT_NE(error("{\"messages\": [" + user + ", " + system + ", " + answer + "]}", &chat)
+                .find("chat.jsonl:1: t.jinja: line 1: the chat template raised an exception: system goes first"),
+            std::string::npos);
+  // A template whose generation prompt is not where the answer starts.
+  const ChatTemplate odd("{% for m in messages %}{{ m.content }}{% endfor %}{% if add_generation_prompt %}>{% endif %}",
+                         "odd.jinja", {});
+  EXPECT_NE(error("{\"messages\": [" + user + ", " + answer + "]}", &odd)
+                .find("odd.jinja renders the whole conversation as a text that does not begin with"),
+            std::string::npos);
 }
 
 class HfCheckpointTest : public ::testing::Test {
