@@ -2,6 +2,8 @@
 // truth, equality and iteration of values.
 #include <algorithm>
 #include <cctype>
+#include <cmath>
+#include <cstdint>
 
 #include "examples/llama/jinja.h"
 
@@ -162,7 +164,9 @@ Value FilterOnText(const std::string& name, const Value& in, const std::vector<V
                                                 : std::strtod(s.c_str(), &end);
     const bool ok = in.kind != Value::kString || (end != nullptr && end != s.c_str());
     const Value dflt = Arg(args, kwargs, 0, "default", name == "int" ? Value::Int(0) : Value::Float(0));
-    if (!ok) return dflt;
+    if (!ok || (name == "int" && std::isnan(d))) return dflt;
+    constexpr double kTwo63 = 9223372036854775808.0;
+    if (name == "int" && !(d >= -kTwo63 && d < kTwo63)) Raise(fail, "int of " + s + " is past the 64-bit integers");
     return name == "int" ? Value::Int(static_cast<int64_t>(d)) : Value::Float(d);
   }
   Raise(fail, "filter '" + name + "' is not supported");
@@ -277,7 +281,11 @@ Value ApplyFilter(const std::string& name, const Value& in, const std::vector<Va
     return Value::Str(ToJson(in, indent.kind == Value::kInt ? static_cast<int>(indent.i) : -1));
   }
   if (name == "safe") return in;
-  if (name == "abs") return in.kind == Value::kFloat ? Value::Float(std::abs(in.f)) : Value::Int(std::abs(in.i));
+  if (name == "abs") {
+    if (in.kind == Value::kFloat) return Value::Float(std::abs(in.f));
+    if (in.kind != Value::kInt || in.i == INT64_MIN) Raise(fail, "bad operand type for abs(): " + TypeName(in));
+    return Value::Int(std::abs(in.i));
+  }
   if (name == "selectattr" || name == "rejectattr") return SelectAttr(name, in, args, fail);
   if (name == "map") return Map(in, args, kwargs, fail);
   if (name == "items" || name == "dictsort") {

@@ -272,6 +272,7 @@ class Renderer {
 
   Value Call(const Expr& e);
   Value Unary(const Expr& e);
+  int64_t IntOp(const std::string& op, int64_t x, int64_t y);
   Value Binary(const Expr& e);
   Value Arith(const std::string& op, const Value& a, const Value& b);
   bool Less(const Value& a, const Value& b);
@@ -308,15 +309,19 @@ Value Renderer::Call(const Expr& e) {
     return Value::MakeDict(std::move(kwargs), name == "namespace" ? Value::kNamespace : Value::kDict);
   }
   if (name == "range") {
+    if (args.empty() || args.size() > 3) Fail("range() takes 1 to 3 integers, not " + std::to_string(args.size()));
     for (const Value& a : args)
       if (a.kind != Value::kInt) Fail("range() takes integers, not " + TypeName(a));
-    const int64_t start = args.size() > 1 ? args[0].i : 0, stop = args.size() > 1 ? args[1].i : args.at(0).i;
+    const int64_t start = args.size() > 1 ? args[0].i : 0, stop = args.size() > 1 ? args[1].i : args[0].i;
     const int64_t step = args.size() > 2 ? args[2].i : 1;
     if (step == 0) Fail("range() step cannot be zero");
     const double n = (static_cast<double>(stop) - static_cast<double>(start)) / static_cast<double>(step);
     if (n > kMaxItems) Fail("range() of more than " + std::to_string(kMaxItems) + " items");
     List l;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) l.push_back(Value::Int(i));
+    for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
+      l.push_back(Value::Int(i));
+      if (__builtin_add_overflow(i, step, &i)) break;  // past the int64 range is past stop
+    }
     return Value::MakeList(std::move(l));
   }
   if (name == "strftime_now") {
@@ -336,7 +341,7 @@ Value Renderer::Unary(const Expr& e) {
   if (v.kind == Value::kFloat) return Value::Float(e.name == "-" ? -v.f : v.f);
   if (v.kind == Value::kInt || v.kind == Value::kBool) {
     const int64_t i = v.kind == Value::kBool ? v.b : v.i;
-    return Value::Int(e.name == "-" ? -i : i);
+    return Value::Int(e.name == "-" ? IntOp("-", 0, i) : i);
   }
   Fail("bad operand type for unary " + e.name + ": " + TypeName(v));
 }
@@ -385,6 +390,35 @@ Value Renderer::Binary(const Expr& e) {
   return v;
 }
 
+// Python's integer + - * // % ** (y > 0 for // and %, y >= 0 for **) in 64
+// bits: a result past them fails instead of wrapping (Python's are unbounded).
+int64_t Renderer::IntOp(const std::string& op, int64_t x, int64_t y) {
+  int64_t r = 0;
+  bool over = false;
+  if (op == "+") {
+    over = __builtin_add_overflow(x, y, &r);
+  } else if (op == "-") {
+    over = __builtin_sub_overflow(x, y, &r);
+  } else if (op == "*") {
+    over = __builtin_mul_overflow(x, y, &r);
+  } else if (op == "**") {
+    r = 1;
+    for (int64_t base = x, n = y; n > 0 && !over; n >>= 1) {  // by squaring: y may be huge
+      if (n & 1) over = __builtin_mul_overflow(r, base, &r);
+      if (n > 1 && !over) over = __builtin_mul_overflow(base, base, &base);
+    }
+  } else if (x == INT64_MIN && y == -1) {
+    over = op == "//";  // the one quotient past the range; its remainder is 0
+  } else {
+    const int64_t q = x / y - ((x % y != 0) && ((x < 0) != (y < 0)));  // Python floors
+    r = op == "//" ? q : x - q * y;
+  }
+  if (over)
+    Fail("integer " + std::to_string(x) + " " + op + " " + std::to_string(y) +
+         " is past the 64-bit integers templates compute with here");
+  return r;
+}
+
 Value Renderer::Arith(const std::string& op, const Value& a, const Value& b) {
   if (op == "+" && a.kind == Value::kString && b.kind == Value::kString) return Value::Str(a.s + b.s);
   if (op == "+" && a.kind == Value::kList && b.kind == Value::kList) {
@@ -412,17 +446,7 @@ Value Renderer::Arith(const std::string& op, const Value& a, const Value& b) {
   if (a.kind != Value::kFloat && b.kind != Value::kFloat) {
     const int64_t x = as_int(a), y = as_int(b);
     if ((op == "//" || op == "%") && y == 0) Fail("integer division or modulo by zero");
-    if (op == "+") return Value::Int(x + y);
-    if (op == "-") return Value::Int(x - y);
-    if (op == "*") return Value::Int(x * y);
-    const int64_t q = x / y - ((x % y != 0) && ((x < 0) != (y < 0)));  // Python floors
-    if (op == "//") return Value::Int(q);
-    if (op == "%") return Value::Int(x - q * y);
-    if (op == "**" && y >= 0) {
-      int64_t r = 1;
-      for (int64_t k = 0; k < y; ++k) r *= x;
-      return Value::Int(r);
-    }
+    if (op != "**" || y >= 0) return Value::Int(IntOp(op, x, y));
   }
   const double x = as_double(a), y = as_double(b);
   if ((op == "//" || op == "%") && y == 0) Fail("float division or modulo by zero");

@@ -1,5 +1,6 @@
 // Lexing of the Jinja subset: text and the tokens of tags, with jinja2's
 // whitespace rules under trim_blocks and lstrip_blocks.
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 
@@ -214,7 +215,7 @@ class Lexer {
     t.kind = is_float ? Token::kFloat : Token::kInt;
     t.text = digits;
     if (is_float) {
-      t.f = std::stod(digits);
+      t.f = std::strtod(digits.c_str(), nullptr);  // as Python, inf past the range of a double
     } else {
       try {
         t.i = std::stoll(digits);
@@ -254,8 +255,14 @@ class Lexer {
         t.text += plain;
       } else if (x == 'u' || x == 'x' || x == 'U') {
         const size_t n = x == 'x' ? 2 : x == 'u' ? 4 : 8;
-        if (e + n > src_.size()) Fail(t.line, "a truncated \\" + std::string(1, x) + " escape in a string literal");
-        AppendUtf8(t.text, static_cast<uint32_t>(std::stoul(src_.substr(e, n), nullptr, 16)));
+        const std::string hex = src_.substr(e, n);
+        if (hex.size() < n || !std::all_of(hex.begin(), hex.end(), [](char h) { return std::isxdigit(h & 0xff); }))
+          Fail(t.line, "a truncated \\" + std::string(1, x) + " escape in a string literal (" + std::to_string(n) +
+                           " hex digits expected)");
+        const uint32_t code = static_cast<uint32_t>(std::stoul(hex, nullptr, 16));
+        if (code > 0x10ffff || (code >= 0xd800 && code < 0xe000))
+          Fail(t.line, "\\" + std::string(1, x) + hex + " in a string literal is not a Unicode scalar value");
+        AppendUtf8(t.text, code);
         e += n;
       } else if (x == '\n') {
         ++line_;

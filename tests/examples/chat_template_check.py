@@ -147,12 +147,38 @@ GEN{{ '\\n' }}
 {%- endif %}
 """
 
-TEMPLATES = {  # name: (template, where it is kept)
-    "header": (HEADER, "jinja"),
-    "chatml": (CHATML, "config"),
-    "inst": (INST, "config"),
-    "tags": (TAGS, "named"),
-    "features": (FEATURES, "jinja"),
+# Tool calls and content lists, as Qwen2.5's and Llama 3.1's templates take them.
+TOOLS = """{%- if tools %}{{ raise_exception('this test passes no tools') }}{% endif %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = message.content | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('\\n') %}
+    {%- endif %}
+    {%- if message.role == 'tool' %}
+        {{- '<|im_start|>user\\n<tool_response>\\n' + content + '\\n</tool_response><|im_end|>\\n' }}
+    {%- elif message.role == 'assistant' and message.tool_calls %}
+        {{- '<|im_start|>assistant' }}{% if content %}{{ '\\n' + content }}{% endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}{% set tool_call = tool_call.function %}{% endif %}
+            {{- '\\n<tool_call>\\n{"name": "' + tool_call.name + '", "arguments": ' + tool_call.arguments | tojson }}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- else %}
+        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{% endif %}
+"""
+
+TEMPLATES = {  # name: (template, where it is kept, whether it takes tool calls and content lists)
+    "header": (HEADER, "jinja", True),
+    "chatml": (CHATML, "config", False),
+    "inst": (INST, "config", False),
+    "tags": (TAGS, "named", False),
+    "features": (FEATURES, "jinja", True),
+    "tools": (TOOLS, "jinja", True),
 }
 
 CONVERSATIONS = [
@@ -164,6 +190,17 @@ CONVERSATIONS = [
      {"role": "assistant", "content": "\n4", "reasoning_content": "\nTwo and two.\n"}],
     [{"role": "user", "content": "first"}, {"role": "user", "content": "second, out of turn"}],
     [{"role": "user", "content": "Only a question."}],
+]
+
+TOOL_CONVERSATIONS = [
+    [{"role": "user", "content": [{"type": "text", "text": "Weather in Zürich?"}, {"type": "image"},
+                                  {"type": "text", "text": "Two days."}]},
+     {"role": "assistant", "content": "", "tool_calls": [
+         {"type": "function", "function": {"name": "get_weather", "arguments": {
+             "city": "Zürich", "days": 2, "units": ["°C", None], "hourly": False, "threshold": 0.5}}},
+         {"type": "function", "function": {"name": "get_time", "arguments": {}}}]},
+     {"role": "tool", "content": "sunny, 21°"}, {"role": "tool", "content": "14:05"},
+     {"role": "assistant", "content": [{"type": "text", "text": "Sunny — 21 °C at 14:05."}]}],
 ]
 
 
@@ -207,14 +244,15 @@ def save(tok, d, template, where):
 
 def fixtures(out):
     tok = train_tokenizer()
-    with open(os.path.join(out, "conversations.json"), "w") as f:
-        json.dump(CONVERSATIONS, f, ensure_ascii=False)
-    for name, (template, where) in TEMPLATES.items():
+    for name, (template, where, tools) in TEMPLATES.items():
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
         loaded = save(tok, d, template, where)
+        conversations = CONVERSATIONS + (TOOL_CONVERSATIONS if tools else [])
+        with open(os.path.join(d, "conversations.json"), "w") as f:
+            json.dump(conversations, f, ensure_ascii=False)
         expected = []
-        for conversation in CONVERSATIONS:
+        for conversation in conversations:
             for gen in (False, True):
                 try:
                     text = loaded.apply_chat_template(conversation, tokenize=False, add_generation_prompt=gen)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Chat templates against Python (transformers, jinja2, tokenizers; pinned by
 # tools/bootstrap.sh):
-#   1. five templates saved through transformers (chat_template.jinja, a
+#   1. six templates saved through transformers (chat_template.jinja, a
 #      string in tokenizer_config.json, a list of named templates) render
-#      five conversations, without and with the generation prompt, to the
+#      five conversations (three of them also one with tool calls and
+#      content lists), without and with the generation prompt, to the
 #      texts transformers' apply_chat_template gives, and those texts to its
 #      token ids (the template's raise_exception refuses the same ones);
 #   2. //examples/llama:train fine-tunes on chat lines ("messages" and
@@ -21,8 +22,8 @@ rm -rf "$tmp"; mkdir -p "$tmp"
 
 # 1: renderings and ids.
 "$python" "$checker" fixtures "$tmp"
-for name in header chatml inst tags features; do
-  "$tool" render "$tmp/$name" "$tmp/conversations.json" "$tmp/$name/ours.json"
+for name in header chatml inst tags features tools; do
+  "$tool" render "$tmp/$name" "$tmp/$name/conversations.json" "$tmp/$name/ours.json"
   "$python" "$checker" compare "$tmp/$name/expected.json" "$tmp/$name/ours.json" ||
     fail "$name: ShardTrain's rendering differs from transformers'"
 done

@@ -89,6 +89,19 @@ TEST(ChatTemplate, RefusesWhatItDoesNotSupportByName) {
   EXPECT_NE(parse_error("{{ messages[0].content.frobnicate() }}").find("str has no method 'frobnicate'"),
             std::string::npos);
   EXPECT_NE(parse_error("{{ 1 // 0 }}").find("integer division or modulo by zero"), std::string::npos);
+  // Integers are 64-bit here (Python's are unbounded): past them is an error, never a wrapped value.
+  EXPECT_NE(parse_error("{{ 9223372036854775807 + 1 }}").find("is past the 64-bit integers"), std::string::npos);
+  EXPECT_NE(parse_error("{{ 3 ** 1000000000000 }}").find("is past the 64-bit integers"), std::string::npos);
+  EXPECT_NE(parse_error("{{ -9223372036854775807 - 2 }}").find("is past the 64-bit integers"), std::string::npos);
+  EXPECT_NE(parse_error("{{ '1e300' | int }}").find("is past the 64-bit integers"), std::string::npos);
+  EXPECT_NE(parse_error("{{ range() }}").find("range() takes 1 to 3 integers, not 0"), std::string::npos);
+  EXPECT_NE(parse_error("{{ '\\u12g4' }}").find("a truncated \\u escape"), std::string::npos);
+  EXPECT_NE(parse_error("{{ '\\U00110000' }}").find("is not a Unicode scalar value"), std::string::npos);
+  EXPECT_EQ(Apply("{{ range(9223372036854775805, 9223372036854775807, 5) | list }} {{ '\\U0001F600\\x41' }}", kChat),
+            "[9223372036854775805] \xF0\x9F\x98\x80"
+            "A");
+  EXPECT_EQ(Apply("{{ 2 ** 62 }} {{ 1e999 }} {{ -1e999 }} {{ 1 ** 1000000000000 }}", kChat),
+            "4611686018427387904 inf -inf 1");
   // Bounds that keep a hostile template from exhausting the stack, the memory or the time.
   EXPECT_NE(
       parse_error("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}").find("nested deeper than 100"),

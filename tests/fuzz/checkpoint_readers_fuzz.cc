@@ -9,8 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 
 #include "base/errors.h"
+#include "examples/llama/chat_template.h"
 #include "examples/llama/hf_checkpoint.h"
 #include "examples/llama/llama_config.h"
 #include "examples/llama/tokenizer.h"
@@ -194,6 +196,25 @@ Scratch& GetScratch() {
   return s;
 }
 
+// Reader 11: a tokenizer.json, then a fixed text (special tokens, multilingual) encoded and decoded.
+void EncodeWithTokenizer(const fs::path& json, const uint8_t* bytes, size_t n) {
+  WriteFile(json, bytes, n);
+  const auto tok = examples::llama::LoadByteLevelBpe(json.string());
+  const std::vector<int64_t> ids = tok->Encode("<s>Hello  world 123 \xc3\xa9t\xc3\xa9\n\t\xe4\xbd\xa0\xe5\xa5\xbd<s>");
+  (void)tok->Decode(ids);
+}
+
+// Reader 12: a chat template parsed and applied to a fixed conversation.
+void ApplyChatTemplate(const uint8_t* bytes, size_t n) {
+  const examples::llama::ChatTemplate chat(std::string(reinterpret_cast<const char*>(bytes), n), "fuzz.jinja",
+                                           {{"bos_token", "<s>"}, {"eos_token", "</s>"}});
+  const auto messages = nlohmann::ordered_json::parse(
+      R"([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "H\u00e9llo {{ 1 }}"},
+          {"role": "assistant", "content": "Hi.", "tool_calls": [{"function": {"name": "f", "arguments": {"x": 1}}}]},
+          {"role": "user", "content": [{"type": "text", "text": "and?"}]}])");
+  (void)chat.Apply(messages, true);
+}
+
 }  // namespace
 
 // The full checkpoint's tensor records with `pickle` as its data.pkl, zipped.
@@ -273,15 +294,12 @@ bool FuzzCheckpointReaders(const uint8_t* data, size_t size) {
         for (const auto& name : w.names()) Touch(w.Tensor(name));
         break;
       }
-      case 11: {
-        const fs::path json = s.input / "tokenizer.json";
-        WriteFile(json, bytes, n);
-        const auto tok = examples::llama::LoadByteLevelBpe(json.string());
-        const std::vector<int64_t> ids =
-            tok->Encode("<s>Hello  world 123 \xc3\xa9t\xc3\xa9\n\t\xe4\xbd\xa0\xe5\xa5\xbd<s>");
-        (void)tok->Decode(ids);
+      case 11:
+        EncodeWithTokenizer(s.input / "tokenizer.json", bytes, n);
         break;
-      }
+      case 12:
+        ApplyChatTemplate(bytes, n);
+        break;
     }
   } catch (const Error&) {
     return false;
@@ -345,6 +363,22 @@ std::vector<uint8_t> ValidTokenizerJson() {
   return std::vector<uint8_t>(text.begin(), text.end());
 }
 
+// A chat template that reaches most of the Jinja subset: whitespace control,
+// namespace, loop variables, filters, tests, methods, slicing, raise_exception.
+std::vector<uint8_t> ValidChatTemplate() {
+  const std::string text = R"({%- set ns = namespace(sys='') -%}
+{%- if messages[0]['role'] == 'system' %}{% set ns.sys = messages[0].content | trim %}{% endif -%}
+{{ bos_token }}{% for m in messages if m.role != 'system' -%}
+  {%- if (m.role == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('roles must alternate') }}{% endif -%}
+  {%- set c = m.content if m.content is string else m.content | map(attribute='text') | join(' ') -%}
+  <|{{ m.role | upper }}|>{% if loop.first and ns.sys %}[{{ ns.sys[:20] }}] {% endif %}{{ c | replace('{', '(') }}
+  {%- if m.tool_calls is defined %}{% for t in m.tool_calls %} {{ t.function | tojson }}{% endfor %}{% endif %}
+  {%- if not loop.last %}{{ eos_token }}
+{% endif -%}
+{%- endfor %}{% if add_generation_prompt %}<|ASSISTANT|>{{ messages | length | string }}{% endif %})";
+  return std::vector<uint8_t>(text.begin(), text.end());
+}
+
 std::vector<uint8_t> ValidLlamaConfig() {
   const std::string text = examples::llama::LlamaConfigJson(examples::llama::LlamaConfig(), "bfloat16");
   return std::vector<uint8_t>(text.begin(), text.end());
@@ -373,7 +407,8 @@ std::vector<Seed> ValidSeeds() {
           {"safetensors", with(8, ValidSafetensors(s.root / "valid.safetensors"))},
           {"llama_config", with(9, ValidLlamaConfig())},
           {"hf_index", with(10, ValidHfIndex(s.root / "valid_hf"))},
-          {"bpe_tokenizer", with(11, ValidTokenizerJson())}};
+          {"bpe_tokenizer", with(11, ValidTokenizerJson())},
+          {"chat_template", with(12, ValidChatTemplate())}};
 }
 
 }  // namespace shardtrain::fuzz

@@ -30,6 +30,8 @@
 //  11  LoadByteLevelBpe (examples/llama/tokenizer.h): the bytes are a byte-level
 //      BPE tokenizer.json; a fixed text (special tokens, multilingual) is
 //      encoded and decoded with it
+//  12  ChatTemplate (examples/llama/chat_template.h): the bytes are a Jinja chat
+//      template, parsed and applied to a fixed four-turn conversation
 // Every tensor a reader returns is read in full (as a caller would), so a
 // tensor that claims more bytes than its record holds is found. A reader may
 // only succeed or throw shardtrain::Error; any other exception escapes.
@@ -43,7 +45,7 @@
 
 namespace shardtrain::fuzz {
 
-inline constexpr int kNumReaders = 12;
+inline constexpr int kNumReaders = 13;
 
 // Runs the reader `data[0] % kNumReaders` on data[1..]. Returns true when the
 // reader accepted the input, false when it threw shardtrain::Error.

@@ -37,7 +37,9 @@ SRCS=(trainer/checkpoint_io/archive.cc trainer/checkpoint_io/pickle_scan.cc trai
       trainer/checkpoint_io/safetensors.cc trainer/checkpoint_io/zip_writer.cc
       base/file_util.cc sharding/sharded_state.cc sharding/shard_layout.cc
       examples/llama/llama_config.cc examples/llama/hf_checkpoint.cc
-      examples/llama/bpe_tokenizer.cc
+      examples/llama/bpe_tokenizer.cc examples/llama/chat_template.cc examples/llama/jinja_lex.cc
+      examples/llama/jinja_parse.cc examples/llama/jinja_eval.cc examples/llama/jinja_builtins.cc
+      examples/llama/jinja_values.cc
       tests/fuzz/checkpoint_readers_fuzz.cc tests/fuzz/checkpoint_fuzzer_main.cc)
 FLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -D_GLIBCXX_USE_CXX11_ABI=$ABI -I"$ROOT" -isystem "$TORCH/include" -isystem "$TORCH/include/torch/csrc/api/include")

@@ -65,24 +65,50 @@ class MappingReader final : public caffe2::serialize::ReadAdapterInterface {
 
 void ReleaseMapping(void* ctx) { delete static_cast<std::shared_ptr<Mapping>*>(ctx); }
 
+// The first non-empty `check(tensor)` over the tensors in `v` (lists, dicts,
+// tuples walked), else "".
+std::string FirstBadTensor(const c10::IValue& v, const std::function<std::string(const at::Tensor&)>& check) {
+  if (v.isTensor()) return check(v.toTensor());
+  std::string bad;
+  if (v.isList()) {
+    for (const auto& e : v.toListRef()) {
+      if (!(bad = FirstBadTensor(e, check)).empty()) return bad;
+    }
+  } else if (v.isGenericDict()) {
+    for (const auto& e : v.toGenericDict()) {
+      if (!(bad = FirstBadTensor(e.key(), check)).empty()) return bad;
+      if (!(bad = FirstBadTensor(e.value(), check)).empty()) return bad;
+    }
+  } else if (v.isTuple()) {
+    for (const auto& e : v.toTupleRef().elements()) {
+      if (!(bad = FirstBadTensor(e, check)).empty()) return bad;
+    }
+  }
+  return bad;
+}
+
+// Placeholder dtypes (torch.uint1-7, int1-7, bits*) load but have no
+// kernels: the first copy would throw from deep inside LibTorch (fuzzer finding).
+std::string UnloadableDtype(const at::Tensor& t) {
+  if (!t.defined()) return "";
+  const at::ScalarType st = t.scalar_type();
+  if (c10::isFloatingType(st) || c10::isComplexType(st) || c10::isIntegralType(st, /*includeBool=*/true) ||
+      c10::isQIntType(st)) {
+    return "";
+  }
+  return std::string("a tensor of dtype ") + c10::toString(st) +
+         " (valid: floating, complex, integer, bool and quantized dtypes)";
+}
+
 // A pickle names each storage's element count itself: a tensor whose storage
 // or view reaches past its record's bytes (a corrupt or crafted file) would
 // read outside the mapping. `records` maps each record's first byte to its
-// size. Returns "" when every tensor in `v` stays inside its record, else what
-// is wrong.
+// size. Returns "" when every tensor in `v` stays inside its record and has a
+// dtype with kernels, else what is wrong.
 std::string CheckTensorsInRecords(const c10::IValue& v, const std::unordered_map<const void*, size_t>& records) {
-  if (v.isTensor()) {
-    const at::Tensor& t = v.toTensor();
-    if (!t.defined()) return "";
-    // Placeholder dtypes (torch.uint1-7, int1-7, bits*) load but have no
-    // kernels: the first copy would throw from deep inside LibTorch (fuzzer finding).
-    const at::ScalarType st = t.scalar_type();
-    if (!c10::isFloatingType(st) && !c10::isComplexType(st) && !c10::isIntegralType(st, /*includeBool=*/true) &&
-        !c10::isQIntType(st)) {
-      return std::string("a tensor of dtype ") + c10::toString(st) +
-             " (valid: floating, complex, integer, bool and quantized dtypes)";
-    }
-    if (!t.has_storage()) return "";
+  return FirstBadTensor(v, [&](const at::Tensor& t) -> std::string {
+    if (const std::string bad = UnloadableDtype(t); !bad.empty()) return bad;
+    if (!t.defined() || !t.has_storage()) return "";
     const size_t nbytes = t.storage().nbytes();
     auto it = records.find(t.storage().data());
     if (nbytes > 0 && (it == records.end() || nbytes > it->second)) {
@@ -105,23 +131,7 @@ std::string CheckTensorsInRecords(const c10::IValue& v, const std::unordered_map
              std::to_string(nbytes) + " bytes";
     }
     return "";
-  }
-  std::string bad;
-  if (v.isList()) {
-    for (const auto& e : v.toListRef()) {
-      if (!(bad = CheckTensorsInRecords(e, records)).empty()) return bad;
-    }
-  } else if (v.isGenericDict()) {
-    for (const auto& e : v.toGenericDict()) {
-      if (!(bad = CheckTensorsInRecords(e.key(), records)).empty()) return bad;
-      if (!(bad = CheckTensorsInRecords(e.value(), records)).empty()) return bad;
-    }
-  } else if (v.isTuple()) {
-    for (const auto& e : v.toTupleRef().elements()) {
-      if (!(bad = CheckTensorsInRecords(e, records)).empty()) return bad;
-    }
-  }
-  return bad;
+  });
 }
 
 std::string FirstLine(const std::exception& e) {
@@ -381,6 +391,8 @@ uint32_t TensorCrc32(const at::Tensor& t) {
   const at::Tensor c = RecordBytes(t, "a tensor's checksum");
   return Crc32(0, c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
 }
+
+std::string UnloadableTensorIn(const c10::IValue& v) { return FirstBadTensor(v, UnloadableDtype); }
 
 c10::IValue MapArchive(const std::string& path) {
   MappedFile file(path);

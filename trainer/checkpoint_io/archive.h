@@ -121,6 +121,12 @@ class MappedFile {
 // shardtrain::Error naming the file when it is missing or not such an archive.
 c10::IValue MapArchive(const std::string& path);
 
+// "" when every tensor in `v` has a dtype LibTorch has kernels for (floating,
+// complex, integer, bool, quantized), else what the first other one is: a
+// pickle may name placeholder dtypes (torch.int5...) that load but cannot be
+// copied. MapArchive checks it; for values read by other means.
+std::string UnloadableTensorIn(const c10::IValue& v);
+
 // Drops from this process the whole pages of `t`'s bytes when `t` is a view
 // of a MapArchive mapping (they stay in the page cache; a later read pages
 // them in again from the file, so values written into the private mapping

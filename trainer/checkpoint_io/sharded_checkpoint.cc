@@ -66,6 +66,8 @@ c10::impl::GenericDict ReadPickleDict(const std::string& path, const std::string
              msg.substr(0, msg.find('\n')), ")");
   }
   if (!v.isGenericDict()) ST_THROW(Error, what, " '", path, "' is not a ShardTrain sharded checkpoint file");
+  if (const std::string bad = UnloadableTensorIn(v); !bad.empty())
+    ST_THROW(Error, what, " '", path, "' is corrupt: it holds ", bad);
   return v.toGenericDict();
 }
 
