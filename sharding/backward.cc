@@ -236,6 +236,25 @@ void ShardedModel::FinishReduces(size_t keep) {
     if (options_.offload_params && !replicate_group_ && u->reduce_out.is_cuda()) {
       u->reduce_host = grad_offload_->Start(u->reduce_out);
     }
+    reduced_.push_back(u);
+  }
+  const size_t launched = reduced_.size() + reducing_.size();
+  if (replicate_group_) IssueReplicatesDue(launched > keep ? launched - keep : 0);
+}
+
+// HYBRID_SHARD overlapped: a unit's all-reduce across replicas starts as soon
+// as its reduce-scatter is complete, while backward goes on (as PyTorch's HSDP
+// does), instead of all of them after backward. Which units are issued here
+// depends only on how many reduce-scatters were launched (`due`: those no
+// longer allowed in flight), never on which happened to finish early, so every
+// rank issues its shard-group and replicate-group collectives in the same
+// interleaving (a NCCL requirement across communicators).
+void ShardedModel::IssueReplicatesDue(size_t due) {
+  for (; replicated_ < due && replicated_ < reduced_.size(); ++replicated_) {
+    ShardedUnit* u = reduced_[replicated_];
+    if (!u->reduce_out.defined()) continue;
+    Stopwatch sw(&comm_times_.replicate_issue_s);
+    u->replicate_work = replicate_group_->AllReduce(u->reduce_out);
   }
 }
 
@@ -247,14 +266,15 @@ void ShardedModel::FinishBackward() {
     u->ready = true;
   }
   LaunchReadyInOrder();
-  FinishReduces(0);
-  std::vector<comm::WorkPtr> replicate_works;
-  for (auto* u : reduce_order_) {
-    if (replicate_group_ && u->reduce_out.defined()) {
-      replicate_works.push_back(replicate_group_->AllReduce(u->reduce_out));
-    }
+  FinishReduces(0);  // issues the replicate all-reduces not issued yet
+  for (auto* u : reduced_) {
+    if (!u->replicate_work) continue;
+    Stopwatch sw(&comm_times_.replicate_wait_s);
+    u->replicate_work->Wait();
+    u->replicate_work.reset();
   }
-  for (auto& w : replicate_works) w->Wait();
+  reduced_.clear();
+  replicated_ = 0;
   // Accumulate into existing gradients (no zero_grad between backwards) or
   // start fresh. With use_orig_params the optimizer sees (and clears) the
   // per-parameter views, not the shard's gradient.
@@ -304,13 +324,15 @@ void ShardedModel::FinishBackward() {
 
 void ShardedModel::ResetIteration() {
   for (auto& u : units_) {
-    if (u->reduce_work) {
-      try {
-        u->reduce_work->Wait();
-      } catch (...) {
+    for (comm::WorkPtr* w : {&u->reduce_work, &u->replicate_work}) {
+      if (*w) {
+        try {
+          (*w)->Wait();
+        } catch (...) {
+        }
       }
+      w->reset();
     }
-    u->reduce_work.reset();
     u->reduce_in = u->reduce_out = u->reduce_host = at::Tensor();
     u->reduce_pieces.clear();
     u->grads_in_place = false;
@@ -318,6 +340,8 @@ void ShardedModel::ResetIteration() {
     Reshard(u.get());
   }
   reducing_.clear();
+  reduced_.clear();
+  replicated_ = 0;
   next_launch_ = 0;
   callback_queued_ = false;
   gather_order_->Forget();

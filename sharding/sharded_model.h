@@ -189,10 +189,13 @@ class ShardedModel {
   // Wall time the calling thread spent inside the sharding core's collectives
   // since the last ResetCommTimes(): issuing them (a call returns once the
   // collective is queued) and blocked waiting for them. Time spent waiting is
-  // communication that did not overlap computation.
+  // communication that did not overlap computation. replicate_*: HYBRID_SHARD's
+  // (and NO_SHARD's) all-reduce of each unit's reduced shard across replicas.
   struct CommTimes {
     double gather_issue_s = 0, gather_wait_s = 0;
     double reduce_issue_s = 0, reduce_wait_s = 0;
+    double replicate_issue_s = 0, replicate_wait_s = 0;
+    double wait_s() const { return gather_wait_s + reduce_wait_s + replicate_wait_s; }
   };
   const CommTimes& comm_times() const { return comm_times_; }
   void ResetCommTimes() { comm_times_ = {}; }
@@ -234,6 +237,7 @@ class ShardedModel {
   void IssueReduce(ShardedUnit* u, const std::function<comm::WorkPtr(const comm::ReduceOptions&)>& reduce_scatter);
   void MoveGradsToFlat(ShardedUnit* u);
   void FinishReduces(size_t keep);
+  void IssueReplicatesDue(size_t due);
   void FinishBackward();
   void EnsureBackwardCallback();
   void ResetIteration();
@@ -263,6 +267,10 @@ class ShardedModel {
   // kMaxReducesInFlight stay in flight while backward runs.
   static constexpr size_t kMaxReducesInFlight = 2;
   std::deque<ShardedUnit*> reducing_;
+  // Units whose reduce-scatter completed, in launch order, and how many of
+  // them have their replicate all-reduce issued (ReplicateDue).
+  std::vector<ShardedUnit*> reduced_;
+  size_t replicated_ = 0;
   CommTimes comm_times_;
   // What the iteration's gathers wait for on a CUDA device (nothing on the CPU).
   std::unique_ptr<internal::GatherOrder> gather_order_;

@@ -277,7 +277,7 @@ void Report(const TimedRun& run, strategies::Strategy& strategy, const std::shar
   // the sharding core's time blocked on collectives (mean over ranks).
   const auto by_class = BytesByLinkClass(groups);
   double waited = 0;
-  if (sharded) waited = sharded->comm_times().gather_wait_s + sharded->comm_times().reduce_wait_s;
+  if (sharded) waited = sharded->comm_times().wait_s();
   at::Tensor link = at::tensor({info.local_rank == 0 ? Eth0TxBytes() - run.wire_start : 0.0, by_class[0], by_class[1],
                                 waited / world},
                                at::kDouble);
@@ -313,9 +313,9 @@ void Report(const TimedRun& run, strategies::Strategy& strategy, const std::shar
     const auto& t = sharded->comm_times();
     std::fprintf(stderr,
                  "[gpt_bench rank %d] per step: gather issue %.3f s, gather wait %.3f s, reduce issue %.3f s, "
-                 "reduce wait %.3f s\n",
+                 "reduce wait %.3f s, replicate issue %.3f s, replicate wait %.3f s\n",
                  rank, t.gather_issue_s / FLAGS_steps, t.gather_wait_s / FLAGS_steps, t.reduce_issue_s / FLAGS_steps,
-                 t.reduce_wait_s / FLAGS_steps);
+                 t.reduce_wait_s / FLAGS_steps, t.replicate_issue_s / FLAGS_steps, t.replicate_wait_s / FLAGS_steps);
   }
   const double bound_mib = (Config().NumParameters() * 16.0 / world + largest * 4.0) / (1 << 20);
   if (rank != 0) return;

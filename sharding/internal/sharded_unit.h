@@ -72,6 +72,7 @@ class ShardedUnit {
   bool ready = false;
   bool launched = false;
   comm::WorkPtr reduce_work;
+  comm::WorkPtr replicate_work;  // HYBRID_SHARD / NO_SHARD: reduce_out's all-reduce across replicas
   at::Tensor reduce_in;
   std::vector<at::Tensor> reduce_pieces;  // grads_in_place: what the reduce-scatter in flight reads
   at::Tensor reduce_out;

@@ -147,6 +147,56 @@ int MostUnshardedUnits(int limit_all_gathers) {
   return most;
 }
 
+// HYBRID_SHARD at W=4 (2 shard groups x 2 replicas): each unit's all-reduce
+// across replicas starts during backward, right after its reduce-scatter has
+// completed (at most two reduce-scatters in flight), not after backward; one
+// per unit, in the units' reduce order.
+TEST(HybridShard, ReplicateAllReducesStartDuringBackward) {
+  std::vector<CommEvent> events;
+  std::vector<UnitInfo> units;
+  RunRanks(4, [&](int rank, const auto& gloo) {
+    auto rec = std::make_shared<RecordingCommunicator>(gloo);
+    auto net = std::make_shared<ChainNetImpl>(std::vector<int64_t>{6, 8, 10, 12, 14});
+    ShardingOptions o;
+    o.sharding_strategy = ShardingStrategy::kHybridShard;
+    o.hybrid_shard_group_size = 2;
+    ShardedModel sm(net, rec, o);
+    at::Tensor x = at::ones({4, 6});
+    sm.Forward([&] { return net->forward(x); }).pow(2).mean().backward();
+    g_hooks.on_grads = [&](int id) { rec->Mark("grads b" + std::to_string(id)); };
+    at::Tensor loss = sm.Forward([&] { return net->forward(x); }).pow(2).mean();
+    rec->ClearEvents();
+    loss.backward();
+    g_hooks = {};
+    if (rank == 0) {
+      events = rec->events();
+      units = sm.units();
+    }
+  });
+  auto all_reduce_of = [&](int unit) {
+    return Find(events, [n = units[unit].shard_numel](const CommEvent& e) {
+      return e.kind == CommEvent::Kind::kAllReduce && e.numel == n;
+    });
+  };
+  auto reduce_scatter_of = [&](int unit) {
+    return Find(events, [n = units[unit].padded_numel](const CommEvent& e) {
+      return e.kind == CommEvent::Kind::kReduceScatter && e.numel == n;
+    });
+  };
+  const int grads_b0 =
+      Find(events, [](const CommEvent& e) { return e.kind == CommEvent::Kind::kMark && e.label == "grads b0"; });
+  ASSERT_GE(grads_b0, 0) << ToString(events);
+  // b3 reduces first: its all-reduce goes out once b1's reduce-scatter is issued
+  // (two in flight), before backward reaches b0.
+  EXPECT_GT(all_reduce_of(3), reduce_scatter_of(1)) << ToString(events);
+  EXPECT_LT(all_reduce_of(3), grads_b0) << ToString(events);
+  EXPECT_LT(all_reduce_of(3), reduce_scatter_of(0)) << ToString(events);
+  for (int u = 3; u > 0; --u) EXPECT_LT(all_reduce_of(u), all_reduce_of(u - 1)) << ToString(events);
+  const auto all_reduces = std::count_if(events.begin(), events.end(),
+                                         [](const CommEvent& e) { return e.kind == CommEvent::Kind::kAllReduce; });
+  EXPECT_EQ(all_reduces, static_cast<long>(units.size())) << ToString(events);
+}
+
 TEST(LimitAllGathers, BoundsUnitsHoldingFullParameters) {
   EXPECT_EQ(MostUnshardedUnits(2), 2);
   EXPECT_EQ(MostUnshardedUnits(0), 3) << "without a limit, prefetching holds outer + computing + next";
