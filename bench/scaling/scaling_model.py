@@ -398,7 +398,7 @@ def simulate(model, strat, W, hw, tokens, ac, b_param, b_grad, overlap=True, fwd
             if strat.rep_overlap:  # each unit's all-reduce starts when its reduce-scatter ends
                 for i, done in pending_rs_end:
                     nic = max(nic, done) + ar[i]
-            else:  # ShardTrain today: FinishBackward issues them all after the last reduce-scatter
+            else:  # ShardTrain before cdd7f83: all issued after the last reduce-scatter
                 nic = end + sum(ar)
             end = max(end, nic)
     step = end + t_opt
