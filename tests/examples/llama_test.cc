@@ -256,7 +256,9 @@ TEST(LlamaModelTest, ZeroInitScopeDrawsNoRandomWeights) {
     EXPECT_TRUE(ZeroInitScope::active());
     LlamaForCausalLM model(c);
     for (const auto& p : model->named_parameters()) {
-      if (p.key().find("norm") == std::string::npos) EXPECT_EQ(p.value().abs().sum().item<double>(), 0) << p.key();
+      if (p.key().find("norm") == std::string::npos) {
+        EXPECT_EQ(p.value().abs().sum().item<double>(), 0) << p.key();
+      }
     }
   }
   EXPECT_TRUE(at::rand({1}).equal(before));  // no random numbers were drawn
