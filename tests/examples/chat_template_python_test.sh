@@ -17,19 +17,20 @@ train="$1"; tool="$2"; checker="$3"; defs="$4"
 source "$(dirname "${BASH_SOURCE[0]}")/../testing/python.sh" "$defs"
 skip_without_module transformers chat_template_python_test
 skip_without_module tokenizers chat_template_python_test
+pyserve_start
 tmp="${TEST_TMPDIR:-$(mktemp -d)}/chat_template"
 rm -rf "$tmp"; mkdir -p "$tmp"
 
 # 1: renderings and ids.
-"$python" "$checker" fixtures "$tmp"
+pyrun "$checker" fixtures "$tmp"
 for name in header chatml inst tags features tools; do
   "$tool" render "$tmp/$name" "$tmp/$name/conversations.json" "$tmp/$name/ours.json"
-  "$python" "$checker" compare "$tmp/$name/expected.json" "$tmp/$name/ours.json" ||
+  pyrun "$checker" compare "$tmp/$name/expected.json" "$tmp/$name/ours.json" ||
     fail "$name: ShardTrain's rendering differs from transformers'"
 done
 
 # 2: chat fine-tuning data through the template.
-"$python" "$checker" sft-setup "$tmp/hf" "$tmp/chat.jsonl"
+pyrun "$checker" sft-setup "$tmp/hf" "$tmp/chat.jsonl"
 args=(--hf_checkpoint="$tmp/hf" --sft_data="$tmp/chat.jsonl" --devices=1 --batch_size=4 --val_samples=4
       --block_size=160 --max_steps=2 --eval_every=1000 --lr=1e-3 --num_workers=0 --sample_tokens=4
       --default_root_dir="$tmp/runs")
@@ -37,7 +38,7 @@ args=(--hf_checkpoint="$tmp/hf" --sft_data="$tmp/chat.jsonl" --devices=1 --batch
 grep -q "chat template $tmp/hf/chat_template.jinja" "$tmp/sft.log" || fail "the checkpoint's template was not used"
 grep -q "36+4 fine-tuning examples (40 chats; padded" "$tmp/sft.log" || fail "the chat lines were not all read"
 ours="$(sed -n 's/^step 0 | val loss \([0-9.]*\).*/\1/p' "$tmp/sft.log" | tail -1)"
-"$python" "$checker" sft-loss "$tmp/hf" "$tmp/chat.jsonl" 160 4 | tee "$tmp/python_sft.log"
+pyrun "$checker" sft-loss "$tmp/hf" "$tmp/chat.jsonl" 160 4 | tee "$tmp/python_sft.log"
 theirs="$(sed -n 's/python sft loss \([0-9.]*\).*/\1/p' "$tmp/python_sft.log")"
 tokens="$(sed -n 's/.* \([0-9]*\) completion tokens.*/\1/p' "$tmp/python_sft.log")"
 grep -q "+$tokens completion tokens" "$tmp/sft.log" || fail "transformers takes the loss on $tokens validation tokens"

@@ -12,9 +12,10 @@ set -euo pipefail
 tool="$1"; checker="$2"; defs="$3"; generate="$4"
 source "$(dirname "${BASH_SOURCE[0]}")/../testing/python.sh" "$defs"
 skip_without_module transformers llama_hf_python_test
+pyserve_start
 tmp="${TEST_TMPDIR:-$(mktemp -d)}/llama_hf"
 rm -rf "$tmp"; mkdir -p "$tmp"
-"$python" "$checker" make "$tmp" || fail "Python could not build the reference models"
+pyrun "$checker" make "$tmp" || fail "Python could not build the reference models"
 for case in gqa_untied_sharded mqa_tied_llama3_headdim mha_bias_linear_bf16; do
   "$tool" check "$tmp/$case" "$tmp/$case.expected.safetensors" || fail "$case: ShardTrain differs from transformers"
 done
@@ -33,16 +34,16 @@ if "$generate" --hf_checkpoint="$tmp/gqa_untied_sharded" --prompt_ids=5,999 2>"$
 fi
 grep -q "'999' is not a token id (valid: integers in \[0, 97)" "$tmp/bad_ids.err" || fail "bad id message: $(cat "$tmp/bad_ids.err")"
 # Training from the checkpoint against PyTorch FSDP2 (fully_shard, Gloo, W=2): untied GQA and tied MQA.
-"$python" "$checker" fsdp2 "$tmp/gqa_untied_sharded" "$tmp/gqa.fsdp2.safetensors" \
+pyrun "$checker" fsdp2 "$tmp/gqa_untied_sharded" "$tmp/gqa.fsdp2.safetensors" \
   "$tmp/mqa_tied_llama3_headdim" "$tmp/mqa.fsdp2.safetensors" || fail "PyTorch FSDP2 could not train the models"
 "$tool" fit "$tmp/gqa_untied_sharded" "$tmp/gqa.fsdp2.safetensors" || fail "gqa: fsdp_native differs from FSDP2"
 "$tool" fit "$tmp/mqa_tied_llama3_headdim" "$tmp/mqa.fsdp2.safetensors" || fail "mqa: fsdp_native differs from FSDP2"
 # Import -> export with no training: sharded (small limit) and single-file.
 "$tool" export "$tmp/gqa_untied_sharded" "$tmp/export_sharded" 30KB fp32
 [[ -f "$tmp/export_sharded/model.safetensors.index.json" ]] || fail "a 30KB limit did not shard the export"
-"$python" "$checker" check-export "$tmp/gqa_untied_sharded" "$tmp/export_sharded" || fail "export_sharded"
+pyrun "$checker" check-export "$tmp/gqa_untied_sharded" "$tmp/export_sharded" || fail "export_sharded"
 "$tool" export "$tmp/mqa_tied_llama3_headdim" "$tmp/export_tied" 50GB fp32
-"$python" "$checker" check-export "$tmp/mqa_tied_llama3_headdim" "$tmp/export_tied" || fail "export_tied"
+pyrun "$checker" check-export "$tmp/mqa_tied_llama3_headdim" "$tmp/export_tied" || fail "export_tied"
 "$tool" export "$tmp/mha_bias_linear_bf16" "$tmp/export_bf16" 50GB bf16
-"$python" "$checker" check-export "$tmp/mha_bias_linear_bf16" "$tmp/export_bf16" || fail "export_bf16"
+pyrun "$checker" check-export "$tmp/mha_bias_linear_bf16" "$tmp/export_bf16" || fail "export_bf16"
 echo PASS

@@ -5,11 +5,12 @@
 set -euo pipefail
 writer="$1"; checker="$2"; defs="$3"
 source "$(dirname "${BASH_SOURCE[0]}")/../testing/python.sh" "$defs"
+pyserve_start
 tmp="${TEST_TMPDIR:-$(mktemp -d)}/archive_python"
 rm -rf "$tmp"; mkdir -p "$tmp"
 "$writer" write "$tmp/a.pt"
-"$python" "$checker" "$tmp/a.pt" || fail "Python could not read the archive"
+pyrun "$checker" "$tmp/a.pt" || fail "Python could not read the archive"
 mkdir -p "$tmp/zips"
 "$writer" zip "$tmp/zips"
-"$python" "$checker" --zips "$tmp/zips" || fail "Python's zipfile refused ZipWriter's archives"
+pyrun "$checker" --zips "$tmp/zips" || fail "Python's zipfile refused ZipWriter's archives"
 echo PASS

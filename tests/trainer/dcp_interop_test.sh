@@ -12,17 +12,18 @@ set -euo pipefail
 fixture="$1"; checker="$2"; defs="$3"
 source "$(dirname "${BASH_SOURCE[0]}")/../testing/python.sh" "$defs"
 skip_without_module lightning dcp_interop_test
+pyserve_start
 tmp="${TEST_TMPDIR:-$(mktemp -d)}/dcp_interop"
 rm -rf "$tmp"; mkdir -p "$tmp"
 "$fixture" save_sharded "$tmp/st_sharded" "$tmp/st_full.ckpt"
 "$fixture" resume_sharded "$tmp/st_sharded" 2 3 "$tmp/st_cont.txt"
-"$python" "$checker" python "$tmp" || fail "PyTorch / FSDP2 / Lightning on ShardTrain's sharded checkpoint"
+pyrun "$checker" python "$tmp" || fail "PyTorch / FSDP2 / Lightning on ShardTrain's sharded checkpoint"
 for w in 1 2 4; do
   "$fixture" resume_sharded "$tmp/py_sharded" "$w" 1 "$tmp/st_cont_py$w.txt" no_scheduler
-  "$python" "$checker" compare "$tmp/py_cont.txt" "$tmp/st_cont_py$w.txt" || fail "ShardTrain at W=$w on FSDP2's checkpoint"
+  pyrun "$checker" compare "$tmp/py_cont.txt" "$tmp/st_cont_py$w.txt" || fail "ShardTrain at W=$w on FSDP2's checkpoint"
 done
 "$fixture" resume_sharded "$tmp/py_sharded" 3 1 "$tmp/st_cont_py3.txt" no_scheduler
 # An unsharded model's state_dict() saved by DCP: weights only, a fresh optimizer.
 "$fixture" resume_sharded "$tmp/py_plain" 2 1 "$tmp/st_cont_plain.txt" no_scheduler
-"$python" "$checker" compare "$tmp/py_plain_cont.txt" "$tmp/st_cont_plain.txt" || fail "ShardTrain on an unsharded model's DCP checkpoint"
+pyrun "$checker" compare "$tmp/py_plain_cont.txt" "$tmp/st_cont_plain.txt" || fail "ShardTrain on an unsharded model's DCP checkpoint"
 echo PASS

@@ -9,11 +9,12 @@ set -euo pipefail
 fixture="$1"; checker="$2"; defs="$3"
 source "$(dirname "${BASH_SOURCE[0]}")/../testing/python.sh" "$defs"
 skip_without_module lightning lightning_interop_test
+pyserve_start
 tmp="${TEST_TMPDIR:-$(mktemp -d)}/lightning_interop"
 rm -rf "$tmp"; mkdir -p "$tmp"
 "$fixture" save "$tmp/st.ckpt"
 "$fixture" resume "$tmp/st.ckpt" 3 "$tmp/st_cont.txt"
-"$python" "$checker" python "$tmp" || fail "Python / Lightning on ShardTrain's checkpoint"
+pyrun "$checker" python "$tmp" || fail "Python / Lightning on ShardTrain's checkpoint"
 "$fixture" resume "$tmp/py.ckpt" 2 "$tmp/st_cont2.txt"
-"$python" "$checker" compare "$tmp/py_cont.txt" "$tmp/st_cont2.txt" || fail "ShardTrain on Lightning's checkpoint"
+pyrun "$checker" compare "$tmp/py_cont.txt" "$tmp/st_cont2.txt" || fail "ShardTrain on Lightning's checkpoint"
 echo PASS

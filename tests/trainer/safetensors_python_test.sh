@@ -7,10 +7,11 @@ set -euo pipefail
 tool="$1"; checker="$2"; defs="$3"
 source "$(dirname "${BASH_SOURCE[0]}")/../testing/python.sh" "$defs"
 skip_without_module safetensors safetensors_python_test
+pyserve_start
 tmp="${TEST_TMPDIR:-$(mktemp -d)}/safetensors_python"
 rm -rf "$tmp"; mkdir -p "$tmp"
-"$python" "$checker" write "$tmp" || fail "Python could not write its safetensors file"
+pyrun "$checker" write "$tmp" || fail "Python could not write its safetensors file"
 "$tool" safetensors-compare "$tmp/py.safetensors" "$tmp/py.pt" || fail "ShardTrain read Python's file differently"
 "$tool" safetensors-write "$tmp/st.safetensors" "$tmp/st.pt"
-"$python" "$checker" check "$tmp/st.safetensors" "$tmp/st.pt" || fail "Python read ShardTrain's file differently"
+pyrun "$checker" check "$tmp/st.safetensors" "$tmp/st.pt" || fail "Python read ShardTrain's file differently"
 echo PASS
