@@ -12,9 +12,13 @@
 #     @shardtrain//strategies/fsdp_native and @shardtrain//trainer,
 # then, with a nested Bazel, checks that neither //:consumer nor
 # @shardtrain//comm/... depends on anything under strategies/ or trainer/,
-# that //:consumer_trainer has no @shardtrain//strategies/fsdp: label, and
-# builds and runs both (a 1-rank Gloo all-gather; a 1-process fsdp_native fit
-# that also checks at run time that "fsdp" is not registered).
+# that //:consumer_trainer has no @shardtrain//strategies/fsdp: label, builds
+# and runs //:consumer (a 1-rank Gloo all-gather) and analyses
+# //:consumer_trainer (`build --nobuild`: every label, visibility and
+# repository resolves from the consumer's side). Compiling the trainer a
+# second time, under external/shardtrain, took ~400 s of a cold CI and proves
+# little more: //tests/consumer:fsdp_native_only_test builds that same graph
+# in this workspace and runs it (fsdp_native registered, fsdp not, a fit).
 #
 # The nested Bazel keeps its output bases under ~/.cache/shardtrain/consumer and
 # shares ShardTrain's disk cache (~/.cache/shardtrain/bazel-disk), so a rerun
@@ -156,10 +160,6 @@ out="$("$WS/bazel-bin/consumer")" || fail "//:consumer exited with $?"
 echo "$out"
 [[ "$out" == "consumer: gloo all_gather over 1 rank -> 1 2 3" ]] || fail "unexpected output: $out"
 
-say "bazel build //:consumer_trainer"
-nested build //:consumer_trainer || fail "building //:consumer_trainer failed"
-say "running //:consumer_trainer"
-out="$("$WS/bazel-bin/consumer_trainer" "$TEST_TMPDIR/consumer_trainer_run" 2>&1)" || { echo "$out"; fail "//:consumer_trainer exited with status $?"; }
-echo "$out" | tail -n 3
-[[ "$out" == *"consumer_trainer: strategies"*"fsdp_native fit"*"sharded checkpoint"* ]] || fail "unexpected output: $out"
+say "bazel build --nobuild //:consumer_trainer (analysis only; fsdp_native_only_test builds and runs it)"
+nested build --nobuild //:consumer_trainer || fail "analysing //:consumer_trainer failed"
 say "PASS"

@@ -1,12 +1,14 @@
-// The consumer workspace's second program (copied there by consumer_test.sh):
-// links @shardtrain//strategies/fsdp_native and @shardtrain//trainer and
-// nothing of strategies/fsdp. It checks that fsdp_native is registered and
-// fsdp is not, then fits a small classifier on one process with fsdp_native
-// and sharded checkpoints, and prints the first and last loss.
+// //tests/consumer:fsdp_native_only_test: a program that links
+// //strategies/fsdp_native and //trainer and nothing of strategies/fsdp (its
+// deps; consumer_test.sh checks the same graph from another workspace with
+// `bazel query` and analyses it there). It checks that fsdp_native is
+// registered and fsdp is not, then fits a small classifier on one process with
+// fsdp_native and sharded checkpoints, and prints the first and last loss.
 #include <ATen/ATen.h>
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adam.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <string>
@@ -35,7 +37,10 @@ class Linear : public trainer::TrainingModule {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string root = argc > 1 ? argv[1] : (std::filesystem::temp_directory_path() / "consumer_trainer").string();
+  const char* test_tmpdir = std::getenv("TEST_TMPDIR");
+  const std::filesystem::path tmp =
+      test_tmpdir != nullptr ? std::filesystem::path(test_tmpdir) : std::filesystem::temp_directory_path();
+  const std::string root = argc > 1 ? argv[1] : (tmp / "consumer_trainer").string();
   std::string names;
   for (const auto& n : strategies::StrategyRegistry::Names()) names += " " + n;
   if (!strategies::StrategyRegistry::Has("fsdp_native") || strategies::StrategyRegistry::Has("fsdp")) {
