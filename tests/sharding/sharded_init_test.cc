@@ -1,6 +1,8 @@
 // ShardedInitScope: a model built under the scope never holds more than this
 // rank's shards plus one unit, has the same weights as one built plainly from
 // the same seed, and trains exactly like it. Threads-as-ranks over real Gloo.
+#include "sharding/sharded_init.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/nn/init.h>
@@ -17,92 +19,19 @@
 #include <vector>
 
 #include "base/errors.h"
-#include "sharding/sharded_init.h"
 #include "sharding/sharded_model.h"
 #include "sharding/source_release.h"
 #include "strategies/registry.h"
 #include "strategies/sharded_strategy_base.h"
+#include "tests/sharding/sharded_init_net.h"
 #include "tests/testing/counting_allocator.h"
 #include "tests/testing/multi_rank.h"
-#include "trainer/data/data.h"
-#include "trainer/trainer.h"
-#include "trainer/training_module.h"
 
 namespace shardtrain::sharding {
 namespace {
 
 using shardtrain::testing::RunRanks;
-constexpr int64_t kWidth = 16;
-
-class LayerImpl : public torch::nn::Module {
- public:
-  LayerImpl() {
-    a = register_module("a", torch::nn::Linear(kWidth, 2 * kWidth));
-    b = register_module("b", torch::nn::Linear(2 * kWidth, kWidth));
-  }
-  at::Tensor forward(const at::Tensor& x) { return b->forward(at::relu(a->forward(x))); }
-  torch::nn::Linear a{nullptr}, b{nullptr};
-};
-
-// A unit with a nested unit, a weight tied with its sibling (so its own shard
-// made at construction does not fit the unit ShardedModel builds: gathered
-// back), and optionally a parameter frozen in its constructor.
-class BlockImpl : public torch::nn::Module {
- public:
-  BlockImpl(const at::Tensor& shared_weight, bool with_frozen) {
-    inner = register_module("inner", std::make_shared<Sharded<LayerImpl>>());
-    proj = register_module("proj", torch::nn::Linear(kWidth, kWidth));
-    shared = register_parameter("shared", shared_weight);
-    if (with_frozen) proj->bias.set_requires_grad(false);
-  }
-  at::Tensor forward(const at::Tensor& x) {
-    at::Tensor h = inner->forward(x);
-    return proj->forward(h) + at::matmul(h, shared) * 0.1;
-  }
-  std::shared_ptr<Sharded<LayerImpl>> inner;
-  torch::nn::Linear proj{nullptr};
-  at::Tensor shared;
-};
-
-// Root parameters (emb, the tied weight) around two wrap points with nested ones.
-class NetImpl : public torch::nn::Module {
- public:
-  NetImpl() {
-    emb = register_module("emb", torch::nn::Linear(8, kWidth));
-    at::Tensor w = register_parameter("w", at::randn({kWidth, kWidth}) * 0.2);
-    b0 = register_module("b0", std::make_shared<Sharded<BlockImpl>>(w, /*with_frozen=*/true));
-    b1 = register_module("b1", std::make_shared<Sharded<BlockImpl>>(w, /*with_frozen=*/false));
-  }
-  at::Tensor forward(const at::Tensor& x) { return b1->forward(b0->forward(emb->forward(x))).sum(1); }
-  torch::nn::Linear emb{nullptr};
-  std::shared_ptr<Sharded<BlockImpl>> b0, b1;
-};
-
-// Rank threads build concurrently and share the global generator: build one at
-// a time, each from the same seed (construction under the scope communicates
-// nothing, so this is allowed).
-template <typename M>
-std::shared_ptr<M> BuildLocked(uint64_t seed, const std::function<std::unique_ptr<ShardedInitScope>()>& scope) {
-  static std::mutex mu;
-  std::lock_guard<std::mutex> lock(mu);
-  at::manual_seed(seed);
-  auto s = scope ? scope() : nullptr;
-  return std::make_shared<M>();
-}
-
-std::map<std::string, at::Tensor> Values(torch::nn::Module& m) {
-  std::map<std::string, at::Tensor> out;
-  for (const auto& item : m.named_parameters()) out[item.key()] = item.value().detach().clone();
-  return out;
-}
-
-void ExpectBitEqual(const std::map<std::string, at::Tensor>& got, const std::map<std::string, at::Tensor>& want) {
-  ASSERT_EQ(got.size(), want.size());
-  for (const auto& [name, t] : want) {
-    ASSERT_TRUE(got.count(name)) << name;
-    EXPECT_TRUE(got.at(name).equal(t)) << name << " differs";
-  }
-}
+using namespace shardtrain::sharding::init_net;  // NOLINT: the test models
 
 TEST(ShardedInit, SameWeightsAsPlainConstructionAtW124) {
   for (int W : {1, 2, 4}) {
@@ -433,87 +362,6 @@ TEST(ShardedInit, StrategyConstructionScope) {
       if (rank == 0) ExpectBitEqual(sd, want);
     }
   });
-}
-
-// Through the Trainer: the strategy's scope is held around configure_model.
-class NetModule : public trainer::TrainingModule {
- public:
-  std::shared_ptr<torch::nn::Module> configure_model() override {
-    // Every rank thread has passed the Trainer's at::manual_seed, which would
-    // otherwise reseed the shared generator while another rank constructs.
-    comm->Barrier()->Wait();
-    net_ = BuildLocked<NetImpl>(8, nullptr);  // inside the Trainer's scope, if any
-    built_sharded = StorageIsFreed(net_->b0->inner->a->weight);
-    return net_;
-  }
-  at::Tensor training_step(const trainer::Batch& b, int64_t) override {
-    return (forward([&] { return net_->forward(b.inputs); }) - b.targets).pow(2).mean();
-  }
-  trainer::OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
-    return {std::make_shared<torch::optim::Adam>(params, torch::optim::AdamOptions(1e-2))};
-  }
-  std::shared_ptr<NetImpl> net_;
-  bool built_sharded = false;
-  comm::CommunicatorPtr comm;
-};
-
-TEST(ShardedInit, TrainerHoldsTheScopeAroundConfigureModel) {
-  auto g = at::detail::createCPUGenerator(31);
-  trainer::TensorDataset data(at::randn({16, 8}, g), at::randn({16}, g));
-  // Off; on through the strategy's setter, through TrainerOptions, and through
-  // the strategy's string option.
-  std::map<std::string, at::Tensor> final_state[4];
-  std::vector<double> losses[4];
-  for (int on : {0, 1, 2, 3}) {
-    RunRanks(2, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
-      trainer::TrainerOptions o;
-      o.default_root_dir = ::testing::TempDir() + "/sharded_init_trainer";
-      o.max_steps = 3;
-      o.batch_size = 4;
-      o.shuffle = false;
-      o.enable_checkpointing = false;
-      o.enable_logger = false;
-      o.enable_progress_bar = false;
-      if (on <= 1) {
-        auto s = strategies::StrategyRegistry::Create("fsdp_native");
-        dynamic_cast<strategies::ShardedStrategyBase&>(*s).set_sharded_construction(on == 1);
-        o.strategy_object = s;
-      } else {
-        o.strategy = "fsdp_native";
-        if (on == 2) o.sharded_construction = true;
-        if (on == 3) o.strategy_options = {{"sharded_construction", "true"}};
-      }
-      NetModule module;
-      module.comm = comm;
-      trainer::Trainer t(o, comm);
-      t.Fit(module, data);
-      EXPECT_EQ(module.built_sharded, on != 0) << on;
-      auto sd = t.strategy().FullStateDict();
-      if (rank == 0) {
-        final_state[on] = sd;
-        losses[on] = t.step_losses();
-      }
-    });
-  }
-  EXPECT_EQ(losses[0].size(), 3u);
-  for (int on : {1, 2, 3}) {
-    EXPECT_EQ(losses[on], losses[0]) << on;
-    ExpectBitEqual(final_state[on], final_state[0]);
-  }
-  // A strategy that holds the whole model refuses it, naming what is valid.
-  trainer::TrainerOptions o;
-  o.strategy = "ddp";
-  o.sharded_construction = true;
-  std::string msg = "<no error>";
-  try {
-    trainer::Trainer t(o);
-  } catch (const InvalidArgumentError& e) {
-    msg = e.what();
-  }
-  EXPECT_NE(msg.find("strategy 'ddp' holds the whole model on every rank: sharded_construction=true needs a sharded "
-                     "strategy (fsdp, fsdp_native)"),
-            std::string::npos)
-      << msg;
 }
 
 }  // namespace

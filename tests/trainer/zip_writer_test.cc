@@ -144,11 +144,15 @@ TEST(ZipWriterTest, ArchivesReadBackWithAndWithoutDirectIoAndZip64) {
           SCOPED_TRACE(r.name);
           auto [data, n] = reader.getRecord(r.name);
           ASSERT_EQ(n, r.size);
-          if (n > 0) EXPECT_EQ(std::memcmp(data.get(), r.data, n), 0);
+          if (n > 0) {
+            EXPECT_EQ(std::memcmp(data.get(), r.data, n), 0);
+          }
           const uint64_t offset = at + reader.getRecordOffset(r.name);
           EXPECT_EQ(offset % 64, 0u);
           const auto addr = reinterpret_cast<uintptr_t>(r.data);
-          if (r.size >= FileSink::kBlock && addr % 64 == 0) EXPECT_EQ(offset % 4096, addr % 4096);  // either way
+          if (r.size >= FileSink::kBlock && addr % 64 == 0) {
+            EXPECT_EQ(offset % 4096, addr % 4096);  // either way
+          }
         }
         EXPECT_EQ(std::get<1>(reader.getRecord("version")), 2u);
         EXPECT_EQ(reader.serializationId().size(), 40u);
