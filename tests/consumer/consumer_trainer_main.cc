@@ -36,11 +36,11 @@ class Linear : public trainer::TrainingModule {
 };
 }  // namespace
 
-int main(int argc, char** argv) {
+int main() {
   const char* test_tmpdir = std::getenv("TEST_TMPDIR");
   const std::filesystem::path tmp =
       test_tmpdir != nullptr ? std::filesystem::path(test_tmpdir) : std::filesystem::temp_directory_path();
-  const std::string root = argc > 1 ? argv[1] : (tmp / "consumer_trainer").string();
+  const std::string root = (tmp / "consumer_trainer").string();
   std::string names;
   for (const auto& n : strategies::StrategyRegistry::Names()) names += " " + n;
   if (!strategies::StrategyRegistry::Has("fsdp_native") || strategies::StrategyRegistry::Has("fsdp")) {

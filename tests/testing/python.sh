@@ -34,6 +34,8 @@ skip_without_module() {
 # `"$python" SCRIPT ARGS...` would: the same stdout, stderr and exit status,
 # so torch and transformers are imported once per test, not once per call.
 # Call it in the test's own shell (not in $(...)); pyrun works anywhere after.
+# It sets the EXIT trap (closing the requests ends the server): a test that
+# needs its own EXIT trap calls pyserve_stop from it.
 pyserve_start() {
   local server; server="$(dirname "${BASH_SOURCE[0]}")/pyserve.py"
   # The FIFOs' opens below wait for the server: it must be there to start.
