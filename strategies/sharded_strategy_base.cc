@@ -54,7 +54,7 @@ void ShardedStrategyBase::WrapModel(std::shared_ptr<torch::nn::Module> module) {
                  << "computes on " << device_ << ", so its parameters already live in host memory";
   }
   sharding_options_ = options;
-  sm_ = std::make_unique<sharding::ShardedModel>(module, world_, options, policy_, checkpoint_,
+  sm_ = std::make_unique<sharding::ShardedModel>(module, ShardingWorld(), options, policy_, checkpoint_,
                                                  cluster_.local_world_size);
   module_ = std::move(module);
 }
@@ -74,12 +74,14 @@ std::unique_ptr<Strategy::ConstructionScope> ShardedStrategyBase::MakeConstructi
   // On any device: the model is built on the CPU shard by shard and moved
   // shard by shard (sharding::ShardedInitScope::MoveToDevice, the Trainer).
   if (!sharded_construction_ || sm_ || world_ == nullptr) return nullptr;
-  const auto place = sharding::ShardGroupOf(world_->rank(), world_->size(), ResolvedShardingOptions(),
-                                            cluster_.local_world_size);
+  const comm::CommunicatorPtr group = ShardingWorld();
+  const int group_rank = group ? group->rank() : 0, group_size = group ? group->size() : 1;
+  const auto place =
+      sharding::ShardGroupOf(group_rank, group_size, ResolvedShardingOptions(), cluster_.local_world_size);
   // A shard group of one at W > 1 (NO_SHARD) keeps whole parameters anyway;
   // at W = 1 the scope still flattens unit by unit, so construction never
   // holds the model twice (the plain path copies it into the flat parameters).
-  if (place.size == 1 && world_->size() > 1) return nullptr;
+  if (place.size == 1 && group_size > 1) return nullptr;
   return std::make_unique<InitScopeHolder>(place, policy_);
 }
 

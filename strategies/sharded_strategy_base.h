@@ -94,6 +94,9 @@ class ShardedStrategyBase : public Strategy {
   // Called by WrapModel (and ResolvedShardingOptions) before the ShardedModel
   // is built: the strategy adjusts the options to the precision. No side effects.
   virtual void PrepareOptions(sharding::ShardingOptions& options) const {}
+  // The group the sharding core shards over: the world, or for a strategy
+  // with more mesh dimensions (model_parallel) its data-parallel group.
+  virtual comm::CommunicatorPtr ShardingWorld() const { return world_; }
   // Mixed precision implied by the trainer's precision (for strategies whose
   // own mixed precision option was not given).
   static sharding::MixedPrecision PrecisionToMixed(Precision precision);

@@ -44,16 +44,19 @@ DeviceMesh MakeDeviceMesh(const comm::CommunicatorPtr& world, int data_parallel_
   mesh.world = world;
   mesh.dp_size = dp;
   mesh.tp_size = tp;
-  if (w == 1) return mesh;
+  if (w == 1) {
+    mesh.dp = mesh.tp = world;
+    return mesh;
+  }
   mesh.tp_rank = world->rank() % tp;
   mesh.dp_rank = world->rank() / tp;
   // Every rank creates every group, in the same order (Communicator::NewGroup).
-  for (int g = 0; tp > 1 && g < dp; ++g) {
+  for (int g = 0; g < dp; ++g) {
     std::vector<int> ranks;
     for (int i = 0; i < tp; ++i) ranks.push_back(g * tp + i);
     if (auto c = world->NewGroup(ranks, "tp" + std::to_string(g))) mesh.tp = c;
   }
-  for (int i = 0; dp > 1 && i < tp; ++i) {
+  for (int i = 0; i < tp; ++i) {
     std::vector<int> ranks;
     for (int g = 0; g < dp; ++g) ranks.push_back(g * tp + i);
     if (auto c = world->NewGroup(ranks, "dp" + std::to_string(i))) mesh.dp = c;

@@ -6,7 +6,8 @@
 // tensor-parallel group stays inside one host (its traffic is per layer and
 // on the critical path); data-parallel groups are the ranks with the same
 // index in their tensor-parallel group ({0,2}, {1,3}). A dimension of size 1
-// has no communicator (nullptr): its collectives are identities.
+// has a group of one rank (its collectives are identities); a single process
+// (world nullptr or of size 1) has `world` as both groups.
 #ifndef SHARDTRAIN_TENSOR_PARALLEL_MESH_H_
 #define SHARDTRAIN_TENSOR_PARALLEL_MESH_H_
 
@@ -18,8 +19,8 @@ namespace shardtrain::tensor_parallel {
 
 struct DeviceMesh {
   comm::CommunicatorPtr world;  // nullptr for a single process
-  comm::CommunicatorPtr dp;     // this rank's data-parallel group (nullptr when dp_size == 1)
-  comm::CommunicatorPtr tp;     // this rank's tensor-parallel group (nullptr when tp_size == 1)
+  comm::CommunicatorPtr dp;     // this rank's data-parallel group
+  comm::CommunicatorPtr tp;     // this rank's tensor-parallel group
   int dp_size = 1;
   int tp_size = 1;
   int dp_rank = 0;

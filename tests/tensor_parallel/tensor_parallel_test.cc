@@ -148,7 +148,7 @@ TEST(DeviceMeshTest, GroupsAreConsecutiveForTensorParallelAndStridedForDataParal
     EXPECT_EQ(mesh.tp_rank, rank % 2);
     EXPECT_EQ(mesh.dp_rank, rank / 2);
     const DeviceMesh flat = MakeDeviceMesh(world, 4, 1);
-    EXPECT_EQ(flat.tp, nullptr);
+    EXPECT_EQ(flat.tp->size(), 1);
     EXPECT_EQ(flat.dp->size(), 4);
   });
 }

@@ -40,7 +40,7 @@ TinyLmImpl::TinyLmImpl(const TinyConfig& c)
   wte_ = register_module("wte", std::make_shared<ParallelEmbeddingImpl>(c.vocab, c.embd));
   wpe_ = register_module("wpe", std::make_shared<SequenceParallel<torch::nn::EmbeddingImpl>>(c.block, c.embd));
   for (int64_t i = 0; i < c.layers; ++i) {
-    blocks_.push_back(register_module("h" + std::to_string(i), std::make_shared<TinyBlockImpl>(c)));
+    blocks_.push_back(register_module("h" + std::to_string(i), std::make_shared<sharding::Sharded<TinyBlockImpl>>(c)));
   }
   ln_f_ = register_module(
       "ln_f", std::make_shared<SequenceParallel<torch::nn::LayerNormImpl>>(torch::nn::LayerNormOptions({c.embd})));

@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "sharding/wrap_point.h"
 #include "tensor_parallel/layers.h"
 
 namespace shardtrain::tensor_parallel::testing {
@@ -50,7 +51,7 @@ class TinyLmImpl : public torch::nn::Module {
   bool sequence_parallel_;
   std::shared_ptr<ParallelEmbeddingImpl> wte_;
   std::shared_ptr<SequenceParallel<torch::nn::EmbeddingImpl>> wpe_;
-  std::vector<std::shared_ptr<TinyBlockImpl>> blocks_;
+  std::vector<std::shared_ptr<sharding::Sharded<TinyBlockImpl>>> blocks_;  // FSDP units
   std::shared_ptr<SequenceParallel<torch::nn::LayerNormImpl>> ln_f_;
 };
 

@@ -1,0 +1,245 @@
+#include "strategies/model_parallel/model_parallel_strategy.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <cmath>
+#include <limits>
+
+#include "base/errors.h"
+#include "base/logging.h"
+
+namespace shardtrain::strategies {
+namespace {
+
+using O = ModelParallelOptions;
+using tensor_parallel::Placement;
+
+// Holds the tensor-parallel scope and, inside it, the sharding core's
+// construction scope over the data-parallel group.
+class MeshConstructionScope : public Strategy::ConstructionScope {
+ public:
+  MeshConstructionScope(comm::CommunicatorPtr tp, bool sequence_parallel,
+                        std::unique_ptr<Strategy::ConstructionScope> inner)
+      : tp_(std::move(tp), sequence_parallel), inner_(std::move(inner)) {}
+  ~MeshConstructionScope() override { inner_.reset(); }
+
+ private:
+  tensor_parallel::TensorParallelScope tp_;
+  std::unique_ptr<Strategy::ConstructionScope> inner_;
+};
+
+}  // namespace
+
+const OptionTable<ModelParallelOptions>& ModelParallelOptions::Table() {
+  static const OptionTable<O> table({
+      OptionInt("data_parallel_size", &O::data_parallel_size,
+                "ranks FSDP shards over (default 0: the world size / tensor_parallel_size)"),
+      OptionInt("tensor_parallel_size", &O::tensor_parallel_size,
+                "ranks that split each layer, consecutive ranks (default 0: the world size / data_parallel_size; with "
+                "both 0, the ranks of one host); data_parallel_size x tensor_parallel_size = world size"),
+      OptionBool("sequence_parallel", &O::sequence_parallel,
+                 "keep the activations between tensor-parallel layers (norms, dropout, residuals) split along the "
+                 "sequence over the tensor-parallel group (default false)"),
+      OptionTypeList("activation_checkpointing", &O::activation_checkpointing,
+                     "units of the listed module types recompute forward in backward (default none)"),
+      OptionShardedConstruction(&O::sharded_construction),
+  });
+  return table;
+}
+
+ModelParallelOptions ModelParallelOptions::FromStrings(const StrategyOptions& options) {
+  return Table().Parse(options, "model_parallel");
+}
+
+ModelParallelStrategy::ModelParallelStrategy(ModelParallelOptions options) : options_(std::move(options)) {
+  ST_CHECK_ARG(options_.data_parallel_size >= 0 && options_.tensor_parallel_size >= 0,
+               "strategy 'model_parallel': data_parallel_size and tensor_parallel_size must be >= 0 (0: derived), "
+               "got ",
+               options_.data_parallel_size, " and ", options_.tensor_parallel_size);
+  if (!options_.activation_checkpointing.empty()) {
+    checkpoint_ = [by_type = sharding::WrapPolicy::ByType(options_.activation_checkpointing)](
+                      const sharding::WrapPoint& wp) { return by_type.should_wrap(wp, 0); };
+  }
+  sharded_construction_ = options_.sharded_construction;
+  // The optimizer steps per-parameter views of the shards, so that the
+  // strategy can tell sharded, replicated and partial gradients apart.
+  sharding_options_.use_orig_params = true;
+}
+
+void ModelParallelStrategy::Setup(comm::CommunicatorPtr world, const ClusterInfo& cluster) {
+  Strategy::Setup(std::move(world), cluster);
+  int tp = options_.tensor_parallel_size;
+  if (tp == 0 && options_.data_parallel_size == 0 && cluster_.local_world_size > 0 &&
+      cluster_.local_world_size < world_size()) {
+    tp = cluster_.local_world_size;
+  }
+  mesh_ = tensor_parallel::MakeDeviceMesh(world_, options_.data_parallel_size, tp);
+  if (rank() == 0) ST_LOG(INFO) << "model_parallel: device mesh " << mesh_.ToString();
+}
+
+void ModelParallelStrategy::PrepareOptions(sharding::ShardingOptions& s) const {
+  s.mixed_precision = PrecisionToMixed(precision_);
+  s.use_orig_params = true;
+}
+
+std::unique_ptr<Strategy::ConstructionScope> ModelParallelStrategy::MakeConstructionScope() {
+  CheckSetUp("MakeConstructionScope");
+  return std::make_unique<MeshConstructionScope>(mesh_.tp, options_.sequence_parallel,
+                                                 ShardedStrategyBase::MakeConstructionScope());
+}
+
+void ModelParallelStrategy::WrapModel(std::shared_ptr<torch::nn::Module> module) {
+  CheckSetUp("WrapModel");
+  ST_CHECK_ARG(module != nullptr, name(), ": WrapModel needs a module");
+  placements_ = tensor_parallel::CollectPlacements(*module);
+  CheckPlacements();
+  ShardedStrategyBase::WrapModel(std::move(module));
+}
+
+void ModelParallelStrategy::CheckPlacements() const {
+  if (mesh_.tp_size == 1) return;
+  bool any_sharded = false, any_partial = false;
+  for (const auto& [fqn, p] : placements_) {
+    any_sharded |= p.sharded;
+    any_partial |= p.partial_grad;
+  }
+  ST_CHECK_ARG(any_sharded, "model_parallel: the model has no tensor-parallel parameters, so its ", mesh_.tp_size,
+               " tensor-parallel ranks would each hold and compute all of it; build it with tensor_parallel/layers.h "
+               "while the strategy's MakeConstructionScope() is held (the Trainer does around configure_model)");
+  // Partial gradients are summed over the tensor-parallel group piece by
+  // piece of the data-parallel shards: the ranks of the group must lay their
+  // shards out alike, that is hold pieces of equal shapes.
+  for (const auto& [fqn, p] : placements_) {
+    if (!any_partial || !p.sharded) continue;
+    const int64_t rows = p.global_shape[p.dim] / p.chunks;
+    ST_CHECK_ARG(rows % mesh_.tp_size == 0, "model_parallel with sequence_parallel: ", fqn, " (", p.ToString(),
+                 ") has ", rows, " rows", p.chunks > 1 ? " per chunk" : "",
+                 ", which do not divide by tensor_parallel_size ", mesh_.tp_size,
+                 "; pad that dimension to a multiple of it (a vocabulary: add unused ids) or turn sequence_parallel "
+                 "off");
+  }
+}
+
+void ModelParallelStrategy::Backward(const at::Tensor& loss, bool sync_gradients) {
+  ShardedStrategyBase::Backward(loss, sync_gradients);
+  if (sync_gradients) ReducePartialGradients();
+}
+
+void ModelParallelStrategy::ReducePartialGradients() {
+  if (mesh_.tp_size == 1) return;
+  for (const auto& [name, view] : sm_->named_parameters()) {
+    const auto it = placements_.find(name);
+    if (it == placements_.end() || !it->second.partial_grad || !view.grad().defined()) continue;
+    mesh_.tp->AllReduce(view.grad())->Wait();
+  }
+}
+
+at::Tensor ModelParallelStrategy::ClipGradNormOnDevice(double max_norm, double norm_type) {
+  CheckWrapped("ClipGradNorm");
+  ST_CHECK_ARG(norm_type == 2.0 || std::isinf(norm_type), "model_parallel: norm_type must be 2 or inf, got ",
+               norm_type);
+  const bool inf = std::isinf(norm_type);
+  std::vector<at::Tensor> grads;
+  at::Tensor local = at::zeros({1}, at::kDouble);
+  for (const auto& [name, view] : sm_->named_parameters()) {
+    if (!view.grad().defined()) continue;
+    grads.push_back(view.grad());
+    const auto it = placements_.find(name);
+    // A replicated gradient is the same on every rank of the group: count it on one.
+    const bool counted = mesh_.tp_rank == 0 || (it != placements_.end() && it->second.sharded);
+    if (!counted && !inf) continue;
+    const at::Tensor g = view.grad().to(at::kDouble);
+    local = inf ? at::maximum(local, g.abs().max().reshape({1})) : local + g.square().sum();
+  }
+  if (world_ && world_size() > 1) {
+    comm::ReduceOptions options;
+    options.op = inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum;
+    world_->AllReduce(local, options)->Wait();
+  }
+  const at::Tensor norm = inf ? local[0] : local[0].sqrt();
+  const at::Tensor coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+  for (auto& g : grads) g.mul_(coef.to(g.scalar_type()));
+  return norm;
+}
+
+std::map<std::string, at::Tensor> ModelParallelStrategy::FullStateDict() {
+  CheckWrapped("FullStateDict");
+  // On data-parallel rank 0 (all of the first tensor-parallel group): every
+  // rank's pieces, gathered over the tensor-parallel group in name order.
+  std::map<std::string, at::Tensor> local = sm_->FullStateDict(/*rank0_only=*/true, /*to_cpu=*/true);
+  std::map<std::string, at::Tensor> out;
+  for (const auto& [name, t] : local) {
+    const auto it = placements_.find(name);
+    out[name] = it == placements_.end() ? t : tensor_parallel::GatherGlobal(t, it->second, mesh_.tp);
+  }
+  if (rank() != 0) out.clear();
+  return out;
+}
+
+void ModelParallelStrategy::LoadFullStateDict(const std::map<std::string, at::Tensor>& state) {
+  CheckWrapped("LoadFullStateDict");
+  std::map<std::string, at::Tensor> local;
+  for (const auto& [name, t] : state) {
+    const auto it = placements_.find(name);
+    local[name] =
+        it == placements_.end() ? t : tensor_parallel::LocalPiece(t, it->second, mesh_.tp_rank, mesh_.tp_size);
+  }
+  sm_->LoadFullStateDict(local);
+}
+
+void ModelParallelStrategy::ForEachFullStateTensor(int root, const FullStateSink& sink) {
+  CheckWrapped("ForEachFullStateTensor");
+  ST_CHECK_ARG(root == 0, "model_parallel: full state is gathered to rank 0, not ", root);
+  at::NoGradGuard no_grad;
+  at::Tensor last_full, last_stored;
+  sm_->ForEachFullUnit(nullptr, /*root=*/0, [&](const std::string& name, const at::Tensor& full) {
+    if (!last_full.defined() || !last_full.is_same(full)) {
+      last_full = full;
+      const auto it = placements_.find(name);
+      at::Tensor global = it == placements_.end() ? full : tensor_parallel::GatherGlobal(full, it->second, mesh_.tp);
+      if (rank() == 0) last_stored = sink.add(global);
+    }
+    if (rank() == 0) sink.name(name, last_stored);
+  });
+  last_full = last_stored = at::Tensor();
+  if (rank() != 0) return;
+  for (const auto& item : module_->named_buffers(true)) {
+    at::Tensor b = item.value().detach();
+    if (at::isFloatingType(b.scalar_type())) b = b.to(at::kFloat);
+    sink.name(item.key(), sink.add(b));
+  }
+}
+
+void ModelParallelStrategy::NoOptimizerCheckpoints(const char* what) const {
+  ST_THROW(InvalidArgumentError, "model_parallel: ", what,
+           " is not supported yet: checkpoints of model_parallel hold the model's weights only "
+           "(TrainerOptions::save_weights_only / FullStateDict)");
+}
+
+void ModelParallelStrategy::ForEachFullOptimizerState(const std::vector<at::Tensor>&, const sharding::OptimizerStates&,
+                                                      int, const FullOptimizerStateFn&,
+                                                      std::map<std::string, int64_t>*) {
+  NoOptimizerCheckpoints("saving the optimizer state");
+}
+
+sharding::OptimizerStates ModelParallelStrategy::OptimizerStatesFromFull(
+    const std::vector<at::Tensor>&, const std::map<std::string, std::map<std::string, at::Tensor>>&,
+    const std::map<std::string, int64_t>&) {
+  NoOptimizerCheckpoints("loading the optimizer state");
+}
+
+sharding::ShardedStateDict ModelParallelStrategy::ShardedState() const {
+  NoOptimizerCheckpoints("a sharded checkpoint");
+}
+
+namespace {
+const bool kRegistered = RegisterStrategy(
+    "model_parallel", ModelParallelOptions::Table().Docs(),
+    [](const StrategyOptions& o) {
+      return std::make_shared<ModelParallelStrategy>(ModelParallelOptions::FromStrings(o));
+    },
+    "tensor parallel within groups of tensor_parallel_size ranks, FSDP across data_parallel_size groups");
+}  // namespace
+
+}  // namespace shardtrain::strategies

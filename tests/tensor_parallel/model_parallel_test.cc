@@ -1,0 +1,187 @@
+// The model_parallel strategy (tensor parallel x FSDP) against single-device
+// training of the same model: W=4 threads over real Gloo, meshes 2x2, 1x4 and
+// 4x1, with and without sequence parallelism, AdamW with gradient clipping.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/optim/adamw.h>
+
+#include <mutex>
+
+#include "base/errors.h"
+#include "strategies/model_parallel/model_parallel_strategy.h"
+#include "strategies/registry.h"
+#include "tests/tensor_parallel/tiny_tp_lm.h"
+#include "tests/testing/multi_rank.h"
+
+namespace shardtrain::strategies {
+namespace {
+
+using tensor_parallel::testing::TinyConfig;
+using tensor_parallel::testing::TinyLmImpl;
+
+constexpr int kSteps = 3;
+constexpr int kGlobalBatch = 4;
+constexpr double kMaxNorm = 0.5;  // small enough that every step clips
+
+std::shared_ptr<TinyLmImpl> Build(const TinyConfig& c) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  at::manual_seed(11);
+  return std::make_shared<TinyLmImpl>(c);
+}
+
+struct Batch {
+  at::Tensor ids, targets;
+};
+
+Batch GlobalBatch(const TinyConfig& c, int step) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + step);
+  return {at::randint(c.vocab, {kGlobalBatch, c.block}, gen), at::randint(c.vocab, {kGlobalBatch, c.block}, gen)};
+}
+
+// eps 1e-5, not 1e-8: the key bias's gradient is zero up to rounding (softmax
+// ignores a shift of every key), and Adam turns rounding noise of 1e-9 into
+// steps of +-lr with a tiny eps, in any two runs that sum in another order.
+torch::optim::AdamWOptions Adam() { return torch::optim::AdamWOptions(1e-2).weight_decay(0.1).eps(1e-5); }
+
+struct TrainingRun {
+  std::vector<double> losses, norms;
+  std::map<std::string, at::Tensor> weights;
+};
+
+TrainingRun SingleDevice(const TinyConfig& c) {
+  auto model = Build(c);
+  torch::optim::AdamW opt(model->parameters(), Adam());
+  TrainingRun run;
+  for (int step = 0; step < kSteps; ++step) {
+    const Batch b = GlobalBatch(c, step);
+    opt.zero_grad();
+    at::Tensor loss = model->Loss(model->forward(b.ids), b.targets);
+    loss.backward();
+    run.losses.push_back(loss.item<double>());
+    run.norms.push_back(ClipLocalGradNorm(model->parameters(), kMaxNorm, 2.0).item<double>());
+    opt.step();
+  }
+  for (const auto& p : model->named_parameters()) run.weights[p.key()] = p.value().detach().clone();
+  return run;
+}
+
+class ModelParallelParity : public ::testing::TestWithParam<std::tuple<int, bool>> {};
+
+TEST_P(ModelParallelParity, TrainingEqualsSingleDevice) {
+  const auto [dp, sequence_parallel] = GetParam();
+  const int tp = 4 / dp;
+  TinyConfig c;
+  c.vocab = 40;  // even over 2 and 4 ranks (sequence parallel needs it)
+  const TrainingRun want = SingleDevice(c);
+  shardtrain::testing::RunRanks(4, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& world) {
+    ModelParallelOptions o;
+    o.data_parallel_size = dp;
+    o.tensor_parallel_size = tp;
+    o.sequence_parallel = sequence_parallel;
+    ModelParallelStrategy s(o);
+    s.Setup(world, ClusterInfo{});
+    std::shared_ptr<TinyLmImpl> model;
+    {
+      auto scope = s.MakeConstructionScope();
+      model = Build(c);
+    }
+    s.WrapModel(model);
+    torch::optim::AdamW opt(s.parameters(), Adam());
+    const int per_rank = kGlobalBatch / dp;
+    for (int step = 0; step < kSteps; ++step) {
+      const Batch b = GlobalBatch(c, step);
+      const int64_t first = s.mesh().dp_rank * per_rank;
+      opt.zero_grad();
+      at::Tensor logits = s.Forward([&] { return model->forward(b.ids.slice(0, first, first + per_rank)); });
+      at::Tensor loss = model->Loss(logits, b.targets.slice(0, first, first + per_rank));
+      s.Backward(loss);
+      const double norm = s.ClipGradients(kMaxNorm, GradClipAlgorithm::kNorm);
+      opt.step();
+      EXPECT_NEAR(s.ReduceMean(loss.item<double>()), want.losses[step], 1e-5 * want.losses[step]) << "step " << step;
+      EXPECT_NEAR(norm, want.norms[step], 1e-5 * want.norms[step]) << "step " << step;
+    }
+    const auto state = s.FullStateDict();
+    if (rank != 0) return;
+    ASSERT_EQ(state.size(), want.weights.size());
+    for (const auto& [name, w] : want.weights) {
+      ASSERT_EQ(state.at(name).sizes(), w.sizes()) << name;
+      EXPECT_LE((state.at(name) - w).abs().max().item<double>(), 1e-5 * std::max(1.0, w.abs().max().item<double>()))
+          << name;
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Meshes, ModelParallelParity, ::testing::Combine(::testing::Values(2, 1, 4), ::testing::Bool()),
+                         [](const auto& info) {
+                           const int dp = std::get<0>(info.param);
+                           return std::to_string(dp) + "x" + std::to_string(4 / dp) +
+                                  (std::get<1>(info.param) ? "_sequence_parallel" : "");
+                         });
+
+TEST(ModelParallelStrategyTest, FullStateDictLoadsBackAtGlobalShapes) {
+  TinyConfig c;
+  shardtrain::testing::RunRanks(4, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& world) {
+    auto s = StrategyRegistry::Create("model_parallel", {{"tensor_parallel_size", "2"}});
+    s->Setup(world, ClusterInfo{});
+    std::shared_ptr<TinyLmImpl> model;
+    {
+      auto scope = s->MakeConstructionScope();
+      model = Build(c);
+    }
+    s->WrapModel(model);
+    std::map<std::string, at::Tensor> state = s->FullStateDict();
+    // Every rank loads the same global state (rank 0's, broadcast in name order).
+    std::map<std::string, at::Tensor> global;
+    for (const auto& [name, p] : dynamic_cast<ModelParallelStrategy&>(*s).placements()) {
+      at::Tensor t = rank == 0 ? state.at(name) : at::empty(p.global_shape);
+      world->Broadcast(t, 0)->Wait();
+      global[name] = t.mul(2);
+    }
+    s->LoadFullStateDict(global);
+    const auto again = s->FullStateDict();
+    if (rank == 0) {
+      for (const auto& [name, t] : global) EXPECT_TRUE(at::equal(again.at(name), t)) << name;
+    }
+  });
+}
+
+TEST(ModelParallelStrategyTest, AModelBuiltOutsideTheScopeIsRefused) {
+  shardtrain::testing::RunRanks(2, [&](int, const std::shared_ptr<comm::GlooCommunicator>& world) {
+    ModelParallelOptions o;
+    o.tensor_parallel_size = 2;
+    ModelParallelStrategy s(o);
+    s.Setup(world, ClusterInfo{});
+    try {
+      s.WrapModel(Build(TinyConfig()));
+      ADD_FAILURE() << "a model without tensor-parallel parameters accepted";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("while the strategy's MakeConstructionScope() is held"), std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+TEST(ModelParallelStrategyTest, SequenceParallelNeedsEvenSplits) {
+  shardtrain::testing::RunRanks(2, [&](int, const std::shared_ptr<comm::GlooCommunicator>& world) {
+    ModelParallelOptions o;
+    o.tensor_parallel_size = 2;
+    o.sequence_parallel = true;
+    ModelParallelStrategy s(o);
+    s.Setup(world, ClusterInfo{});
+    std::shared_ptr<TinyLmImpl> model;
+    {
+      auto scope = s.MakeConstructionScope();
+      model = Build(TinyConfig());  // vocabulary 37
+    }
+    try {
+      s.WrapModel(model);
+      ADD_FAILURE() << "an uneven vocabulary under sequence parallelism accepted";
+    } catch (const InvalidArgumentError& e) {
+      EXPECT_NE(std::string(e.what()).find("wte.weight"), std::string::npos) << e.what();
+    }
+  });
+}
+
+}  // namespace
+}  // namespace shardtrain::strategies
