@@ -85,6 +85,13 @@ void Strategy::CheckWrapped(const char* what) const {
 }
 
 int Strategy::rank() const { return world_ ? world_->rank() : 0; }
+
+std::map<std::string, std::vector<int64_t>> Strategy::ParameterShapes() const {
+  CheckWrapped("ParameterShapes");
+  std::map<std::string, std::vector<int64_t>> out;
+  for (const auto& item : module_->named_parameters(true)) out[item.key()] = item.value().sizes().vec();
+  return out;
+}
 int Strategy::world_size() const { return world_ ? world_->size() : 1; }
 
 void Strategy::ClampGrads(double clip_value) {

@@ -147,6 +147,14 @@ class Strategy {
   int rank() const;
   int world_size() const;
   bool is_global_zero() const { return rank() == 0; }
+  // Whether Setup has run.
+  bool set_up() const { return set_up_; }
+  // The ranks that read distinct batches, and this rank's index among them:
+  // the world for data-parallel strategies; model_parallel's data-parallel
+  // dimension (the ranks of a tensor-parallel group read the same batches).
+  // The Trainer's samplers use them.
+  virtual int data_parallel_rank() const { return rank(); }
+  virtual int data_parallel_size() const { return world_size(); }
   const comm::CommunicatorPtr& world() const { return world_; }
   const ClusterInfo& cluster() const { return cluster_; }
 
@@ -176,6 +184,9 @@ class Strategy {
   // (a tied weight under its first name) and "" for parameters of the model
   // itself; every rank stores everything.
   virtual std::vector<UnitSummary> UnitSummaries() const;
+  // Every parameter's shape as checkpoints hold it, by name: the module's
+  // (this default), or for a tensor-parallel model the global shapes.
+  virtual std::map<std::string, std::vector<int64_t>> ParameterShapes() const;
 
   // --- Checkpoint state -----------------------------------------------------
   // What the model's and optimizer's state are, for the Trainer's checkpoint

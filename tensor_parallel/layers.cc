@@ -95,6 +95,7 @@ at::Tensor ParallelLinearImpl::forward(const at::Tensor& x) {
     at::Tensor y = at::linear(ColumnParallelInput(x, group_, sequence_parallel_), weight, bias);
     return options_.gather_output ? GatherFromRegion(y, -1, group_) : y;
   }
+  if (!group_) return at::linear(x, weight, bias);  // torch::nn::Linear's result, bit for bit
   at::Tensor y = at::linear(x, weight);
   y = sequence_parallel_ ? ReduceScatterSequence(y, 1, group_) : ReduceFromRegion(y, group_);
   return bias.defined() ? y + bias : y;

@@ -146,6 +146,12 @@ strategies::Strategy& Trainer::strategy() {
 
 int Trainer::rank() const { return world_ ? world_->rank() : 0; }
 int Trainer::world_size() const { return world_ ? world_->size() : 1; }
+int Trainer::data_parallel_rank() const {
+  return strategy_ && strategy_->set_up() ? strategy_->data_parallel_rank() : rank();
+}
+int Trainer::data_parallel_size() const {
+  return strategy_ && strategy_->set_up() ? strategy_->data_parallel_size() : world_size();
+}
 std::string Trainer::log_dir() const { return loggers().empty() ? "" : loggers().front()->log_dir(); }
 
 void Trainer::LogMetrics(const std::map<std::string, double>& metrics, int64_t step) {
@@ -203,6 +209,7 @@ void Trainer::SetupModel(TrainingModule& module) {
   SetCurrentDevice(device_);
   strategy_->SetPrecision(options_.precision);
   strategy_->Setup(world_, cluster);
+  if (fit_train_set_ != nullptr) fit_train_batches_ = NumTrainingBatches(*fit_train_set_, data_parallel_size());
   module.strategy_ = strategy_.get();
   module.trainer_ = this;
   module_ = &module;
@@ -257,7 +264,8 @@ int64_t Trainer::NumTrainingBatches(const Dataset& train, int world_size) const 
 int64_t Trainer::estimated_stepping_batches(const Dataset& train) const {
   const auto& o = options_;
   if (max_epochs_ < 0) return o.max_steps;
-  const int W = world_ ? world_->size() : devices_ * o.num_nodes;
+  const int W =
+      strategy_ && strategy_->set_up() ? data_parallel_size() : (world_ ? world_->size() : devices_ * o.num_nodes);
   const int64_t nb = NumTrainingBatches(train, W);
   int64_t steps = (nb + o.accumulate_grad_batches - 1) / o.accumulate_grad_batches * std::max<int64_t>(max_epochs_, 1);
   if (o.max_steps >= 0) steps = std::min(steps, o.max_steps);

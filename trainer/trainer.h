@@ -207,6 +207,10 @@ class Trainer {
   strategies::Strategy& strategy();
   int rank() const;
   int world_size() const;
+  // The ranks that read distinct batches and this rank's index among them
+  // (Strategy::data_parallel_size; the world until the strategy is set up).
+  int data_parallel_rank() const;
+  int data_parallel_size() const;
   int64_t global_step() const { return global_step_; }
   int64_t current_epoch() const { return epoch_; }
   // Global (rank- and micro-batch-averaged) loss of every optimizer step of the last Fit.
@@ -325,6 +329,10 @@ class Trainer {
   NonfiniteCheck nonfinite_;  // TrainerOptions::nonfinite (trainer/loops/nonfinite.cc)
   // ---- Loop state ----
   int64_t fit_train_batches_ = -1;  // per rank per epoch, of the current or last Fit
+  // Fit's training set while SetupModel runs: once the strategy is set up
+  // (and knows its data-parallel size) SetupModel counts its batches, before
+  // configure_optimizers may ask for estimated_stepping_batches().
+  const Dataset* fit_train_set_ = nullptr;
   bool fitting_ = false;
   bool sanity_checking_ = false;
   bool should_stop_ = false;

@@ -85,18 +85,20 @@ LmOptimizerOptions LmOptimizerFromFlags() {
 
 LmRunResult FitWithValidation(trainer::Trainer& trainer, trainer::TrainingModule& module, const trainer::Dataset& train,
                               const trainer::Dataset& val, const std::string& ckpt, const ValLossPrinter& printer) {
-  const bool rank0 = trainer.rank() == 0;
   LmRunResult r;
   r.first_val = std::numeric_limits<double>::quiet_NaN();
   if (ckpt.empty()) {
     r.first_val = trainer.Validate(module, val);
-    if (rank0) PrintLine("step 0 | val loss " + Fmt("%.4f", r.first_val));
+    // trainer.rank() once the Trainer has joined the job (Validate does).
+    if (trainer.rank() == 0) PrintLine("step 0 | val loss " + Fmt("%.4f", r.first_val));
   }
   r.fit_secs = TimedFit(trainer, module, train, &val, ckpt);
   r.last_val = trainer.val_losses().empty() ? r.first_val : trainer.val_losses().back();
   if (printer.last_step() != trainer.global_step()) {
     r.last_val = trainer.Validate(module, val);
-    if (rank0) PrintLine("step " + std::to_string(trainer.global_step()) + " | val loss " + Fmt("%.4f", r.last_val));
+    if (trainer.rank() == 0) {
+      PrintLine("step " + std::to_string(trainer.global_step()) + " | val loss " + Fmt("%.4f", r.last_val));
+    }
   }
   if (std::isnan(r.first_val) && !trainer.val_losses().empty()) r.first_val = trainer.val_losses().front();
   return r;

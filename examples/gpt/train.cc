@@ -93,7 +93,7 @@ class GptModule : public trainer::TrainingModule {
     return model_;
   }
   at::Tensor training_step(const trainer::Batch& b, int64_t) override {
-    return examples::GptImpl::Loss(forward([&] { return model_->forward(b.inputs); }), b.targets);
+    return model_->LossOf(forward([&] { return model_->forward(b.inputs); }), b.targets);
   }
   std::optional<at::Tensor> validation_step(const trainer::Batch& b, int64_t i) override {
     return training_step(b, i);
@@ -128,8 +128,10 @@ class GptModule : public trainer::TrainingModule {
     for (int64_t i = 0; i < n; ++i) {
       at::Tensor cond = idx.size(1) <= block ? idx : idx.slice(1, idx.size(1) - block);
       const at::Device device = trainer().device();  // the model's (cuda:<local rank> with --accelerator=cuda)
-      at::Tensor logits =
-          forward([&] { return model_->forward(cond.to(device)); }).select(1, cond.size(1) - 1).to(at::kFloat).cpu();
+      at::Tensor logits = model_->GatherLogits(forward([&] { return model_->forward(cond.to(device)); }))
+                              .select(1, cond.size(1) - 1)
+                              .to(at::kFloat)
+                              .cpu();
       logits = logits / temperature;
       if (top_k > 0 && top_k < logits.size(-1)) {
         at::Tensor kth = std::get<0>(logits.topk(top_k)).select(-1, top_k - 1).unsqueeze(-1);

@@ -8,6 +8,7 @@
 
 #include "base/errors.h"
 #include "base/logging.h"
+#include "sharding/optimizer_state.h"
 
 namespace shardtrain::strategies {
 namespace {
@@ -211,26 +212,78 @@ void ModelParallelStrategy::ForEachFullStateTensor(int root, const FullStateSink
   }
 }
 
-void ModelParallelStrategy::NoOptimizerCheckpoints(const char* what) const {
-  ST_THROW(InvalidArgumentError, "model_parallel: ", what,
-           " is not supported yet: checkpoints of model_parallel hold the model's weights only "
-           "(TrainerOptions::save_weights_only / FullStateDict)");
+const Placement* ModelParallelStrategy::ShardedPlacement(const std::string& name, const at::Tensor& t) const {
+  const auto it = placements_.find(name);
+  // A state shaped like its parameter (exp_avg), not a scalar one.
+  if (it == placements_.end() || !it->second.sharded ||
+      t.dim() != static_cast<int64_t>(it->second.global_shape.size())) {
+    return nullptr;
+  }
+  return &it->second;
 }
 
-void ModelParallelStrategy::ForEachFullOptimizerState(const std::vector<at::Tensor>&, const sharding::OptimizerStates&,
-                                                      int, const FullOptimizerStateFn&,
-                                                      std::map<std::string, int64_t>*) {
-  NoOptimizerCheckpoints("saving the optimizer state");
+void ModelParallelStrategy::ForEachFullOptimizerState(const std::vector<at::Tensor>& params,
+                                                      const sharding::OptimizerStates& states, int root,
+                                                      const FullOptimizerStateFn& fn,
+                                                      std::map<std::string, int64_t>* steps) {
+  CheckWrapped("ForEachFullOptimizerState");
+  ST_CHECK_ARG(root == 0, "model_parallel: full state is gathered to rank 0, not ", root);
+  // On data-parallel rank 0 (the first tensor-parallel group, every rank in
+  // the same order): each state tensor gathered to its global shape.
+  sharding::ForEachFullOptimizerState(
+      *sm_, params, states, /*root=*/0,
+      [&](const std::string& name, const std::string& key, const at::Tensor& full) {
+        const Placement* p = ShardedPlacement(name, full);
+        const at::Tensor global = p ? tensor_parallel::GatherGlobal(full, *p, mesh_.tp) : full;
+        if (rank() == 0) fn(name, key, global);
+      },
+      steps);
+  if (rank() != 0 && steps != nullptr) steps->clear();
 }
 
 sharding::OptimizerStates ModelParallelStrategy::OptimizerStatesFromFull(
-    const std::vector<at::Tensor>&, const std::map<std::string, std::map<std::string, at::Tensor>>&,
-    const std::map<std::string, int64_t>&) {
-  NoOptimizerCheckpoints("loading the optimizer state");
+    const std::vector<at::Tensor>& params, const std::map<std::string, std::map<std::string, at::Tensor>>& state,
+    const std::map<std::string, int64_t>& step) {
+  CheckWrapped("OptimizerStatesFromFull");
+  std::map<std::string, std::map<std::string, at::Tensor>> local;
+  for (const auto& [name, keys] : state) {
+    for (const auto& [key, t] : keys) {
+      const Placement* p = ShardedPlacement(name, t);
+      local[name][key] = p ? tensor_parallel::LocalPiece(t, *p, mesh_.tp_rank, mesh_.tp_size) : t;
+    }
+  }
+  return ShardedStrategyBase::OptimizerStatesFromFull(params, local, step);
+}
+
+std::map<std::string, std::vector<int64_t>> ModelParallelStrategy::ParameterShapes() const {
+  CheckWrapped("ParameterShapes");
+  std::map<std::string, std::vector<int64_t>> out;
+  for (const auto& [name, p] : placements_) out[name] = p.global_shape;
+  return out;
+}
+
+std::vector<Strategy::UnitSummary> ModelParallelStrategy::UnitSummaries() const {
+  std::vector<UnitSummary> rows = ShardedStrategyBase::UnitSummaries();
+  const auto units = sm_->units();
+  std::map<std::string, bool> trainable;
+  for (const auto& item : module_->named_parameters(true)) trainable[item.key()] = item.value().requires_grad();
+  for (size_t u = 0; u < rows.size() && u < units.size(); ++u) {
+    rows[u].parameters = rows[u].trainable = 0;
+    for (const auto& name : units[u].param_names) {
+      const auto it = placements_.find(name);
+      if (it == placements_.end()) continue;
+      const int64_t n = c10::multiply_integers(it->second.global_shape);
+      rows[u].parameters += n;
+      if (trainable[name]) rows[u].trainable += n;
+    }
+  }
+  return rows;
 }
 
 sharding::ShardedStateDict ModelParallelStrategy::ShardedState() const {
-  NoOptimizerCheckpoints("a sharded checkpoint");
+  ST_THROW(InvalidArgumentError,
+           "model_parallel: sharded (DCP) checkpoints are not supported yet; its checkpoints are full ones, with "
+           "every tensor at its global shape");
 }
 
 namespace {

@@ -54,16 +54,24 @@ class ModelParallelStrategy : public ShardedStrategyBase {
   std::map<std::string, at::Tensor> FullStateDict() override;
   void LoadFullStateDict(const std::map<std::string, at::Tensor>& state) override;
   void ForEachFullStateTensor(int root, const FullStateSink& sink) override;
-  // The optimizer state in checkpoints is not supported yet: these throw
-  // InvalidArgumentError saying so (nothing is written half-way).
+  // The optimizer state of full checkpoints, at global shapes by FQN (a
+  // checkpoint resumes at another mesh or with another strategy).
   void ForEachFullOptimizerState(const std::vector<at::Tensor>& params, const sharding::OptimizerStates& states,
                                  int root, const FullOptimizerStateFn& fn,
                                  std::map<std::string, int64_t>* steps) override;
   sharding::OptimizerStates OptimizerStatesFromFull(
       const std::vector<at::Tensor>& params, const std::map<std::string, std::map<std::string, at::Tensor>>& state,
       const std::map<std::string, int64_t>& step) override;
+  // Sharded (DCP) checkpoints are not supported yet: throws InvalidArgumentError.
   sharding::ShardedStateDict ShardedState() const override;
+  // Global shapes.
+  std::map<std::string, std::vector<int64_t>> ParameterShapes() const override;
+  // The sharding core's rows with the units' global parameter counts (the
+  // stored elements stay this rank's).
+  std::vector<UnitSummary> UnitSummaries() const override;
 
+  int data_parallel_rank() const override { return set_up_ ? mesh_.dp_rank : rank(); }
+  int data_parallel_size() const override { return set_up_ ? mesh_.dp_size : world_size(); }
   const tensor_parallel::DeviceMesh& mesh() const { return mesh_; }
   const ModelParallelOptions& options() const { return options_; }
   // Every parameter's placement on the tensor-parallel group, by FQN (after WrapModel).
@@ -78,7 +86,8 @@ class ModelParallelStrategy : public ShardedStrategyBase {
   // Sums the partial gradients (sequence-parallel parameters) over the
   // tensor-parallel group.
   void ReducePartialGradients();
-  [[noreturn]] void NoOptimizerCheckpoints(const char* what) const;
+  // The placement of `name` when it is sharded and `t` is shaped like it.
+  const tensor_parallel::Placement* ShardedPlacement(const std::string& name, const at::Tensor& t) const;
 
   ModelParallelOptions options_;
   tensor_parallel::DeviceMesh mesh_;

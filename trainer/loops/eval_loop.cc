@@ -101,7 +101,7 @@ void internal::EvalLoop::ForEachEvalBatch(const Dataset& data, Stage stage, bool
     }
   } restore{model, was_training};
   at::NoGradGuard no_grad;
-  const int W = t_.world_size(), r = t_.rank();
+  const int W = t_.data_parallel_size(), r = t_.data_parallel_rank();  // ranks reading distinct batches
   DistributedSampler sampler(data.size(), W, r, /*shuffle=*/false, t_.options_.seed, /*drop_last=*/false);
   auto batches = MakeBatches(
       sampler.indices(), t_.options_.val_batch_size > 0 ? t_.options_.val_batch_size : t_.options_.batch_size, false);
@@ -266,6 +266,9 @@ at::Tensor internal::EvalLoop::Predict(TrainingModule& module, const Dataset& da
   });
   pending.Restore();
   const int W = t_.world_size(), r = t_.rank();
+  ST_CHECK_ARG(t_.data_parallel_size() == W, "Predict: the strategy ", t_.strategy_->name(),
+               " reads each batch on several ranks (data_parallel_size ", t_.data_parallel_size(), " of ", W,
+               " ranks), which Predict's gather does not support yet; predict with a data-parallel strategy");
   at::Tensor mine = at::cat(outs, 0);  // this rank's share, padding duplicates at the end
   // Samples covered: all, or (limit_predict_batches) the first W * rows of
   // the interleaved order; every rank has the same number of rows.

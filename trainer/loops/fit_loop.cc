@@ -97,8 +97,10 @@ void internal::FitLoop::Run(TrainingModule& module, const Dataset& train, const 
   t_.process_connector_->SetupProcesses();
   const auto& o = t_.options_;
   const int W = t_.world_size();
-  t_.fit_train_batches_ = t_.NumTrainingBatches(train, W);  // for estimated_stepping_batches() in configure_optimizers
+  t_.fit_train_batches_ = t_.NumTrainingBatches(train, t_.data_parallel_size());  // a set-up strategy's
+  t_.fit_train_set_ = &train;  // SetupModel counts again once the strategy is set up
   t_.SetupModel(module);
+  t_.fit_train_set_ = nullptr;
   t_.callback_metrics_.clear();
   t_.should_stop_ = false;
   // Resume before the loggers make this run's version_N: a failed resume leaves no empty one.
@@ -116,7 +118,8 @@ void internal::FitLoop::Run(TrainingModule& module, const Dataset& train, const 
   State loop{module,
              train,
              val_set,
-             DistributedSampler(train.size(), W, t_.rank(), o.shuffle, o.seed, /*drop_last=*/false),
+             DistributedSampler(train.size(), t_.data_parallel_size(), t_.data_parallel_rank(), o.shuffle, o.seed,
+                                /*drop_last=*/false),
              t_.fit_train_batches_,
              1,
              strategies::ParseGradClipAlgorithm(o.gradient_clip_algorithm)};

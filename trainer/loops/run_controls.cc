@@ -178,7 +178,8 @@ void RunExplainingNondeterminism(bool deterministic, const std::function<void()>
 void internal::FitLoop::RunSanityCheck(TrainingModule& module, const Dataset& val) {
   const auto& o = t_.options_;
   if (o.num_sanity_val_steps == 0) return;
-  DistributedSampler sampler(val.size(), t_.world_size(), t_.rank(), /*shuffle=*/false, o.seed, false);
+  DistributedSampler sampler(val.size(), t_.data_parallel_size(), t_.data_parallel_rank(), /*shuffle=*/false, o.seed,
+                             false);
   const auto batches = MakeBatches(sampler.indices(), o.val_batch_size > 0 ? o.val_batch_size : o.batch_size, false);
   int64_t n = trainer::LimitBatches(o, Stage::kValidate, static_cast<int64_t>(batches.size()));
   if (o.num_sanity_val_steps > 0) n = std::min(n, o.num_sanity_val_steps);

@@ -1,0 +1,135 @@
+// The model_parallel strategy through the Trainer on the example GPT (its
+// tensor-parallel plan): W=4 at 2x2 with sequence parallelism and at 1x4 train
+// as single_device does on the same global batches (losses and weights 1e-5),
+// the tensor-parallel ranks reading the same batches.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/optim/adamw.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "examples/gpt/gpt_model.h"
+#include "tests/testing/multi_rank.h"
+#include "trainer/data/data.h"
+#include "trainer/trainer.h"
+#include "trainer/training_module.h"
+
+namespace shardtrain::trainer {
+namespace {
+
+examples::GptConfig Config() {
+  examples::GptConfig c;
+  c.vocab_size = 64;
+  c.block_size = 16;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.n_embd = 32;
+  return c;
+}
+
+class GptModule : public TrainingModule {
+ public:
+  std::shared_ptr<torch::nn::Module> configure_model() override {
+    static std::mutex mu;  // rank threads share the generator
+    std::lock_guard<std::mutex> lock(mu);
+    at::manual_seed(5);
+    model_ = std::make_shared<examples::GptImpl>(Config());
+    return model_;
+  }
+  at::Tensor training_step(const Batch& b, int64_t) override {
+    return model_->LossOf(forward([&] { return model_->forward(b.inputs); }), b.targets);
+  }
+  OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
+    // eps 1e-5: the key bias's gradient is rounding noise (model_parallel_test.cc says why).
+    return {std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).eps(1e-5))};
+  }
+  std::shared_ptr<examples::GptImpl> model_;
+};
+
+struct Result {
+  std::vector<double> losses;
+  std::map<std::string, at::Tensor> weights;
+  std::string last_ckpt;
+};
+
+// max_steps 3 (or `steps`), with a full checkpoint at the end, from `ckpt_path` if given.
+Result Fit(int world, const std::string& strategy, const strategies::StrategyOptions& options, int batch_size,
+           int steps = 3, const std::string& ckpt_path = "") {
+  auto g = at::detail::createCPUGenerator(9);
+  TensorDataset data(at::randint(64, {16, 16}, g), at::randint(64, {16, 16}, g));
+  Result result;
+  shardtrain::testing::RunRanks(world, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
+    TrainerOptions o;
+    o.default_root_dir = ::testing::TempDir() + "/model_parallel_trainer_" + std::to_string(world) + "_" +
+                         std::to_string(batch_size) + "_" + std::to_string(steps);
+    o.max_steps = steps;
+    o.batch_size = batch_size;
+    o.shuffle = false;
+    o.gradient_clip_val = 0.5;
+    o.enable_logger = false;
+    o.enable_progress_bar = false;
+    o.enable_model_summary = false;
+    o.strategy = strategy;
+    o.strategy_options = options;
+    GptModule module;
+    Trainer t(o, comm);
+    t.Fit(module, data, nullptr, ckpt_path);
+    auto sd = t.strategy().FullStateDict();
+    if (rank == 0) result = {t.step_losses(), sd, t.last_checkpoint_path()};
+  });
+  return result;
+}
+
+void ExpectSameWeights(const std::map<std::string, at::Tensor>& got, const std::map<std::string, at::Tensor>& want,
+                       const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (const auto& [name, w] : want) {
+    ASSERT_EQ(got.at(name).sizes(), w.sizes()) << what << " " << name;
+    EXPECT_LE((got.at(name) - w).abs().max().item<double>(), 1e-5 * std::max(1.0, w.abs().max().item<double>()))
+        << what << " " << name;
+  }
+}
+
+TEST(ModelParallelTrainer, GptTrainsAsSingleDeviceDoes) {
+  const Result want = Fit(1, "single_device", {}, 4);
+  ASSERT_EQ(want.losses.size(), 3u);
+  const std::vector<std::pair<std::string, strategies::StrategyOptions>> meshes = {
+      {"2x2 sequence parallel", {{"tensor_parallel_size", "2"}, {"sequence_parallel", "true"}}},
+      {"1x4", {{"tensor_parallel_size", "4"}}},
+  };
+  for (const auto& [what, options] : meshes) {
+    const int dp = what[0] - '0';
+    const Result got = Fit(4, "model_parallel", options, 4 / dp);
+    ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+    for (size_t i = 0; i < want.losses.size(); ++i) {
+      EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * want.losses[i]) << what << " step " << i;
+    }
+    ExpectSameWeights(got.weights, want.weights, what);
+  }
+}
+
+// A full checkpoint saved at 2x2 (weights and AdamW moments at global shapes)
+// resumes at 1x4, 4x1 and with single_device, continuing as the uninterrupted run.
+TEST(ModelParallelTrainer, FullCheckpointAt2x2ResumesAtOtherMeshesAndSingleDevice) {
+  const Result want = Fit(1, "single_device", {}, 4);
+  const Result first = Fit(4, "model_parallel", {{"tensor_parallel_size", "2"}, {"sequence_parallel", "true"}}, 2, 2);
+  ASSERT_EQ(first.losses.size(), 2u);
+  ASSERT_FALSE(first.last_ckpt.empty());
+  const std::vector<std::pair<std::string, Result>> resumed = {
+      {"1x4", Fit(4, "model_parallel", {{"tensor_parallel_size", "4"}}, 4, 3, first.last_ckpt)},
+      {"4x1", Fit(4, "model_parallel", {{"tensor_parallel_size", "1"}}, 1, 3, first.last_ckpt)},
+      {"single_device", Fit(1, "single_device", {}, 4, 3, first.last_ckpt)},
+  };
+  for (const auto& [what, r] : resumed) {
+    ASSERT_EQ(r.losses.size(), 1u) << what;
+    EXPECT_NEAR(r.losses[0], want.losses[2], 1e-5 * want.losses[2]) << what;
+    ExpectSameWeights(r.weights, want.weights, what);
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain::trainer
