@@ -119,6 +119,75 @@ INSTANTIATE_TEST_SUITE_P(Meshes, ModelParallelParity, ::testing::Combine(::testi
                                   (std::get<1>(info.param) ? "_sequence_parallel" : "");
                          });
 
+// Activation checkpointing of the blocks at 2x2 with sequence parallelism:
+// the blocks' forwards (and their tensor-parallel collectives) run again in
+// backward, and training still equals single-device training.
+TEST(ModelParallelStrategyTest, ActivationCheckpointingRecomputesTheBlocksAndKeepsParity) {
+  TinyConfig c;
+  c.vocab = 40;
+  const TrainingRun want = SingleDevice(c);
+  tensor_parallel::testing::TinyBlockImpl::forward_calls = 0;
+  shardtrain::testing::RunRanks(4, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& world) {
+    auto s = StrategyRegistry::Create(
+        "model_parallel",
+        {{"tensor_parallel_size", "2"}, {"sequence_parallel", "true"}, {"activation_checkpointing", "TinyBlockImpl"}});
+    s->Setup(world, ClusterInfo{});
+    std::shared_ptr<TinyLmImpl> model;
+    {
+      auto scope = s->MakeConstructionScope();
+      model = Build(c);
+    }
+    s->WrapModel(model);
+    torch::optim::AdamW opt(s->parameters(), Adam());
+    const int64_t first = dynamic_cast<ModelParallelStrategy&>(*s).mesh().dp_rank * 2;
+    for (int step = 0; step < kSteps; ++step) {
+      const Batch b = GlobalBatch(c, step);
+      opt.zero_grad();
+      at::Tensor logits = s->Forward([&] { return model->forward(b.ids.slice(0, first, first + 2)); });
+      at::Tensor loss = model->Loss(logits, b.targets.slice(0, first, first + 2));
+      s->Backward(loss);
+      s->ClipGradients(kMaxNorm, GradClipAlgorithm::kNorm);
+      opt.step();
+      EXPECT_NEAR(s->ReduceMean(loss.item<double>()), want.losses[step], 1e-5 * want.losses[step]) << step;
+    }
+    const auto state = s->FullStateDict();
+    if (rank != 0) return;
+    for (const auto& [name, w] : want.weights) {
+      EXPECT_LE((state.at(name) - w).abs().max().item<double>(), 1e-5 * std::max(1.0, w.abs().max().item<double>()))
+          << name;
+    }
+  });
+  // 4 ranks x 2 blocks x 3 steps, each forward run twice (once more in backward).
+  EXPECT_EQ(tensor_parallel::testing::TinyBlockImpl::forward_calls.load(), 4 * 2 * kSteps * 2);
+}
+
+// bf16-mixed: the model computes in bfloat16 (the logits are bf16) from
+// float32 master weights, and its losses stay near the float32 run's.
+TEST(ModelParallelStrategyTest, MixedPrecisionComputesInBfloat16) {
+  TinyConfig c;
+  c.vocab = 40;
+  const TrainingRun want = SingleDevice(c);
+  shardtrain::testing::RunRanks(4, [&](int, const std::shared_ptr<comm::GlooCommunicator>& world) {
+    auto s = StrategyRegistry::Create("model_parallel", {{"tensor_parallel_size", "2"}});
+    s->SetPrecision("bf16-mixed");
+    s->Setup(world, ClusterInfo{});
+    std::shared_ptr<TinyLmImpl> model;
+    {
+      auto scope = s->MakeConstructionScope();
+      model = Build(c);
+    }
+    s->WrapModel(model);
+    for (const auto& p : s->parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat);
+    const int64_t first = dynamic_cast<ModelParallelStrategy&>(*s).mesh().dp_rank * 2;
+    const Batch b = GlobalBatch(c, 0);
+    at::Tensor logits = s->Forward([&] { return model->forward(b.ids.slice(0, first, first + 2)); });
+    EXPECT_EQ(logits.scalar_type(), at::kBFloat16);
+    at::Tensor loss = model->Loss(logits, b.targets.slice(0, first, first + 2));
+    s->Backward(loss);
+    EXPECT_NEAR(s->ReduceMean(loss.item<double>()), want.losses[0], 0.05 * want.losses[0]);
+  });
+}
+
 TEST(ModelParallelStrategyTest, FullStateDictLoadsBackAtGlobalShapes) {
   TinyConfig c;
   shardtrain::testing::RunRanks(4, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& world) {

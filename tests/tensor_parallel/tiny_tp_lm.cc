@@ -25,7 +25,10 @@ TinyBlockImpl::TinyBlockImpl(const TinyConfig& c) {
   fc_proj_ = linear("fc_proj", 4 * c.embd, c.embd, LinearStyle::kRowwise, 1);
 }
 
+std::atomic<int64_t> TinyBlockImpl::forward_calls{0};
+
 at::Tensor TinyBlockImpl::forward(const at::Tensor& x) {
+  ++forward_calls;
   at::Tensor qkv = qkv_->forward(ln_1_->forward(x));  // [B, T, 3 * C_local], the whole sequence
   const int64_t B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;
   auto parts = qkv.split(C, 2);

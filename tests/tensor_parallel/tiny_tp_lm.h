@@ -11,6 +11,7 @@
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/normalization.h>
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -32,6 +33,9 @@ class TinyBlockImpl : public torch::nn::Module {
  public:
   explicit TinyBlockImpl(const TinyConfig& c);
   at::Tensor forward(const at::Tensor& x);
+  // Calls of forward on every thread since the last reset (activation
+  // checkpointing runs it again in backward).
+  static std::atomic<int64_t> forward_calls;
 
  private:
   int64_t local_heads_;

@@ -98,9 +98,14 @@ void internal::FitLoop::Run(TrainingModule& module, const Dataset& train, const 
   const auto& o = t_.options_;
   const int W = t_.world_size();
   t_.fit_train_batches_ = t_.NumTrainingBatches(train, t_.data_parallel_size());  // a set-up strategy's
-  t_.fit_train_set_ = &train;  // SetupModel counts again once the strategy is set up
-  t_.SetupModel(module);
-  t_.fit_train_set_ = nullptr;
+  {
+    struct CountInSetup {  // SetupModel counts again once the strategy is set up
+      Trainer& t;
+      ~CountInSetup() { t.fit_train_set_ = nullptr; }
+    } count{t_};
+    t_.fit_train_set_ = &train;
+    t_.SetupModel(module);
+  }
   t_.callback_metrics_.clear();
   t_.should_stop_ = false;
   // Resume before the loggers make this run's version_N: a failed resume leaves no empty one.
