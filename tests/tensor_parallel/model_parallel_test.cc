@@ -188,6 +188,68 @@ TEST(ModelParallelStrategyTest, MixedPrecisionComputesInBfloat16) {
   });
 }
 
+// What one forward and backward of TinyLm send over the tensor-parallel
+// group, per rank, from its shapes: B sequences of T tokens of width C on this
+// rank, L blocks, a group of w. Without sequence parallelism: all-reduces of
+// [B, T, C] after the embedding and each row-wise layer (forward) and before
+// the head and each column-wise layer (backward), and 3 of [B*T] in the
+// cross-entropy. With it: those become all-gathers and reduce-scatters of the
+// sequence shards, and the partial gradients (5 norms' weight and bias, wpe,
+// the row-wise biases) are all-reduced.
+comm::CommStats TheoryPerStep(const TinyConfig& c, int64_t B, int w, bool sp) {
+  const int64_t T = c.block, C = c.embd, L = c.layers, A = B * T * C, N = B * T, f = sizeof(float);
+  const auto all_reduce = [&](int64_t floats) { return 2 * (w - 1) * floats * f / w; };
+  comm::CommStats s;
+  auto& calls = s.calls;
+  auto& bytes = s.bytes_sent;
+  const int ar = static_cast<int>(comm::CommOp::kAllReduce), ag = static_cast<int>(comm::CommOp::kAllGather),
+            rs = static_cast<int>(comm::CommOp::kReduceScatter);
+  if (!sp) {
+    calls[ar] = 5 + 4 * L;
+    bytes[ar] = (2 + 4 * L) * all_reduce(A) + 3 * all_reduce(N);
+    return s;
+  }
+  calls[ag] = calls[rs] = 4 * L + 2;
+  bytes[ag] = bytes[rs] = (4 * L + 2) * (w - 1) * (A / w) * f;
+  const int64_t partial = 5 * 2 * C + c.block * C + 2 * L * C;  // norms, wpe, row-wise biases
+  calls[ar] = 3 + 5 * 2 + 1 + 2 * L;
+  bytes[ar] = 3 * all_reduce(N) + all_reduce(partial);
+  return s;
+}
+
+// Bytes per mesh dimension: the tensor-parallel group's accounting of one
+// step equals the theory above (2x2 without, 1x4 with sequence parallelism).
+TEST(ModelParallelStrategyTest, TensorParallelBytesEqualTheory) {
+  TinyConfig c;
+  c.vocab = 40;
+  for (const auto& [dp, sp] : std::vector<std::pair<int, bool>>{{2, false}, {1, true}}) {
+    shardtrain::testing::RunRanks(4, [&, dp = dp, sp = sp](int, const std::shared_ptr<comm::GlooCommunicator>& world) {
+      ModelParallelOptions o;
+      o.data_parallel_size = dp;
+      o.sequence_parallel = sp;
+      ModelParallelStrategy s(o);
+      s.Setup(world, ClusterInfo{});
+      std::shared_ptr<TinyLmImpl> model;
+      {
+        auto scope = s.MakeConstructionScope();
+        model = Build(c);
+      }
+      s.WrapModel(model);
+      const int64_t B = kGlobalBatch / dp, first = s.mesh().dp_rank * B;
+      const Batch b = GlobalBatch(c, 0);
+      s.mesh().tp->ResetStats();
+      at::Tensor logits = s.Forward([&] { return model->forward(b.ids.slice(0, first, first + B)); });
+      s.Backward(model->Loss(logits, b.targets.slice(0, first, first + B)));
+      const comm::CommStats got = s.mesh().tp->stats();
+      const comm::CommStats want = TheoryPerStep(c, B, 4 / dp, sp);
+      for (const auto op : {comm::CommOp::kAllReduce, comm::CommOp::kAllGather, comm::CommOp::kReduceScatter}) {
+        EXPECT_EQ(got.Calls(op), want.Calls(op)) << comm::CommOpName(op) << (sp ? " sequence parallel" : "");
+        EXPECT_EQ(got.BytesSent(op), want.BytesSent(op)) << comm::CommOpName(op) << (sp ? " sequence parallel" : "");
+      }
+    });
+  }
+}
+
 TEST(ModelParallelStrategyTest, FullStateDictLoadsBackAtGlobalShapes) {
   TinyConfig c;
   shardtrain::testing::RunRanks(4, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& world) {
