@@ -38,10 +38,15 @@ at::Tensor AllGatherDim(const at::Tensor& x, int64_t dim, comm::Communicator* gr
   return out.movedim(0, dim).contiguous();
 }
 
-at::Tensor ReduceScatterDim(const at::Tensor& x, int64_t dim, comm::Communicator* group) {
+// Splitting `dim` over the group needs equal blocks.
+void CheckDivides(const at::Tensor& x, int64_t dim, const comm::Communicator* group) {
   ST_CHECK_ARG(x.size(dim) % group->size() == 0, "tensor parallel: dimension ", dim, " of a tensor of shape ",
                x.sizes(), " must divide by the tensor-parallel size ", group->size(),
                " (sequence parallel: the sequence length)");
+}
+
+at::Tensor ReduceScatterDim(const at::Tensor& x, int64_t dim, comm::Communicator* group) {
+  CheckDivides(x, dim, group);
   at::Tensor front = x.movedim(dim, 0).contiguous();
   std::vector<int64_t> shape = front.sizes().vec();
   shape[0] /= group->size();
@@ -51,9 +56,7 @@ at::Tensor ReduceScatterDim(const at::Tensor& x, int64_t dim, comm::Communicator
 }
 
 at::Tensor BlockOf(const at::Tensor& x, int64_t dim, comm::Communicator* group) {
-  ST_CHECK_ARG(x.size(dim) % group->size() == 0, "tensor parallel: dimension ", dim, " of a tensor of shape ",
-               x.sizes(), " must divide by the tensor-parallel size ", group->size(),
-               " (sequence parallel: the sequence length)");
+  CheckDivides(x, dim, group);
   const int64_t n = x.size(dim) / group->size();
   return x.narrow(dim, group->rank() * n, n).contiguous();
 }

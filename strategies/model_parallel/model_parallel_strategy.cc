@@ -3,11 +3,9 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
-#include <cmath>
-#include <limits>
-
 #include "base/errors.h"
 #include "base/logging.h"
+#include "sharding/grad_clip.h"
 #include "sharding/optimizer_state.h"
 
 namespace shardtrain::strategies {
@@ -17,13 +15,13 @@ using O = ModelParallelOptions;
 using tensor_parallel::Placement;
 
 // Holds the tensor-parallel scope and, inside it, the sharding core's
-// construction scope over the data-parallel group.
+// construction scope over the data-parallel group (members end in reverse
+// order: the inner scope first).
 class MeshConstructionScope : public Strategy::ConstructionScope {
  public:
   MeshConstructionScope(comm::CommunicatorPtr tp, bool sequence_parallel,
                         std::unique_ptr<Strategy::ConstructionScope> inner)
       : tp_(std::move(tp), sequence_parallel), inner_(std::move(inner)) {}
-  ~MeshConstructionScope() override { inner_.reset(); }
 
  private:
   tensor_parallel::TensorParallelScope tp_;
@@ -138,29 +136,22 @@ void ModelParallelStrategy::ReducePartialGradients() {
 
 at::Tensor ModelParallelStrategy::ClipGradNormOnDevice(double max_norm, double norm_type) {
   CheckWrapped("ClipGradNorm");
-  ST_CHECK_ARG(norm_type == 2.0 || std::isinf(norm_type), "model_parallel: norm_type must be 2 or inf, got ",
-               norm_type);
-  const bool inf = std::isinf(norm_type);
-  std::vector<at::Tensor> grads;
-  at::Tensor local = at::zeros({1}, at::kDouble);
+  // The pieces each rank counts are disjoint over the world: sharded ones
+  // everywhere, a replicated gradient (the same on every rank of its
+  // tensor-parallel group) on the group's rank 0 only. The other ranks' copies
+  // are scaled by the same coefficient (sharding::ClipGradNorm's rule).
+  std::vector<at::Tensor> counted, copies;
   for (const auto& [name, view] : sm_->named_parameters()) {
     if (!view.grad().defined()) continue;
-    grads.push_back(view.grad());
     const auto it = placements_.find(name);
-    // A replicated gradient is the same on every rank of the group: count it on one.
-    const bool counted = mesh_.tp_rank == 0 || (it != placements_.end() && it->second.sharded);
-    if (!counted && !inf) continue;
-    const at::Tensor g = view.grad().to(at::kDouble);
-    local = inf ? at::maximum(local, g.abs().max().reshape({1})) : local + g.square().sum();
+    const bool sharded = it != placements_.end() && it->second.sharded;
+    (sharded || mesh_.tp_rank == 0 ? counted : copies).push_back(view.grad());
   }
-  if (world_ && world_size() > 1) {
-    comm::ReduceOptions options;
-    options.op = inf ? comm::ReduceOp::kMax : comm::ReduceOp::kSum;
-    world_->AllReduce(local, options)->Wait();
+  const at::Tensor norm = sharding::ClipGradNorm(counted, max_norm, norm_type, world_);
+  if (!copies.empty()) {
+    const at::Tensor coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
+    for (auto& g : copies) g.mul_(coef.to(g.device()));
   }
-  const at::Tensor norm = inf ? local[0] : local[0].sqrt();
-  const at::Tensor coef = (max_norm / (norm + 1e-6)).clamp_max(1.0);
-  for (auto& g : grads) g.mul_(coef.to(g.scalar_type()));
   return norm;
 }
 

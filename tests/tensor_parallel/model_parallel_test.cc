@@ -66,6 +66,19 @@ TrainingRun SingleDevice(const TinyConfig& c) {
   return run;
 }
 
+// Sets `s` up on `world` and builds TinyLm in its construction scope, wrapped.
+std::shared_ptr<TinyLmImpl> SetUpAndWrap(Strategy& s, const std::shared_ptr<comm::GlooCommunicator>& world,
+                                         const TinyConfig& c) {
+  s.Setup(world, ClusterInfo{});
+  std::shared_ptr<TinyLmImpl> model;
+  {
+    auto scope = s.MakeConstructionScope();
+    model = Build(c);
+  }
+  s.WrapModel(model);
+  return model;
+}
+
 class ModelParallelParity : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(ModelParallelParity, TrainingEqualsSingleDevice) {
@@ -80,13 +93,7 @@ TEST_P(ModelParallelParity, TrainingEqualsSingleDevice) {
     o.tensor_parallel_size = tp;
     o.sequence_parallel = sequence_parallel;
     ModelParallelStrategy s(o);
-    s.Setup(world, ClusterInfo{});
-    std::shared_ptr<TinyLmImpl> model;
-    {
-      auto scope = s.MakeConstructionScope();
-      model = Build(c);
-    }
-    s.WrapModel(model);
+    const auto model = SetUpAndWrap(s, world, c);
     torch::optim::AdamW opt(s.parameters(), Adam());
     const int per_rank = kGlobalBatch / dp;
     for (int step = 0; step < kSteps; ++step) {
@@ -131,13 +138,7 @@ TEST(ModelParallelStrategyTest, ActivationCheckpointingRecomputesTheBlocksAndKee
     auto s = StrategyRegistry::Create(
         "model_parallel",
         {{"tensor_parallel_size", "2"}, {"sequence_parallel", "true"}, {"activation_checkpointing", "TinyBlockImpl"}});
-    s->Setup(world, ClusterInfo{});
-    std::shared_ptr<TinyLmImpl> model;
-    {
-      auto scope = s->MakeConstructionScope();
-      model = Build(c);
-    }
-    s->WrapModel(model);
+    const auto model = SetUpAndWrap(*s, world, c);
     torch::optim::AdamW opt(s->parameters(), Adam());
     const int64_t first = dynamic_cast<ModelParallelStrategy&>(*s).mesh().dp_rank * 2;
     for (int step = 0; step < kSteps; ++step) {
@@ -170,13 +171,7 @@ TEST(ModelParallelStrategyTest, MixedPrecisionComputesInBfloat16) {
   shardtrain::testing::RunRanks(4, [&](int, const std::shared_ptr<comm::GlooCommunicator>& world) {
     auto s = StrategyRegistry::Create("model_parallel", {{"tensor_parallel_size", "2"}});
     s->SetPrecision("bf16-mixed");
-    s->Setup(world, ClusterInfo{});
-    std::shared_ptr<TinyLmImpl> model;
-    {
-      auto scope = s->MakeConstructionScope();
-      model = Build(c);
-    }
-    s->WrapModel(model);
+    const auto model = SetUpAndWrap(*s, world, c);
     for (const auto& p : s->parameters()) EXPECT_EQ(p.scalar_type(), at::kFloat);
     const int64_t first = dynamic_cast<ModelParallelStrategy&>(*s).mesh().dp_rank * 2;
     const Batch b = GlobalBatch(c, 0);
@@ -228,13 +223,7 @@ TEST(ModelParallelStrategyTest, TensorParallelBytesEqualTheory) {
       o.data_parallel_size = dp;
       o.sequence_parallel = sp;
       ModelParallelStrategy s(o);
-      s.Setup(world, ClusterInfo{});
-      std::shared_ptr<TinyLmImpl> model;
-      {
-        auto scope = s.MakeConstructionScope();
-        model = Build(c);
-      }
-      s.WrapModel(model);
+      const auto model = SetUpAndWrap(s, world, c);
       const int64_t B = kGlobalBatch / dp, first = s.mesh().dp_rank * B;
       const Batch b = GlobalBatch(c, 0);
       s.mesh().tp->ResetStats();
@@ -254,13 +243,7 @@ TEST(ModelParallelStrategyTest, FullStateDictLoadsBackAtGlobalShapes) {
   TinyConfig c;
   shardtrain::testing::RunRanks(4, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& world) {
     auto s = StrategyRegistry::Create("model_parallel", {{"tensor_parallel_size", "2"}});
-    s->Setup(world, ClusterInfo{});
-    std::shared_ptr<TinyLmImpl> model;
-    {
-      auto scope = s->MakeConstructionScope();
-      model = Build(c);
-    }
-    s->WrapModel(model);
+    const auto model = SetUpAndWrap(*s, world, c);
     std::map<std::string, at::Tensor> state = s->FullStateDict();
     // Every rank loads the same global state (rank 0's, broadcast in name order).
     std::map<std::string, at::Tensor> global;
