@@ -45,14 +45,54 @@ at::Tensor Piece(const at::Tensor& global, const Placement& p, const comm::Commu
   return LocalPiece(global, p, GroupRank(group), GroupSize(group));
 }
 
+// torch::nn::Linear's initialisation, drawn globally (the weight first).
+at::Tensor LinearInitialWeight(const ParallelLinearOptions& o) {
+  ST_CHECK_ARG(o.in > 0 && o.out > 0, "ParallelLinear: in and out features must be positive, got ", o.in, " and ",
+               o.out);
+  at::Tensor w = at::empty({o.out, o.in});
+  torch::nn::init::kaiming_uniform_(w, std::sqrt(5.0));
+  return w;
+}
+
+at::Tensor LinearInitialBias(const ParallelLinearOptions& o) {
+  if (!o.bias) return at::Tensor();
+  const double bound = 1.0 / std::sqrt(static_cast<double>(o.in));
+  at::Tensor b = at::empty({o.out});
+  torch::nn::init::uniform_(b, -bound, bound);
+  return b;
+}
+
+at::Tensor EmbeddingInitialWeight(int64_t num_embeddings, int64_t embedding_dim) {
+  ST_CHECK_ARG(num_embeddings > 0 && embedding_dim > 0, "ParallelEmbedding: sizes must be positive, got ",
+               num_embeddings, " x ", embedding_dim);
+  at::Tensor w = at::empty({num_embeddings, embedding_dim});
+  torch::nn::init::normal_(w);  // torch::nn::Embedding's initialisation
+  return w;
+}
+
 }  // namespace
 
 ParallelLinearImpl::ParallelLinearImpl(const ParallelLinearOptions& options)
     : options_(options),
       group_(TensorParallelScope::CurrentGroup()),
       sequence_parallel_(TensorParallelScope::CurrentSequenceParallel()) {
+  at::Tensor w = LinearInitialWeight(options);  // drawn before the bias, as torch::nn::Linear does
+  at::Tensor b = LinearInitialBias(options);
+  Register(w, b);
+}
+
+ParallelLinearImpl::ParallelLinearImpl(const ParallelLinearOptions& options, const at::Tensor& global_weight,
+                                       const at::Tensor& global_bias)
+    : options_(options),
+      group_(TensorParallelScope::CurrentGroup()),
+      sequence_parallel_(TensorParallelScope::CurrentSequenceParallel()) {
   ST_CHECK_ARG(options.in > 0 && options.out > 0, "ParallelLinear: in and out features must be positive, got ",
                options.in, " and ", options.out);
+  Register(global_weight, global_bias);
+}
+
+void ParallelLinearImpl::Register(const at::Tensor& global_weight, const at::Tensor& global_bias) {
+  const ParallelLinearOptions& options = options_;
   const bool colwise = options.style == LinearStyle::kColwise;
   ST_CHECK_ARG(colwise || (options.chunks == 1 && !options.gather_output),
                "ParallelLinear: chunks and gather_output are options of column-wise layers only");
@@ -65,17 +105,17 @@ ParallelLinearImpl::ParallelLinearImpl(const ParallelLinearOptions& options)
   }
   bias_placement_ =
       colwise ? Sharded({options.out}, 0, options.chunks, group_, what) : Replicated({options.out}, sequence_parallel_);
-  // torch::nn::Linear's initialisation, drawn globally.
-  at::Tensor w = at::empty({options.out, options.in});
-  torch::nn::init::kaiming_uniform_(w, std::sqrt(5.0));
-  at::Tensor b;
-  if (options.bias) {
-    const double bound = 1.0 / std::sqrt(static_cast<double>(options.in));
-    b = at::empty({options.out});
-    torch::nn::init::uniform_(b, -bound, bound);
-  }
-  weight = register_parameter("weight", Piece(w, weight_placement_, group_));
-  if (options.bias) bias = register_parameter("bias", Piece(b, bias_placement_, group_));
+  ST_CHECK_ARG(options.bias == global_bias.defined(), what, ": options.bias is ", options.bias ? "true" : "false",
+               " but a global bias was ", global_bias.defined() ? "given" : "not given");
+  weight = register_parameter("weight", Piece(global_weight, weight_placement_, group_));
+  if (options.bias) bias = register_parameter("bias", Piece(global_bias, bias_placement_, group_));
+}
+
+std::pair<int64_t, int64_t> ParallelLinearImpl::output_range() const {
+  ST_CHECK_ARG(options_.style == LinearStyle::kColwise && options_.chunks == 1,
+               "ParallelLinear: output_range() is for column-wise layers of one chunk");
+  if (!weight_placement_.sharded) return {0, options_.out};
+  return weight_placement_.Range(group_->rank(), group_->size());
 }
 
 void ParallelLinearImpl::SetWeights(const at::Tensor& global_weight, const at::Tensor& global_bias) {
@@ -108,15 +148,17 @@ std::map<std::string, Placement> ParallelLinearImpl::Placements() const {
 }
 
 ParallelEmbeddingImpl::ParallelEmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim)
+    : ParallelEmbeddingImpl(EmbeddingInitialWeight(num_embeddings, embedding_dim)) {}
+
+ParallelEmbeddingImpl::ParallelEmbeddingImpl(const at::Tensor& global_weight)
     : group_(TensorParallelScope::CurrentGroup()), sequence_parallel_(TensorParallelScope::CurrentSequenceParallel()) {
-  ST_CHECK_ARG(num_embeddings > 0 && embedding_dim > 0, "ParallelEmbedding: sizes must be positive, got ",
-               num_embeddings, " x ", embedding_dim);
-  placement_ = Sharded({num_embeddings, embedding_dim}, 0, 1, group_, "ParallelEmbedding (vocabulary)");
+  ST_CHECK_ARG(global_weight.dim() == 2, "ParallelEmbedding: the weight must be [num_embeddings, embedding_dim], got ",
+               global_weight.sizes());
+  const int64_t num_embeddings = global_weight.size(0);
+  placement_ = Sharded(global_weight.sizes().vec(), 0, 1, group_, "ParallelEmbedding (vocabulary)");
   range_ = placement_.sharded ? placement_.Range(GroupRank(group_), GroupSize(group_))
                               : std::pair<int64_t, int64_t>{0, num_embeddings};
-  at::Tensor w = at::empty({num_embeddings, embedding_dim});
-  torch::nn::init::normal_(w);  // torch::nn::Embedding's initialisation
-  weight = register_parameter("weight", Piece(w, placement_, group_));
+  weight = register_parameter("weight", Piece(global_weight, placement_, group_));
 }
 
 void ParallelEmbeddingImpl::InitNormal(double mean, double std) {
@@ -142,6 +184,17 @@ std::map<std::string, Placement> ParallelEmbeddingImpl::Placements() const { ret
 
 at::Tensor ColumnParallelInput(const at::Tensor& x, const comm::CommunicatorPtr& group, bool sequence_parallel) {
   return sequence_parallel ? GatherSequence(x, 1, group) : CopyToRegion(x, group);
+}
+
+at::Tensor GatherVocabulary(const at::Tensor& logits, int64_t vocab_size, const comm::CommunicatorPtr& group) {
+  if (!group) return logits;
+  at::NoGradGuard no_grad;
+  Placement p;
+  p.sharded = true;
+  p.dim = logits.dim() - 1;
+  p.global_shape = logits.sizes().vec();
+  p.global_shape.back() = vocab_size;
+  return GatherGlobal(logits.contiguous(), p, group);
 }
 
 }  // namespace shardtrain::tensor_parallel

@@ -54,18 +54,29 @@ struct ParallelLinearOptions {
 
 class ParallelLinearImpl : public torch::nn::Module, public TensorParallelModule {
  public:
+  // Initialised as torch::nn::Linear (kaiming-uniform weight, uniform bias).
   explicit ParallelLinearImpl(const ParallelLinearOptions& options);
+  // Initialised from the global tensors given ([out, in] and [out], or an
+  // undefined bias when options.bias is false): this rank keeps its piece.
+  // For a model with an initialisation of its own.
+  ParallelLinearImpl(const ParallelLinearOptions& options, const at::Tensor& global_weight,
+                     const at::Tensor& global_bias);
   at::Tensor forward(const at::Tensor& x);
   // Redraws the weight from N(mean, std) (as the global tensor, then this
   // rank's piece) and zeroes the bias: GPT-style initialisation.
   void InitNormal(double mean, double std);
   std::map<std::string, Placement> Placements() const override;
   const ParallelLinearOptions& options() const { return options_; }
+  // Column-wise (chunks == 1): the output features [begin, end) this rank
+  // computes (a vocabulary-parallel head's range for VocabParallelCrossEntropy).
+  std::pair<int64_t, int64_t> output_range() const;
+  const comm::CommunicatorPtr& group() const { return group_; }
 
   at::Tensor weight;
   at::Tensor bias;
 
  private:
+  void Register(const at::Tensor& global_weight, const at::Tensor& global_bias);
   void SetWeights(const at::Tensor& global_weight, const at::Tensor& global_bias);
   ParallelLinearOptions options_;
   comm::CommunicatorPtr group_;
@@ -79,7 +90,10 @@ class ParallelLinearImpl : public torch::nn::Module, public TensorParallelModule
 // reduce-scattered along the sequence).
 class ParallelEmbeddingImpl : public torch::nn::Module, public TensorParallelModule {
  public:
+  // Initialised as torch::nn::Embedding (N(0, 1)).
   ParallelEmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim);
+  // Initialised from the global [num_embeddings, embedding_dim] tensor given.
+  explicit ParallelEmbeddingImpl(const at::Tensor& global_weight);
   at::Tensor forward(const at::Tensor& ids);
   void InitNormal(double mean, double std);
   // Logits of a head tied to this embedding: this rank's vocabulary columns
@@ -128,6 +142,11 @@ class SequenceParallel : public Impl, public TensorParallelModule {
 // The input of a column-parallel computation outside ParallelLinear (a tied
 // head): CopyToRegion, or GatherSequence along dim 1 under sequence parallelism.
 at::Tensor ColumnParallelInput(const at::Tensor& x, const comm::CommunicatorPtr& group, bool sequence_parallel);
+
+// All `vocab_size` logits from a vocabulary-parallel head's ([..., this
+// rank's columns]): an all-gather over the group, which every rank of it
+// calls; `logits` itself with no group. No gradient.
+at::Tensor GatherVocabulary(const at::Tensor& logits, int64_t vocab_size, const comm::CommunicatorPtr& group);
 
 // Mean cross-entropy (ignoring targets equal to `ignore_index`, as
 // torch.nn.functional.cross_entropy) of logits whose last dimension is this

@@ -144,13 +144,7 @@ at::Tensor GptImpl::forward(const at::Tensor& idx) {
 }
 
 at::Tensor GptImpl::GatherLogits(const at::Tensor& logits) const {
-  if (!tp_group_) return logits;
-  tensor_parallel::Placement p;
-  p.sharded = true;
-  p.dim = logits.dim() - 1;
-  p.global_shape = logits.sizes().vec();
-  p.global_shape.back() = config_.vocab_size;
-  return tensor_parallel::GatherGlobal(logits.contiguous(), p, tp_group_);
+  return tensor_parallel::GatherVocabulary(logits, config_.vocab_size, tp_group_);
 }
 
 at::Tensor GptImpl::Loss(const at::Tensor& logits, const at::Tensor& targets) {

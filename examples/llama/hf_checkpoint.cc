@@ -163,18 +163,25 @@ HfModelDir::HfModelDir(const std::string& dir)
     : config(ReadLlamaConfig((fs::path(dir) / "config.json").string())), weights(dir) {}
 
 void CheckHfWeights(torch::nn::Module& model, const LlamaConfig& config, const HfWeights& weights) {
+  std::map<std::string, std::vector<int64_t>> shapes;
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) shapes[p.key()] = p.value().sizes().vec();
+  CheckHfWeights(shapes, config, weights);
+}
+
+void CheckHfWeights(const std::map<std::string, std::vector<int64_t>>& shapes, const LlamaConfig& config,
+                    const HfWeights& weights) {
   std::vector<std::string> missing, shape;
   std::set<std::string> expected;
-  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
-    expected.insert(p.key());
-    if (!weights.Has(p.key())) {
-      missing.push_back(p.key());
+  for (const auto& [name, want] : shapes) {
+    expected.insert(name);
+    if (!weights.Has(name)) {
+      missing.push_back(name);
       continue;
     }
-    const SafetensorsEntry& e = weights.Entry(p.key());
-    if (e.shape != p.value().sizes().vec()) {
-      shape.push_back(p.key() + " (" + c10::str(c10::IntArrayRef(e.shape)) + " in " + weights.FileOf(p.key()) +
-                      ", the model's " + c10::str(p.value().sizes()) + ")");
+    const SafetensorsEntry& e = weights.Entry(name);
+    if (e.shape != want) {
+      shape.push_back(name + " (" + c10::str(c10::IntArrayRef(e.shape)) + " in " + weights.FileOf(name) +
+                      ", the model's " + c10::str(c10::IntArrayRef(want)) + ")");
     }
   }
   std::vector<std::string> unexpected;

@@ -70,6 +70,9 @@ struct HfModelDir {
 // throws InvalidArgumentError listing what is missing, unexpected or of
 // another shape.
 void CheckHfWeights(torch::nn::Module& model, const LlamaConfig& config, const HfWeights& weights);
+// The same against the parameters' names and (global) shapes.
+void CheckHfWeights(const std::map<std::string, std::vector<int64_t>>& shapes, const LlamaConfig& config,
+                    const HfWeights& weights);
 // CheckHfWeights, then copies every tensor into its parameter (converted to
 // the parameter's dtype). For an unsharded model.
 void LoadHfWeights(torch::nn::Module& model, const LlamaConfig& config, const HfWeights& weights);

@@ -14,8 +14,30 @@
 
 namespace shardtrain::examples::llama {
 
+namespace {
+
+// Whether some parameter's stored shape is not its global one (a
+// tensor-parallel piece).
+bool HoldsPieces(strategies::Strategy& s, const std::map<std::string, std::vector<int64_t>>& global) {
+  for (const auto& p : s.module().named_parameters(/*recurse=*/true)) {
+    if (p.value().sizes().vec() != global.at(p.key())) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 void LoadHfWeightsInto(strategies::Strategy& s, const LlamaConfig& config, const HfWeights& weights) {
-  CheckHfWeights(s.module(), config, weights);
+  const std::map<std::string, std::vector<int64_t>> shapes = s.ParameterShapes();
+  CheckHfWeights(shapes, config, weights);
+  if (HoldsPieces(s, shapes)) {
+    // Tensor parallel: the strategy cuts each global (mapped) tensor to this
+    // rank's piece before sharding it; the load holds those pieces.
+    std::map<std::string, at::Tensor> state;
+    for (const auto& [name, shape] : shapes) state[name] = weights.Tensor(name);
+    s.LoadFullStateDict(state);
+    return;
+  }
   if (!s.has_sharded_state()) {
     LoadHfWeights(s.module(), config, weights);
     return;
@@ -48,9 +70,8 @@ void SaveHfModel(strategies::Strategy& s, const std::string& dir, const LlamaCon
   std::unique_ptr<HfModelWriter> writer;
   if (s.rank() == 0) {
     std::vector<HfTensorSpec> specs;
-    for (const auto& p : s.module().named_parameters(/*recurse=*/true)) {
-      specs.push_back({p.key(), p.value().sizes().vec()});
-    }
+    const std::map<std::string, std::vector<int64_t>> shapes = s.ParameterShapes();  // global
+    for (const auto& p : s.module().named_parameters(/*recurse=*/true)) specs.push_back({p.key(), shapes.at(p.key())});
     writer = std::make_unique<HfModelWriter>(dir, config, specs, options);
   }
   strategies::Strategy::FullStateSink sink;

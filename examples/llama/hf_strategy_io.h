@@ -4,8 +4,11 @@
 // safetensors files into its shards (a parameter's range in a unit's flat
 // shard is a contiguous run of its row-major elements), and drops each run's
 // pages from the process once copied: the peak per rank is its own shards
-// plus the few pages in flight, never the whole model. Other strategies copy
-// every parameter. Saving gathers the full parameters one unit at a time
+// plus the few pages in flight, never the whole model. Under model_parallel
+// (tensor parallel) each rank cuts its tensor-parallel pieces from the mapped
+// tensors and the strategy shards them (the load holds those pieces: 1/tp of
+// the model). Other strategies copy every parameter. Names and shapes are
+// the global ones. Saving gathers the full parameters one unit at a time
 // (ForEachFullStateTensor) and rank 0 writes each into its place in the
 // files as it arrives: no rank ever holds the whole model.
 #ifndef SHARDTRAIN_EXAMPLES_LLAMA_HF_STRATEGY_IO_H_

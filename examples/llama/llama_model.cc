@@ -21,8 +21,30 @@ at::Tensor InitialWeight(int64_t rows, int64_t cols, double std) {
   return w;
 }
 
-LlamaLinear MakeLinear(torch::nn::Module& owner, const char* name, int64_t in, int64_t out, bool bias, double std) {
-  return owner.register_module(name, LlamaLinear(in, out, bias, std));
+using tensor_parallel::LinearStyle;
+using tensor_parallel::ParallelLinearImpl;
+using tensor_parallel::SequenceParallel;
+using tensor_parallel::TensorParallelScope;
+
+// A linear layer of the plan with Hugging Face's parameter names (weight
+// [out, in] from N(0, std), zero under a ZeroInitScope; bias zero).
+std::shared_ptr<ParallelLinearImpl> MakeLinear(torch::nn::Module& owner, const char* name, int64_t in, int64_t out,
+                                               bool bias, double std, LinearStyle style) {
+  tensor_parallel::ParallelLinearOptions o(in, out, style);
+  o.bias = bias;
+  at::Tensor w = InitialWeight(out, in, std);
+  return owner.register_module(name,
+                               std::make_shared<ParallelLinearImpl>(o, w, bias ? at::zeros({out}) : at::Tensor()));
+}
+
+std::shared_ptr<SequenceParallel<RmsNormImpl>> MakeNorm(torch::nn::Module& owner, const char* name,
+                                                        const LlamaConfig& c) {
+  return owner.register_module(name, std::make_shared<SequenceParallel<RmsNormImpl>>(c.hidden_size, c.rms_norm_eps));
+}
+
+int TensorParallelSize() {
+  const auto g = TensorParallelScope::CurrentGroup();
+  return g ? g->size() : 1;
 }
 
 // Rotary frequencies as Hugging Face computes them (the same float32 operations).
@@ -70,11 +92,6 @@ ZeroInitScope::ZeroInitScope() : previous_(t_zero_init) { t_zero_init = true; }
 ZeroInitScope::~ZeroInitScope() { t_zero_init = previous_; }
 bool ZeroInitScope::active() { return t_zero_init; }
 
-LlamaLinearImpl::LlamaLinearImpl(int64_t in, int64_t out, bool bias, double std) {
-  weight = register_parameter("weight", InitialWeight(out, in, std));
-  if (bias) this->bias = register_parameter("bias", at::zeros({out}));
-}
-
 at::Tensor PickNextToken(at::Tensor logits, const GenerateOptions& o, at::Generator& gen) {
   if (o.greedy) return logits.argmax(-1);
   logits = logits / o.temperature;
@@ -97,20 +114,29 @@ at::Tensor RmsNormImpl::forward(const at::Tensor& x) {
   return weight * h.to(x.scalar_type());
 }
 
-LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c)
-    : heads_(c.num_attention_heads), kv_heads_(c.num_key_value_heads), head_dim_(c.head_dim) {
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& c) : head_dim_(c.head_dim) {
+  const int tp = TensorParallelSize();
+  ST_CHECK_ARG(c.num_attention_heads % tp == 0 && c.num_key_value_heads % tp == 0, "Llama: num_attention_heads (",
+               c.num_attention_heads, ") and num_key_value_heads (", c.num_key_value_heads,
+               ") must divide by tensor_parallel_size (", tp, "): each rank computes whole query and key/value heads");
+  heads_ = c.num_attention_heads / tp;
+  kv_heads_ = c.num_key_value_heads / tp;
+  const int64_t q_out = c.num_attention_heads * head_dim_, kv_out = c.num_key_value_heads * head_dim_;
   const double std = c.initializer_range;
-  q_proj_ = MakeLinear(*this, "q_proj", c.hidden_size, heads_ * head_dim_, c.attention_bias, std);
-  k_proj_ = MakeLinear(*this, "k_proj", c.hidden_size, kv_heads_ * head_dim_, c.attention_bias, std);
-  v_proj_ = MakeLinear(*this, "v_proj", c.hidden_size, kv_heads_ * head_dim_, c.attention_bias, std);
-  o_proj_ = MakeLinear(*this, "o_proj", heads_ * head_dim_, c.hidden_size, c.attention_bias, std);
+  const bool bias = c.attention_bias;
+  q_proj_ = MakeLinear(*this, "q_proj", c.hidden_size, q_out, bias, std, LinearStyle::kColwise);
+  k_proj_ = MakeLinear(*this, "k_proj", c.hidden_size, kv_out, bias, std, LinearStyle::kColwise);
+  v_proj_ = MakeLinear(*this, "v_proj", c.hidden_size, kv_out, bias, std, LinearStyle::kColwise);
+  o_proj_ = MakeLinear(*this, "o_proj", q_out, c.hidden_size, bias, std, LinearStyle::kRowwise);
 }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                        LayerKvCache* cache) {
-  const int64_t B = x.size(0), T = x.size(1);
+  at::Tensor q = q_proj_->forward(x);  // this rank's heads over the whole sequence (x: its part under SP)
+  const int64_t B = q.size(0), T = q.size(1);
   auto heads = [&](const at::Tensor& t) { return t.view({B, T, -1, head_dim_}).transpose(1, 2); };
-  at::Tensor q = heads(q_proj_->forward(x)), k = heads(k_proj_->forward(x)), v = heads(v_proj_->forward(x));
+  q = heads(q);
+  at::Tensor k = heads(k_proj_->forward(x)), v = heads(v_proj_->forward(x));
   const at::Tensor c = cos.unsqueeze(1), s = sin.unsqueeze(1);
   q = q * c + RotateHalf(q) * s;
   k = k * c + RotateHalf(k) * s;
@@ -135,9 +161,10 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
 
 LlamaMlpImpl::LlamaMlpImpl(const LlamaConfig& c) {
   const double std = c.initializer_range;
-  gate_proj_ = MakeLinear(*this, "gate_proj", c.hidden_size, c.intermediate_size, c.mlp_bias, std);
-  up_proj_ = MakeLinear(*this, "up_proj", c.hidden_size, c.intermediate_size, c.mlp_bias, std);
-  down_proj_ = MakeLinear(*this, "down_proj", c.intermediate_size, c.hidden_size, c.mlp_bias, std);
+  const int64_t h = c.hidden_size, i = c.intermediate_size;
+  gate_proj_ = MakeLinear(*this, "gate_proj", h, i, c.mlp_bias, std, LinearStyle::kColwise);
+  up_proj_ = MakeLinear(*this, "up_proj", h, i, c.mlp_bias, std, LinearStyle::kColwise);
+  down_proj_ = MakeLinear(*this, "down_proj", i, h, c.mlp_bias, std, LinearStyle::kRowwise);
 }
 
 at::Tensor LlamaMlpImpl::forward(const at::Tensor& x) {
@@ -147,8 +174,8 @@ at::Tensor LlamaMlpImpl::forward(const at::Tensor& x) {
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& c) {
   self_attn_ = register_module("self_attn", std::make_shared<LlamaAttentionImpl>(c));
   mlp_ = register_module("mlp", std::make_shared<LlamaMlpImpl>(c));
-  input_layernorm_ = register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
-  post_attention_layernorm_ = register_module("post_attention_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+  input_layernorm_ = MakeNorm(*this, "input_layernorm", c);
+  post_attention_layernorm_ = MakeNorm(*this, "post_attention_layernorm", c);
 }
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -157,30 +184,43 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor&
   return h + mlp_->forward(post_attention_layernorm_->forward(h));
 }
 
-LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c) : config_(c), inv_freq_(RopeInverseFrequencies(c)) {
-  embed_tokens_ = register_module(
-      "embed_tokens",
-      torch::nn::Embedding(torch::nn::EmbeddingOptions(c.vocab_size, c.hidden_size)
-                               ._weight(InitialWeight(c.vocab_size, c.hidden_size, c.initializer_range))));
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& c)
+    : config_(c),
+      inv_freq_(RopeInverseFrequencies(c)),
+      tp_group_(TensorParallelScope::CurrentGroup()),
+      sequence_parallel_(TensorParallelScope::CurrentSequenceParallel()) {
+  embed_tokens_ = register_module("embed_tokens", std::make_shared<tensor_parallel::ParallelEmbeddingImpl>(
+                                                      InitialWeight(c.vocab_size, c.hidden_size, c.initializer_range)));
   layers_holder_ = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     auto layer = std::make_shared<sharding::Sharded<LlamaDecoderLayerImpl>>(c);
     layers_holder_->push_back(layer);
     layers_.push_back(layer);
   }
-  norm_ = register_module("norm", RmsNorm(c.hidden_size, c.rms_norm_eps));
+  norm_ = MakeNorm(*this, "norm", c);
 }
 
 at::Tensor LlamaModelImpl::forward(const at::Tensor& ids, std::vector<LayerKvCache>* cache) {
   ST_CHECK_ARG(ids.dim() == 2, "Llama: input ids must be [batch, length], got ", ids.sizes());
+  ST_CHECK_ARG(cache == nullptr || !tp_group_,
+               "Llama: decoding with a key/value cache needs the whole model; this one "
+               "is split over ",
+               tp_group_ ? tp_group_->size() : 1,
+               " tensor-parallel ranks (load its full checkpoint into a model built without model_parallel)");
   if (cache != nullptr && cache->empty()) cache->resize(layers_.size());
   const int64_t past = cache == nullptr ? 0 : cache->front().length();
-  const int64_t T = ids.size(1);
-  ST_CHECK_ARG(past + T <= config_.max_position_embeddings, "Llama: ", past + T,
+  ST_CHECK_ARG(past + ids.size(1) <= config_.max_position_embeddings, "Llama: ", past + ids.size(1),
                " positions exceed max_position_embeddings ", config_.max_position_embeddings);
-  at::Tensor x = embed_tokens_->forward(ids);
+  // Under sequence parallelism the sequence splits over the group: padded at
+  // its end to a multiple of it (causal attention: no earlier position changes).
+  const int64_t pad =
+      sequence_parallel_ ? (tp_group_->size() - ids.size(1) % tp_group_->size()) % tp_group_->size() : 0;
+  const at::Tensor padded = pad > 0 ? at::constant_pad_nd(ids, {0, pad}, 0) : ids;
+  const int64_t T = padded.size(1);
+  at::Tensor x = embed_tokens_->forward(padded);
   // cos/sin of every position ([B, T, head_dim]), as Hugging Face computes them.
   at::Tensor positions = at::arange(past, past + T, ids.options().dtype(at::kFloat)).expand({ids.size(0), T});
+  // (The attention gathers the whole sequence before it uses them.)
   at::Tensor freqs = positions.unsqueeze(-1) * inv_freq_.to(x.device());
   at::Tensor emb = at::cat({freqs, freqs}, -1);
   const at::Tensor cos = emb.cos().to(x.scalar_type()), sin = emb.sin().to(x.scalar_type());
@@ -190,19 +230,37 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& ids, std::vector<LayerKvCac
   return norm_->forward(x);
 }
 
-LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c) : config_(c) {
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& c)
+    : config_(c), tp_group_(TensorParallelScope::CurrentGroup()) {
   c.Validate();
   model_ = register_module("model", std::make_shared<LlamaModelImpl>(c));
   if (!c.tie_word_embeddings) {
-    lm_head_ = MakeLinear(*this, "lm_head", c.hidden_size, c.vocab_size, false, c.initializer_range);
+    lm_head_ =
+        MakeLinear(*this, "lm_head", c.hidden_size, c.vocab_size, false, c.initializer_range, LinearStyle::kColwise);
   }
 }
 
 at::Tensor LlamaForCausalLMImpl::Head(const at::Tensor& hidden) {
-  return lm_head_ ? lm_head_->forward(hidden) : at::linear(hidden, model_->embed_tokens()->weight);
+  return lm_head_ ? lm_head_->forward(hidden) : model_->embed_tokens().TiedLogits(hidden);
 }
 
-at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids) { return Head(model_->forward(ids)); }
+at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& ids) {
+  at::Tensor logits = Head(model_->forward(ids));
+  return logits.size(1) > ids.size(1) ? logits.slice(1, 0, ids.size(1)) : logits;  // sequence parallel: padded
+}
+
+std::pair<int64_t, int64_t> LlamaForCausalLMImpl::vocab_range() const {
+  return lm_head_ ? lm_head_->output_range() : model_->embed_tokens().vocab_range();
+}
+
+at::Tensor LlamaForCausalLMImpl::GatherLogits(const at::Tensor& logits) const {
+  return tensor_parallel::GatherVocabulary(logits, config_.vocab_size, tp_group_);
+}
+
+at::Tensor LlamaForCausalLMImpl::LossOf(const at::Tensor& logits, const at::Tensor& targets) const {
+  if (!tp_group_) return Loss(logits, targets);
+  return tensor_parallel::VocabParallelCrossEntropy(logits, targets, vocab_range().first, tp_group_, -100);
+}
 
 at::Tensor LlamaForCausalLMImpl::ForwardWithCache(const at::Tensor& ids, std::vector<LayerKvCache>& cache) {
   return Head(model_->forward(ids, &cache));

@@ -9,6 +9,15 @@
 // model layer by layer; without a strategy it is a plain module. Attention is
 // LibTorch's scaled-dot-product attention (causal); Generate() decodes with a
 // per-layer key/value cache.
+//
+// Its tensor-parallel plan (torchtitan's Llama plan; tensor_parallel/layers.h,
+// used when it is built in model_parallel's construction scope, plain layers
+// otherwise): q_proj, k_proj, v_proj column-wise (each rank holds whole query
+// and key/value heads: num_attention_heads and num_key_value_heads divide by
+// the group), o_proj row-wise; gate_proj, up_proj column-wise, down_proj
+// row-wise; embed_tokens vocabulary-parallel; lm_head column-wise with its
+// logits left split over the vocabulary (or, tied, the embedding's; LossOf is
+// the vocabulary-parallel cross-entropy); the RMSNorms sequence parallel.
 #ifndef SHARDTRAIN_EXAMPLES_LLAMA_LLAMA_MODEL_H_
 #define SHARDTRAIN_EXAMPLES_LLAMA_LLAMA_MODEL_H_
 
@@ -16,15 +25,15 @@
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
-#include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "examples/llama/llama_config.h"
 #include "sharding/wrap_point.h"
+#include "tensor_parallel/layers.h"
 
 namespace shardtrain::examples::llama {
 
@@ -52,17 +61,6 @@ class ZeroInitScope {
   bool previous_;
 };
 
-// y = x W^T + b, with Hugging Face's parameter names (weight [out, in],
-// bias [out]); weights drawn from N(0, std) (zero under a ZeroInitScope),
-// biases zero.
-class LlamaLinearImpl : public torch::nn::Module {
- public:
-  LlamaLinearImpl(int64_t in, int64_t out, bool bias, double std);
-  at::Tensor forward(const at::Tensor& x) { return at::linear(x, weight, bias); }
-  at::Tensor weight, bias;
-};
-TORCH_MODULE(LlamaLinear);
-
 // Root-mean-square layer norm, computed in float32 (Hugging Face's LlamaRMSNorm).
 class RmsNormImpl : public torch::nn::Module {
  public:
@@ -83,8 +81,8 @@ class LlamaAttentionImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, LayerKvCache* cache);
 
  private:
-  int64_t heads_, kv_heads_, head_dim_;
-  LlamaLinear q_proj_{nullptr}, k_proj_{nullptr}, v_proj_{nullptr}, o_proj_{nullptr};
+  int64_t heads_, kv_heads_, head_dim_;  // this rank's heads (all of them without tensor parallelism)
+  std::shared_ptr<tensor_parallel::ParallelLinearImpl> q_proj_, k_proj_, v_proj_, o_proj_;
 };
 
 class LlamaMlpImpl : public torch::nn::Module {
@@ -93,7 +91,7 @@ class LlamaMlpImpl : public torch::nn::Module {
   at::Tensor forward(const at::Tensor& x);
 
  private:
-  LlamaLinear gate_proj_{nullptr}, up_proj_{nullptr}, down_proj_{nullptr};
+  std::shared_ptr<tensor_parallel::ParallelLinearImpl> gate_proj_, up_proj_, down_proj_;
 };
 
 class LlamaDecoderLayerImpl : public torch::nn::Module {
@@ -104,7 +102,7 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
  private:
   std::shared_ptr<LlamaAttentionImpl> self_attn_;
   std::shared_ptr<LlamaMlpImpl> mlp_;
-  RmsNorm input_layernorm_{nullptr}, post_attention_layernorm_{nullptr};
+  std::shared_ptr<tensor_parallel::SequenceParallel<RmsNormImpl>> input_layernorm_, post_attention_layernorm_;
 };
 
 // Hugging Face's LlamaModel: the decoder without its head ("model." in names).
@@ -113,17 +111,21 @@ class LlamaModelImpl : public torch::nn::Module {
   explicit LlamaModelImpl(const LlamaConfig& c);
   // ids [B, T] -> final hidden states [B, T, hidden]. With `cache` (one entry
   // per layer, resized when empty), positions continue after the cached ones.
+  // Under sequence parallelism: this rank's part of the sequence padded at its
+  // end to a multiple of the group (no cache then).
   at::Tensor forward(const at::Tensor& ids, std::vector<LayerKvCache>* cache = nullptr);
-  const torch::nn::Embedding& embed_tokens() const { return embed_tokens_; }
+  tensor_parallel::ParallelEmbeddingImpl& embed_tokens() const { return *embed_tokens_; }
 
  private:
   LlamaConfig config_;
   at::Tensor inv_freq_;  // rotary frequencies, float32 (not a parameter or buffer)
   double rope_scale_ = 1.0;
-  torch::nn::Embedding embed_tokens_{nullptr};
+  comm::CommunicatorPtr tp_group_;  // tensor parallel (nullptr: none)
+  bool sequence_parallel_ = false;
+  std::shared_ptr<tensor_parallel::ParallelEmbeddingImpl> embed_tokens_;
   torch::nn::ModuleList layers_holder_{nullptr};
   std::vector<std::shared_ptr<sharding::Sharded<LlamaDecoderLayerImpl>>> layers_;
-  RmsNorm norm_{nullptr};
+  std::shared_ptr<tensor_parallel::SequenceParallel<RmsNormImpl>> norm_;
 };
 
 // How Generate() picks each next token.
@@ -145,15 +147,24 @@ at::Tensor PickNextToken(at::Tensor logits, const GenerateOptions& options, at::
 class LlamaForCausalLMImpl : public torch::nn::Module {
  public:
   explicit LlamaForCausalLMImpl(const LlamaConfig& c);
-  // ids [B, T] -> logits [B, T, vocab].
+  // ids [B, T] -> logits [B, T, vocab] (tensor parallel: this rank's
+  // vocabulary columns, vocab_range()).
   at::Tensor forward(const at::Tensor& ids);
   // ids [B, T] -> logits [B, T, vocab] of the positions after those in
   // `cache` (empty at first: one entry per layer), which is grown by them.
   at::Tensor ForwardWithCache(const at::Tensor& ids, std::vector<LayerKvCache>& cache);
   // Next-token cross-entropy in float32; targets equal to -100 are ignored.
   static at::Tensor Loss(const at::Tensor& logits, const at::Tensor& targets);
+  // The same for this model's forward: vocabulary-parallel when tensor parallel.
+  at::Tensor LossOf(const at::Tensor& logits, const at::Tensor& targets) const;
+  // The vocabulary ids [begin, end) whose logits forward() returns.
+  std::pair<int64_t, int64_t> vocab_range() const;
+  // All the vocabulary's logits from forward's (an all-gather over the
+  // tensor-parallel group, which every rank of it calls). No gradient.
+  at::Tensor GatherLogits(const at::Tensor& logits) const;
+  bool tensor_parallel() const { return tp_group_ != nullptr; }
   // prompt [B, T] -> prompt followed by up to max_new_tokens ids, decoded with
-  // a key/value cache; no gradients.
+  // a key/value cache; no gradients. Not for a tensor-parallel model (throws).
   at::Tensor Generate(const at::Tensor& prompt, const GenerateOptions& options);
   const LlamaConfig& config() const { return config_; }
 
@@ -161,7 +172,8 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   at::Tensor Head(const at::Tensor& hidden);
   LlamaConfig config_;
   std::shared_ptr<LlamaModelImpl> model_;
-  LlamaLinear lm_head_{nullptr};  // null when tied to the embedding
+  comm::CommunicatorPtr tp_group_;
+  std::shared_ptr<tensor_parallel::ParallelLinearImpl> lm_head_;  // null when tied to the embedding
 };
 TORCH_MODULE(LlamaForCausalLM);
 

@@ -102,7 +102,7 @@ class LlamaModule : public trainer::TrainingModule {
     }
   }
   at::Tensor training_step(const trainer::Batch& b, int64_t) override {
-    return examples::llama::LlamaForCausalLMImpl::Loss(forward([&] { return model_->forward(b.inputs); }), b.targets);
+    return model_->LossOf(forward([&] { return model_->forward(b.inputs); }), b.targets);
   }
   std::optional<at::Tensor> validation_step(const trainer::Batch& b, int64_t i) override { return training_step(b, i); }
   trainer::OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
@@ -124,9 +124,11 @@ class LlamaModule : public trainer::TrainingModule {
             {"lr_scheduler", optim_.schedule},
             {"warmup_steps", optim_.ResolvedWarmup()}};
   }
-  // Decodes `n` tokens after `prompt` ([1, T]) with a key/value cache.
-  // Collective: every rank calls it with the same prompt and seed, and each
-  // step's forward goes through the strategy (sharded layers gather).
+  // Decodes `n` tokens after `prompt` ([1, T]) with a key/value cache (a
+  // tensor-parallel model: the whole sequence each step, the vocabulary's
+  // logits gathered). Collective: every rank calls it with the same prompt
+  // and seed, and each step's forward goes through the strategy (sharded
+  // layers gather).
   at::Tensor Generate(at::Tensor ids, const examples::llama::GenerateOptions& o) {
     at::NoGradGuard no_grad;
     model_->eval();
@@ -135,7 +137,9 @@ class LlamaModule : public trainer::TrainingModule {
     at::Tensor input = ids;
     const at::Device device = trainer().device();
     for (int64_t i = 0; i < o.max_new_tokens && ids.size(1) < config_.max_position_embeddings; ++i) {
-      at::Tensor logits = forward([&] { return model_->ForwardWithCache(input.to(device), cache); });
+      at::Tensor logits = model_->tensor_parallel()
+                              ? model_->GatherLogits(forward([&] { return model_->forward(ids.to(device)); }))
+                              : forward([&] { return model_->ForwardWithCache(input.to(device), cache); });
       at::Tensor next =
           examples::llama::PickNextToken(logits.select(1, logits.size(1) - 1).to(at::kFloat).cpu(), o, gen);
       input = next.unsqueeze(1);

@@ -19,6 +19,13 @@
       OUT: "batches" [steps, rows, FIT_SEQ + 1], "losses" (the mean of the
       ranks' losses per step, float64) and the final weights under "w/<name>",
       for llama_test fit to train on and compare with.
+  llama_hf_check.py tp DIR OUT
+      the same on a 2x2 mesh (W=4): PyTorch DTensor tensor parallelism
+      (torchtitan's Llama plan: q/k/v, gate and up ColwiseParallel, o and down
+      RowwiseParallel, the embedding RowwiseParallel, lm_head ColwiseParallel
+      with replicated logits) over "tp" and FSDP2 over "dp"; each
+      data-parallel rank trains on its half of the rows, both tensor-parallel
+      ranks on the same ones; for llama_test fit-tp.
 """
 import json
 import os
@@ -166,10 +173,53 @@ def fsdp2_fit(rank, world, src, out):
         print(f"{src}: FSDP2 W={world}, {FIT_STEPS} AdamW steps, losses {losses[0]:.6f} -> {losses[-1]:.6f}")
 
 
-def fsdp2(args):
+def tp_fit(rank, world, src, out):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    mesh = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    model = LlamaForCausalLM.from_pretrained(src, dtype=torch.float32).train()
+    plan = {f"self_attn.{p}_proj": ColwiseParallel() for p in "qkv"}
+    plan.update({"self_attn.o_proj": RowwiseParallel(), "mlp.gate_proj": ColwiseParallel(),
+                 "mlp.up_proj": ColwiseParallel(), "mlp.down_proj": RowwiseParallel()})
+    for layer in model.model.layers:
+        parallelize_module(layer, mesh["tp"], plan)
+    parallelize_module(model, mesh["tp"], {"model.embed_tokens": RowwiseParallel(input_layouts=Replicate()),
+                                           "lm_head": ColwiseParallel(output_layouts=Replicate())})
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.AdamW(model.parameters(), lr=FIT_LR, weight_decay=FIT_WD)
+    batches = torch.randint(0, model.config.vocab_size, (FIT_STEPS, FIT_BATCH, FIT_SEQ + 1),
+                            generator=torch.Generator().manual_seed(12))
+    dp_rank, per = mesh["dp"].get_local_rank(), FIT_BATCH // 2
+    losses = []
+    for step in range(FIT_STEPS):
+        rows = batches[step, dp_rank * per:(dp_rank + 1) * per]
+        logits = model(rows[:, :-1]).logits.float()
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), rows[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        losses.append(mean.item() / world)
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank == 0:
+        tensors = {"w/" + k: v.contiguous() for k, v in state.items()}
+        save_file({"batches": batches, "losses": torch.tensor(losses, dtype=torch.float64), **tensors}, out)
+        print(f"{src}: DTensor TP x FSDP2 2x{world // 2}, {FIT_STEPS} AdamW steps, "
+              f"losses {losses[0]:.6f} -> {losses[-1]:.6f}")
+
+
+def spawn(fn, world, *args):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "trainer"))
     from gloo_spawn import spawn_gloo
-    spawn_gloo(fsdp2_rank, 2, list(zip(args[::2], args[1::2])))
+    spawn_gloo(fn, world, *args)
+
+
+def fsdp2(args):
+    spawn(fsdp2_rank, 2, list(zip(args[::2], args[1::2])))
 
 
 if __name__ == "__main__":
@@ -179,5 +229,7 @@ if __name__ == "__main__":
         check_export(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "fsdp2":
         fsdp2(sys.argv[2:])
+    elif sys.argv[1] == "tp":
+        spawn(tp_fit, 4, sys.argv[2], sys.argv[3])
     else:
         sys.exit(f"unknown mode {sys.argv[1]}")

@@ -7,7 +7,9 @@
 # logits and no missing or unexpected keys (llama_test export, check-export);
 # 10 AdamW steps of fsdp_native FULL_SHARD at W=2 from a checkpoint give the
 # losses and weights of PyTorch FSDP2 on the transformers model (1e-5;
-# llama_hf_check.py fsdp2, llama_test fit).
+# llama_hf_check.py fsdp2, llama_test fit); and model_parallel at 2x2 (W=4)
+# gives the losses and weights of PyTorch's DTensor tensor parallel + FSDP2
+# on the same 2x2 mesh (llama_hf_check.py tp, llama_test fit-tp).
 set -euo pipefail
 tool="$1"; checker="$2"; defs="$3"; generate="$4"
 source "$(dirname "${BASH_SOURCE[0]}")/../testing/python.sh" "$defs"
@@ -38,6 +40,9 @@ pyrun "$checker" fsdp2 "$tmp/gqa_untied_sharded" "$tmp/gqa.fsdp2.safetensors" \
   "$tmp/mqa_tied_llama3_headdim" "$tmp/mqa.fsdp2.safetensors" || fail "PyTorch FSDP2 could not train the models"
 "$tool" fit "$tmp/gqa_untied_sharded" "$tmp/gqa.fsdp2.safetensors" || fail "gqa: fsdp_native differs from FSDP2"
 "$tool" fit "$tmp/mqa_tied_llama3_headdim" "$tmp/mqa.fsdp2.safetensors" || fail "mqa: fsdp_native differs from FSDP2"
+# Tensor parallel x FSDP (2x2) against PyTorch's DTensor TP + FSDP2 on the same mesh: GQA, untied head.
+pyrun "$checker" tp "$tmp/gqa_untied_sharded" "$tmp/gqa.tp.safetensors" || fail "PyTorch TP + FSDP2 could not train"
+"$tool" fit-tp "$tmp/gqa_untied_sharded" "$tmp/gqa.tp.safetensors" || fail "gqa: model_parallel differs from TP + FSDP2"
 # Import -> export with no training: sharded (small limit) and single-file.
 "$tool" export "$tmp/gqa_untied_sharded" "$tmp/export_sharded" 30KB fp32
 [[ -f "$tmp/export_sharded/model.safetensors.index.json" ]] || fail "a 30KB limit did not shard the export"

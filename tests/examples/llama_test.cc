@@ -13,6 +13,9 @@
 //                                  W=2 from DIR on REFERENCE's batches: losses
 //                                  and weights against PyTorch FSDP2's
 //                                  (llama_hf_check.py fsdp2)
+//   llama_test fit-tp DIR REFERENCE  the same with model_parallel at 2x2
+//                                    (W=4) against PyTorch's DTensor tensor
+//                                    parallel + FSDP2 (llama_hf_check.py tp)
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
@@ -127,24 +130,35 @@ struct FitResult {
   std::map<std::string, at::Tensor> state;
 };
 
-FitResult FitFsdpNative(const HfModelDir& hf, const at::Tensor& batches) {
-  constexpr int kWorld = 2;
+// How Fit() trains: a strategy at a world size.
+struct FitSetup {
+  std::string label;  // what the reference is, for the report
+  std::string strategy;
+  strategies::StrategyOptions options;
+  int world;
+};
+
+FitResult FitWith(const HfModelDir& hf, const at::Tensor& batches, const FitSetup& setup) {
   constexpr double kLr = 1e-3, kWeightDecay = 0.01;  // llama_hf_check.py's FIT_LR, FIT_WD
-  std::vector<LlamaForCausalLM> models;
-  for (int r = 0; r < kWorld; ++r) models.emplace_back(hf.config);
   FitResult result;
-  testing::RunRanks(kWorld, [&](int rank, const auto& comm) {
-    auto s = strategies::StrategyRegistry::Create("fsdp_native", {{"sharding_strategy", "FULL_SHARD"}});
+  testing::RunRanks(setup.world, [&](int rank, const auto& comm) {
+    auto s = strategies::StrategyRegistry::Create(setup.strategy, setup.options);
     s->Setup(comm, ClusterInfo());
-    s->WrapModel(models[rank].ptr());
+    LlamaForCausalLM model(nullptr);
+    {
+      auto scope = s->MakeConstructionScope();  // model_parallel: each rank builds its tensor-parallel pieces
+      ZeroInitScope zero;
+      model = LlamaForCausalLM(hf.config);
+    }
+    s->WrapModel(model.ptr());
     LoadHfWeightsInto(*s, hf.config, hf.weights);
     torch::optim::AdamW opt(s->parameters(), torch::optim::AdamWOptions(kLr).weight_decay(kWeightDecay));
-    const int64_t per = batches.size(1) / kWorld;
+    const int64_t per = batches.size(1) / s->data_parallel_size(), first = s->data_parallel_rank() * per;
     std::vector<double> losses;
     for (int64_t step = 0; step < batches.size(0); ++step) {
-      const at::Tensor rows = batches[step].slice(0, rank * per, (rank + 1) * per);
-      const at::Tensor loss = s->Forward(
-          [&] { return LlamaForCausalLMImpl::Loss(models[rank]->forward(rows.slice(1, 0, -1)), rows.slice(1, 1)); });
+      const at::Tensor rows = batches[step].slice(0, first, first + per);
+      const at::Tensor loss =
+          s->Forward([&] { return model->LossOf(model->forward(rows.slice(1, 0, -1)), rows.slice(1, 1)); });
       s->Backward(loss);
       opt.step();
       opt.zero_grad();
@@ -156,13 +170,13 @@ FitResult FitFsdpNative(const HfModelDir& hf, const at::Tensor& batches) {
   return result;
 }
 
-// ShardTrain's fsdp_native against PyTorch FSDP2 from the same checkpoint and
-// batches: every loss within 1e-5 and every weight within 1e-5.
-int Fit(const std::string& dir, const std::string& reference_path) {
+// ShardTrain against PyTorch (FSDP2, or DTensor TP + FSDP2) from the same
+// checkpoint and batches: every loss within 1e-5 and every weight within 1e-5.
+int Fit(const std::string& dir, const std::string& reference_path, const FitSetup& setup) {
   constexpr double kTol = 1e-5;
   const HfModelDir hf(dir);
   const trainer::SafetensorsFile ref(reference_path);
-  const FitResult ours = FitFsdpNative(hf, ref.Tensor("batches"));
+  const FitResult ours = FitWith(hf, ref.Tensor("batches"), setup);
   const at::Tensor want = ref.Tensor("losses");
   bool ok = static_cast<int64_t>(ours.losses.size()) == want.numel();
   double loss_diff = 0, weight_diff = 0;
@@ -177,7 +191,7 @@ int Fit(const std::string& dir, const std::string& reference_path) {
     }
     weight_diff = std::max(weight_diff, MaxAbsDiff(tensor, ref.Tensor("w/" + name)));
   }
-  std::cout << dir << ": fsdp_native W=2 vs PyTorch FSDP2, " << ours.losses.size() << " AdamW steps, losses "
+  std::cout << dir << ": " << setup.label << ", " << ours.losses.size() << " AdamW steps, losses "
             << ours.losses.front() << " -> " << ours.losses.back() << "\n  losses max |diff| " << loss_diff
             << ", weights (" << ours.state.size() << " tensors) max |diff| " << weight_diff << "\n";
   ok = ok && loss_diff <= kTol && weight_diff <= kTol;
@@ -517,7 +531,7 @@ TEST_F(HfCheckpointTest, MalformedDirectoriesNameWhatIsWrong) {
   Write("config.json", LlamaConfigJson(config_, "float32"));
   const std::string e = LoadError();
   EXPECT_NE(e.find("missing: lm_head.weight"), std::string::npos) << e;
-  EXPECT_NE(e.find("other shape: model.layers.0.mlp.gate_proj.weight ([20, 16] in"), std::string::npos) << e;
+  EXPECT_NE(e.find("other shape: model.layers.0.mlp.down_proj.weight ([16, 20] in"), std::string::npos) << e;
 }
 
 // Every strategy at W=2 (threads-as-ranks, real Gloo) loads a sharded
@@ -573,7 +587,17 @@ int main(int argc, char** argv) {
   using namespace shardtrain::examples::llama;
   try {
     if (argc == 4 && std::strcmp(argv[1], "check") == 0) return Check(argv[2], argv[3]);
-    if (argc == 4 && std::strcmp(argv[1], "fit") == 0) return Fit(argv[2], argv[3]);
+    if (argc == 4 && std::strcmp(argv[1], "fit") == 0) {
+      return Fit(argv[2], argv[3],
+                 {"fsdp_native W=2 vs PyTorch FSDP2", "fsdp_native", {{"sharding_strategy", "FULL_SHARD"}}, 2});
+    }
+    if (argc == 4 && std::strcmp(argv[1], "fit-tp") == 0) {
+      return Fit(argv[2], argv[3],
+                 {"model_parallel 2x2 vs PyTorch DTensor TP x FSDP2 2x2",
+                  "model_parallel",
+                  {{"data_parallel_size", "2"}, {"tensor_parallel_size", "2"}},
+                  4});
+    }
     if (argc == 6 && std::strcmp(argv[1], "export") == 0) return Export(argv[2], argv[3], argv[4], argv[5]);
     if (argc >= 5 && std::strcmp(argv[1], "tokenize") == 0) {
       return Tokenize(argv[2], argv[3], std::vector<std::string>(argv + 4, argv + argc));
