@@ -29,6 +29,20 @@ struct UnitInfo {
   int64_t shard_numel = 0;
 };
 
+// Where a rank's stored tensor of a parameter lies in its global tensor when
+// the parameter is split by tensor parallelism: along dimension `dim`, the
+// stored tensor is `blocks`, each `length` rows starting at `stored_begin` in
+// the stored tensor and at `global_begin` in the global one (one block, or
+// one per chunk of a fused projection); the other dimensions are whole.
+struct GlobalPiece {
+  struct Block {
+    int64_t stored_begin = 0, global_begin = 0, length = 0;
+  };
+  std::vector<int64_t> global_shape;
+  int64_t dim = 0;
+  std::vector<Block> blocks;
+};
+
 // A rank's piece of a sharded checkpoint: its shard of every unit plus the
 // metadata needed to rebuild the full parameters at any world size.
 // ShardedModel::GetShardedStateDict fills it without copies (on the CPU the
@@ -43,6 +57,15 @@ struct ShardedStateDict {
   // Per unit, the saved shape of each parameter (in units[i].param_names
   // order). Empty: the model's shapes are assumed.
   std::vector<std::vector<std::vector<int64_t>>> param_shapes;
+  // Tensor parallelism: the parameters this rank stores a piece of (the
+  // others are stored whole), and whether it writes the whole ones (the
+  // first rank of its tensor-parallel group does: the others hold copies).
+  // Without tensor parallelism: empty, and true.
+  std::map<std::string, GlobalPiece> pieces;
+  bool writes_whole = true;
+  // HYBRID_SHARD and NO_SHARD: whether this rank is in the first replica
+  // (its shard group writes; the other replicas hold equal shards).
+  bool first_replica = true;
 };
 
 // The optimizer state of one tensor an optimizer steps: state tensors shaped

@@ -165,6 +165,7 @@ ShardedStateDict ShardedModel::GetShardedStateDict() const {
   ShardedStateDict sd;
   sd.shard_rank = shard_group_->rank();
   sd.shard_world = shard_group_->size();
+  sd.first_replica = !replicate_group_ || replicate_group_->rank() == 0;
   sd.units = units();
   // No copies: on the CPU these are the live tensors (the writer streams them).
   for (auto& u : units_) sd.shards.push_back(u->flat->shard().detach().cpu());

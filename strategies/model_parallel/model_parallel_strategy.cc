@@ -43,6 +43,9 @@ const OptionTable<ModelParallelOptions>& ModelParallelOptions::Table() {
       OptionTypeList("activation_checkpointing", &O::activation_checkpointing,
                      "units of the listed module types recompute forward in backward (default none)"),
       OptionShardedConstruction(&O::sharded_construction),
+      OptionBool("save_distributed_checkpoint", &O::save_distributed_checkpoint,
+                 "checkpoints as PyTorch DCP directories, one file per rank, every tensor at its global shape "
+                 "(Lightning's ModelParallelStrategy option; default false: one full file)"),
   });
   return table;
 }
@@ -272,9 +275,22 @@ std::vector<Strategy::UnitSummary> ModelParallelStrategy::UnitSummaries() const 
 }
 
 sharding::ShardedStateDict ModelParallelStrategy::ShardedState() const {
-  ST_THROW(InvalidArgumentError,
-           "model_parallel: sharded (DCP) checkpoints are not supported yet; its checkpoints are full ones, with "
-           "every tensor at its global shape");
+  sharding::ShardedStateDict sd = ShardedStrategyBase::ShardedState();
+  sd.writes_whole = mesh_.tp_rank == 0;
+  for (const auto& [name, p] : placements_) {
+    if (!p.sharded || mesh_.tp_size == 1) continue;
+    // This rank's rows [begin, end) of each of the `chunks` blocks along p.dim.
+    const auto [begin, end] = p.Range(mesh_.tp_rank, mesh_.tp_size);
+    const int64_t block_rows = p.global_shape[p.dim] / p.chunks;
+    sharding::GlobalPiece piece;
+    piece.global_shape = p.global_shape;
+    piece.dim = p.dim;
+    for (int64_t c = 0; c < p.chunks; ++c) {
+      piece.blocks.push_back({c * (end - begin), c * block_rows + begin, end - begin});
+    }
+    sd.pieces[name] = std::move(piece);
+  }
+  return sd;
 }
 
 namespace {

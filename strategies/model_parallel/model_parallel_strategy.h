@@ -36,6 +36,7 @@ struct ModelParallelOptions {
   bool sequence_parallel = false;
   std::vector<std::string> activation_checkpointing;  // module type names
   bool sharded_construction = true;
+  bool save_distributed_checkpoint = false;  // the Trainer's checkpoints sharded (DCP)
 
   static const OptionTable<ModelParallelOptions>& Table();
   static ModelParallelOptions FromStrings(const StrategyOptions& options);
@@ -48,6 +49,7 @@ class ModelParallelStrategy : public ShardedStrategyBase {
   // Builds the mesh (collective: every rank creates every group).
   void Setup(comm::CommunicatorPtr world, const ClusterInfo& cluster) override;
   std::unique_ptr<ConstructionScope> MakeConstructionScope() override;
+  bool prefers_sharded_checkpoint() const override { return options_.save_distributed_checkpoint; }
   void WrapModel(std::shared_ptr<torch::nn::Module> module) override;
   void Backward(const at::Tensor& loss, bool sync_gradients = true) override;
   at::Tensor ClipGradNormOnDevice(double max_norm, double norm_type = 2.0) override;
@@ -62,7 +64,10 @@ class ModelParallelStrategy : public ShardedStrategyBase {
   sharding::OptimizerStates OptimizerStatesFromFull(
       const std::vector<at::Tensor>& params, const std::map<std::string, std::map<std::string, at::Tensor>>& state,
       const std::map<std::string, int64_t>& step) override;
-  // Sharded (DCP) checkpoints are not supported yet: throws InvalidArgumentError.
+  // The sharding core's state dict with each tensor-parallel parameter's
+  // place in its global tensor (sharded DCP checkpoints hold every tensor at
+  // its global shape; the first rank of each tensor-parallel group writes
+  // the replicated parameters).
   sharding::ShardedStateDict ShardedState() const override;
   // Global shapes.
   std::map<std::string, std::vector<int64_t>> ParameterShapes() const override;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
 
+#include <cmath>
 #include <mutex>
 
 #include "base/errors.h"
@@ -235,6 +236,64 @@ TEST(ModelParallelStrategyTest, TensorParallelBytesEqualTheory) {
         EXPECT_EQ(got.Calls(op), want.Calls(op)) << comm::CommOpName(op) << (sp ? " sequence parallel" : "");
         EXPECT_EQ(got.BytesSent(op), want.BytesSent(op)) << comm::CommOpName(op) << (sp ? " sequence parallel" : "");
       }
+    });
+  }
+}
+
+// The data-parallel dimension and memory per rank, from the model's shapes:
+// each FSDP unit holds this rank's tensor-parallel pieces (Placement::
+// LocalShape; replicated parameters whole), padded to a multiple of the
+// data-parallel size; a rank stores 1/dp of that (its share of the model), and
+// one forward and backward sends over the data-parallel group the all-gathers
+// of the blocks twice (forward, and backward after the reshard) and the root
+// once, and one reduce-scatter of every unit: (dp - 1) / dp of the padded
+// float32 bytes each.
+TEST(ModelParallelStrategyTest, DataParallelBytesAndMemoryPerRankEqualTheory) {
+  TinyConfig c;
+  c.vocab = 37;  // uneven over the tensor-parallel group
+  for (const int dp : {2, 4, 1}) {
+    shardtrain::testing::RunRanks(4, [&](int, const std::shared_ptr<comm::GlooCommunicator>& world) {
+      ModelParallelOptions o;
+      o.data_parallel_size = dp;
+      ModelParallelStrategy s(o);
+      const auto model = SetUpAndWrap(s, world, c);
+      const int tp = 4 / dp;
+      int64_t gathered = 0, reduced = 0, stored = 0, share_numerator = 0;
+      double uneven = 0;  // how far torch.chunk's split puts this rank's pieces from 1/tp of each
+      const sharding::ShardedStateDict sd = s.ShardedState();
+      for (size_t u = 0; u < sd.units.size(); ++u) {
+        int64_t local = 0;
+        for (const std::string& name : sd.units[u].param_names) {
+          const auto it = s.placements().find(name);
+          ASSERT_NE(it, s.placements().end()) << name;
+          const tensor_parallel::Placement& p = it->second;
+          const int64_t global = c10::multiply_integers(p.global_shape);
+          const int64_t mine = p.sharded ? c10::multiply_integers(p.LocalShape(s.mesh().tp_rank, tp)) : global;
+          local += mine;
+          share_numerator += p.sharded ? global : global * tp;
+          if (p.sharded) uneven += std::abs(static_cast<double>(mine) - static_cast<double>(global) / tp) / dp;
+        }
+        const int64_t padded = (local + dp - 1) / dp * dp;
+        stored += padded / dp;
+        reduced += padded;
+        gathered += padded * (sd.units[u].name.empty() ? 1 : 2);
+        EXPECT_EQ(sd.shards[u].numel(), padded / dp) << "unit '" << sd.units[u].name << "'";
+      }
+      // The model's share, but for the padding (under one element per unit)
+      // and the uneven splits (the vocabulary of 37).
+      EXPECT_NEAR(static_cast<double>(stored), static_cast<double>(share_numerator) / (dp * tp),
+                  static_cast<double>(sd.units.size()) + uneven)
+          << dp << "x" << tp;
+      const int64_t B = kGlobalBatch / dp, first = s.mesh().dp_rank * B;
+      const Batch b = GlobalBatch(c, 0);
+      s.mesh().dp->ResetStats();
+      at::Tensor logits = s.Forward([&] { return model->forward(b.ids.slice(0, first, first + B)); });
+      s.Backward(model->Loss(logits, b.targets.slice(0, first, first + B)));
+      const comm::CommStats got = s.mesh().dp->stats();
+      const int64_t f = sizeof(float);
+      EXPECT_EQ(got.BytesSent(comm::CommOp::kAllGather), gathered * f * (dp - 1) / dp) << dp << "x" << tp;
+      EXPECT_EQ(got.BytesSent(comm::CommOp::kReduceScatter), reduced * f * (dp - 1) / dp) << dp << "x" << tp;
+      EXPECT_EQ(got.BytesSent(comm::CommOp::kAllReduce), 0) << dp << "x" << tp;
     });
   }
 }

@@ -102,6 +102,12 @@ sharding::OptimizerStates StatesOf(const torch::optim::Optimizer& opt, const std
 
 std::map<std::string, std::vector<int64_t>> ParamShapes(strategies::Strategy& s) { return s.ParameterShapes(); }
 
+std::map<std::string, std::vector<int64_t>> StoredShapes(strategies::Strategy& s) {
+  std::map<std::string, std::vector<int64_t>> out;
+  for (const auto& item : s.module().named_parameters(/*recurse=*/true)) out[item.key()] = item.value().sizes().vec();
+  return out;
+}
+
 std::map<std::string, std::string> TiedAliases(strategies::Strategy& s, const sharding::ShardedStateDict& sd) {
   std::set<std::string> primary;
   for (const auto& u : sd.units) primary.insert(u.param_names.begin(), u.param_names.end());

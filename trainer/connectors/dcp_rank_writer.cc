@@ -35,11 +35,49 @@ std::vector<ShardPart> PartsInShard(const sharding::ShardedStateDict& sd, size_t
     const std::vector<int64_t>& shape = shapes.at(name);
     const int64_t n = c10::multiply_integers(shape);
     const int64_t b = std::max(lo, at), e = std::min(hi, at + n);
-    if (b < e) out.push_back({name, shape, at, b - at, e - at});
+    if (b < e) {
+      ShardPart& p = out.emplace_back();
+      p.name = name;
+      p.shape = p.global_shape = shape;
+      p.at = at;
+      p.begin = b - at;
+      p.end = e - at;
+      const auto it = sd.pieces.find(name);
+      if (it != sd.pieces.end()) {
+        p.piece = it->second;
+        p.global_shape = it->second.global_shape;
+      }
+    }
     at += n;
   }
   return out;
 }
+
+namespace {
+
+// The boxes where `box` meets each block of `p`'s piece along its dimension:
+// `from` is the side `box` is given in (stored or global).
+std::vector<BoxPair> MapBlocks(const ShardPart& p, const dcp::Box& box, bool from_stored) {
+  if (!p.piece) return {{box, box}};
+  const int64_t d = p.piece->dim;
+  std::vector<BoxPair> out;
+  for (const sharding::GlobalPiece::Block& b : p.piece->blocks) {
+    const int64_t begin = from_stored ? b.stored_begin : b.global_begin;
+    const int64_t lo = std::max(box.offsets[d], begin), hi = std::min(box.offsets[d] + box.sizes[d], begin + b.length);
+    if (lo >= hi) continue;
+    BoxPair pair{box, box};
+    pair.stored.offsets[d] = b.stored_begin + (lo - begin);
+    pair.global.offsets[d] = b.global_begin + (lo - begin);
+    pair.stored.sizes[d] = pair.global.sizes[d] = hi - lo;
+    out.push_back(std::move(pair));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<BoxPair> GlobalBoxes(const ShardPart& p, const dcp::Box& stored) { return MapBlocks(p, stored, true); }
+std::vector<BoxPair> StoredBoxes(const ShardPart& p, const dcp::Box& global) { return MapBlocks(p, global, false); }
 
 namespace {
 
@@ -68,8 +106,9 @@ DcpRankWriter::DcpRankWriter(strategies::Strategy& s, torch::optim::Optimizer& o
   ST_CHECK_ARG(s.has_sharded_state(), "strategy '", s.name(), "' is not sharded: it cannot write sharded checkpoints");
   at::NoGradGuard no_grad;
   const sharding::ShardedStateDict sd = s.ShardedState();
-  const auto shapes = ParamShapes(s);
+  const auto shapes = StoredShapes(s);
   aliases_ = TiedAliases(s, sd);
+  writes_whole_ = sd.writes_whole;
   for (const auto& g : groups) optimized_.insert(g.params.begin(), g.params.end());
   const std::string kind = OptimizerKind(opt);
   other_optimizer_ = kind.empty();
@@ -78,11 +117,13 @@ DcpRankWriter::DcpRankWriter(strategies::Strategy& s, torch::optim::Optimizer& o
   std::vector<int64_t> steps;
   if (!other_optimizer_) steps = s.ShardedOptimizerSteps(params, states);
   // HYBRID_SHARD and NO_SHARD replicas hold equal shards: the first replica
-  // (shard groups are consecutive ranks) writes them, as DCP keeps one copy.
-  if (rank_ < sd.shard_world) {
+  // writes them, as DCP keeps one copy.
+  if (sd.first_replica) {
     for (size_t u = 0; u < sd.units.size(); ++u) {
       Unit& unit = units_.emplace_back();
       unit.parts = PartsInShard(sd, u, shapes);
+      // Tensor parallelism: the group's first rank writes the whole parameters.
+      if (!writes_whole_) std::erase_if(unit.parts, [](const ShardPart& p) { return !p.piece; });
       unit.shard = sd.shards[u];  // the live shard
       unit.base = sd.shard_rank * sd.units[u].shard_numel;
       // Laid out like the shard: the optimizer's own tensors when one of them
@@ -132,10 +173,17 @@ void DcpRankWriter::ForEachPiece(const Unit& unit, const PieceFn& fn) const {
     const bool has_state = !unit.ostate.empty() && optimized_.count(p.name);
     for (const dcp::Box& box : dcp::BoxesOfRange(p.shape, p.begin, p.end)) {
       const int64_t src = p.at + dcp::FlatIndex(p.shape, box.offsets) - unit.base;
-      auto piece = [&](const at::Tensor& flat) { return flat.narrow(0, src, box.numel()).view(box.sizes); };
-      fn(p, box, piece(shard), nullptr);
-      if (!has_state) continue;
-      for (const auto& [key, t] : unit.ostate) fn(p, box, piece(t.to(at::kFloat)), &key);
+      for (const BoxPair& pair : GlobalBoxes(p, box)) {  // a tensor-parallel piece: its blocks' boxes
+        auto piece = [&](const at::Tensor& flat) {
+          at::Tensor t = flat.narrow(0, src, box.numel()).view(box.sizes);
+          if (!p.piece) return t;
+          const int64_t d = p.piece->dim;
+          return t.narrow(d, pair.stored.offsets[d] - box.offsets[d], pair.stored.sizes[d]);
+        };
+        fn(p, pair.global, piece(shard), nullptr);
+        if (!has_state) continue;
+        for (const auto& [key, t] : unit.ostate) fn(p, pair.global, piece(t.to(at::kFloat)), &key);
+      }
     }
   }
 }
@@ -151,19 +199,20 @@ void DcpRankWriter::WriteUnit(int u) {
     ++next;
     const dcp::Chunk chunk{box, file_->AddTensor(piece, crc)};
     if (key != nullptr) {
-      AddDcpChunk(part_, DcpOptimizerStatePath(p.name, *key), at::kFloat, p.shape, chunk);
+      AddDcpChunk(part_, DcpOptimizerStatePath(p.name, *key), at::kFloat, p.global_shape, chunk);
       return;
     }
-    AddDcpChunk(part_, DcpModelPath(p.name), at::kFloat, p.shape, chunk);
+    AddDcpChunk(part_, DcpModelPath(p.name), at::kFloat, p.global_shape, chunk);
     for (const auto& [alias, primary] : aliases_) {
-      if (primary == p.name) AddDcpChunk(part_, DcpModelPath(alias), at::kFloat, p.shape, chunk);  // same bytes
+      if (primary == p.name) AddDcpChunk(part_, DcpModelPath(alias), at::kFloat, p.global_shape, chunk);  // same bytes
     }
   });
   // Adam's step: a 0-d float32 tensor, as torch.optim keeps it; written by
-  // the rank holding the parameter's first element.
+  // the rank holding the parameter's first element (of the tensor-parallel
+  // group's first rank).
   for (const ShardPart& p : unit.parts) {
     const bool has_state = !unit.ostate.empty() && optimized_.count(p.name);
-    if (has_state && p.begin == 0 && unit.step >= 0) {
+    if (has_state && p.begin == 0 && unit.step >= 0 && writes_whole_) {
       const at::Tensor step = at::full({}, static_cast<double>(unit.step), at::kFloat);
       AddDcpChunk(part_, DcpOptimizerStatePath(p.name, "step"), at::kFloat, {}, {{}, file_->AddTensor(step)});
     }

@@ -28,6 +28,24 @@ struct RunCopy {
   int64_t src = 0, dst = 0, len = 0;
 };
 
+// The elements of chunk `c` of `key` in `pair.global` (its part that `p`
+// stores), flattened: a view of the mapped file for a whole chunk, a copy of
+// the part otherwise.
+at::Tensor ChunkPart(const dcp::Reader& r, const std::string& key, const dcp::Chunk& c, const ShardPart& p,
+                     const BoxPair& pair, std::map<const dcp::Chunk*, at::Tensor>& opened) {
+  at::Tensor& t = opened[&c];
+  if (!t.defined()) {
+    t = r.ReadChunk(key, c);  // parses the item, touches no data
+    t = t.is_contiguous() ? t.view({-1}) : t.contiguous().view({-1});
+  }
+  if (pair.global == c.box) return t;
+  at::Tensor part = t.view(c.box.sizes);
+  for (size_t d = 0; d < c.box.sizes.size(); ++d) {
+    part = part.narrow(static_cast<int64_t>(d), pair.global.offsets[d] - c.box.offsets[d], pair.global.sizes[d]);
+  }
+  return part.contiguous().view({-1});
+}
+
 // Plans the copies that fill a parameter's elements [p.begin, p.end) of the
 // tensor `key`, at their place in the shard (p.at - base); checks that the
 // chunks cover them. Problems are added to `problems`.
@@ -40,9 +58,9 @@ void PlanPart(const dcp::Reader& r, const std::string& key, const ShardPart& p, 
     return;
   }
   const dcp::TensorEntry& e = it->second;
-  if (e.shape != p.shape) {
+  if (e.shape != p.global_shape) {
     problems << "\n  shape mismatch: '" << key << "' is " << c10::IntArrayRef(e.shape) << " in the checkpoint, "
-             << c10::IntArrayRef(p.shape) << " in the model";
+             << c10::IntArrayRef(p.global_shape) << " in the model";
     return;
   }
   if (!at::isFloatingType(e.dtype)) {
@@ -51,17 +69,16 @@ void PlanPart(const dcp::Reader& r, const std::string& key, const ShardPart& p, 
   }
   int64_t covered = 0;
   for (const dcp::Chunk& c : e.chunks) {
-    dcp::ForEachRun(e.shape, c.box, [&](int64_t at, int64_t in_box, int64_t len) {
-      const int64_t b = std::max(at, p.begin), en = std::min(at + len, p.end);
-      if (b >= en) return;
-      at::Tensor& t = opened[&c];
-      if (!t.defined()) {
-        t = r.ReadChunk(key, c);  // parses the item, touches no data
-        t = t.is_contiguous() ? t.view({-1}) : t.contiguous().view({-1});
-      }
-      out.push_back({t, in_box + (b - at), p.at + b - base, en - b});
-      covered += en - b;
-    });
+    for (const BoxPair& pair : StoredBoxes(p, c.box)) {  // a tensor-parallel piece: what it holds of the chunk
+      at::Tensor t;
+      dcp::ForEachRun(p.shape, pair.stored, [&](int64_t at, int64_t in_box, int64_t len) {
+        const int64_t b = std::max(at, p.begin), en = std::min(at + len, p.end);
+        if (b >= en) return;
+        if (!t.defined()) t = ChunkPart(r, key, c, p, pair, opened);
+        out.push_back({t, in_box + (b - at), p.at + b - base, en - b});
+        covered += en - b;
+      });
+    }
   }
   if (covered != p.end - p.begin) {
     problems << "\n  incomplete: the checkpoint's chunks of '" << key << "' cover " << covered << " of the "
@@ -133,6 +150,7 @@ std::function<void()> PrepareDcpLoad(strategies::Strategy& s, torch::optim::Opti
   const dcp::Reader& r = *ck.reader;
   const sharding::ShardedStateDict sd = s.ShardedState();
   const auto shapes = ParamShapes(s);  // tied weights' further names too: not "unexpected"
+  const auto stored = StoredShapes(s);
   std::ostringstream problems;
   std::map<const dcp::Chunk*, at::Tensor> opened;
   // Parameters: the copies into each unit's shard.
@@ -140,7 +158,7 @@ std::function<void()> PrepareDcpLoad(strategies::Strategy& s, torch::optim::Opti
   std::vector<std::vector<ShardPart>> parts(sd.units.size());
   for (size_t u = 0; u < sd.units.size(); ++u) {
     const int64_t base = sd.shard_rank * sd.units[u].shard_numel;
-    parts[u] = PartsInShard(sd, u, shapes);
+    parts[u] = PartsInShard(sd, u, stored);
     for (const ShardPart& p : parts[u])
       PlanPart(r, ck.model_prefix + p.name, p, base, opened, param_copies[u], problems);
   }

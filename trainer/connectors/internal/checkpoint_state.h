@@ -37,9 +37,12 @@ std::vector<at::Tensor> OptimizerParams(const torch::optim::Optimizer& opt);
 sharding::OptimizerStates StatesOf(const torch::optim::Optimizer& opt, const std::vector<at::Tensor>& params);
 void SetState(torch::optim::Optimizer& opt, const std::string& kind, const at::Tensor& p,
               const std::optional<sharding::OptimizerTensorState>& st);
-// Full parameter shapes by name (the module keeps them while sharded;
-// a tied weight under each of its names).
+// Global parameter shapes by name (the module keeps them while sharded;
+// a tied weight under each of its names; Strategy::ParameterShapes).
 std::map<std::string, std::vector<int64_t>> ParamShapes(strategies::Strategy& s);
+// The shapes of the tensors this rank stores by name: ParamShapes, but a
+// tensor-parallel piece's own shape.
+std::map<std::string, std::vector<int64_t>> StoredShapes(strategies::Strategy& s);
 // The further names of tied weights: alias -> its name in the units of `sd`.
 std::map<std::string, std::string> TiedAliases(strategies::Strategy& s, const sharding::ShardedStateDict& sd);
 

@@ -15,6 +15,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -32,16 +33,31 @@ class Strategy;
 
 namespace shardtrain::trainer::internal {
 
-// One parameter's elements [begin, end) (its own flat index), found at `at`
-// in its unit's flat parameter.
+// One parameter's elements [begin, end) (the flat index of the tensor this
+// rank stores, of `shape`), found at `at` in its unit's flat parameter. Under
+// tensor parallelism the stored tensor is `piece` of the global one
+// (`global_shape`); otherwise both shapes are the same.
 struct ShardPart {
   std::string name;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape, global_shape;
   int64_t at = 0, begin = 0, end = 0;
+  std::optional<sharding::GlobalPiece> piece;
 };
 // The parameters of unit `u` that this rank's shard holds elements of.
+// `shapes`: the stored shapes (the module's).
 std::vector<ShardPart> PartsInShard(const sharding::ShardedStateDict& sd, size_t u,
                                     const std::map<std::string, std::vector<int64_t>>& shapes);
+
+// A box of a part's stored tensor and the box of the global tensor it is.
+struct BoxPair {
+  dcp::Box stored, global;
+};
+// The global boxes that the stored box `stored` of `p` covers (one, or one
+// per block of a piece it crosses), each with its stored part.
+std::vector<BoxPair> GlobalBoxes(const ShardPart& p, const dcp::Box& stored);
+// The parts of the global box `global` that `p`'s stored tensor holds, each
+// with its stored box.
+std::vector<BoxPair> StoredBoxes(const ShardPart& p, const dcp::Box& global);
 
 // Where a rank file holds the LibTorch archive of an optimizer other than
 // Adam, AdamW and SGD (it loads at the same world size only).
@@ -108,6 +124,7 @@ class DcpRankWriter {
   std::vector<OptimizerGroup> groups_;         // rank 0
   std::string archive_;                        // another optimizer's LibTorch archive ("" otherwise)
   bool other_optimizer_ = false;
+  bool writes_whole_ = true;  // tensor parallelism: this rank writes the whole (replicated) parameters too
 };
 
 }  // namespace shardtrain::trainer::internal
