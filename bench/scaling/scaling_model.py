@@ -69,6 +69,7 @@ class GPT:
 CALIB_GPT = GPT("bench GPT 49.4M", n_layer=10, d=640, vocab=96, seq=128)
 GPT_7B = GPT("7B (GPT-like: 32 x 4096)", n_layer=32, d=4096, vocab=32000, seq=4096)
 GPT_70B = GPT("70B (GPT-like: 80 x 8192)", n_layer=80, d=8192, vocab=32000, seq=4096)
+GPT_405B = GPT("405B (GPT-like: 126 x 16384)", n_layer=126, d=16384, vocab=32000, seq=4096)
 
 # --------------------------------------------------------------------------------------------------
 # Measured on the 2-core machine (docs/benchmarks.md, docs/comm_benchmark.md)
@@ -237,11 +238,12 @@ class Strategy:
     """name; shard group size (None = world); replicate; when the replicate all-reduce runs."""
 
     def __init__(self, name, kind, shard_group=None, reshard_after_forward=True, replicate_overlapped=False,
-                 offered=True):
+                 offered=True, tp=1):
         self.name, self.kind, self.G = name, kind, shard_group
         self.reshard = reshard_after_forward
         self.rep_overlap = replicate_overlapped
         self.offered = offered
+        self.tp = tp  # tensor-parallel size (model_parallel): each layer split over tp GPUs of one host
 
 
 FULL_SHARD = Strategy("FULL_SHARD", "fsdp")
@@ -252,8 +254,36 @@ HYBRID_OVL = Strategy("HYBRID_SHARD, overlapped AR*", "fsdp", shard_group=8, rep
 DDP = Strategy("ddp", "ddp")
 HYBRID32_OVL = Strategy("HYBRID G=32, overlapped AR*", "fsdp", shard_group=32, replicate_overlapped=True,
                         offered=False)
+# model_parallel: tensor parallel (sequence parallel) over the 8 GPUs of a host, FSDP FULL_SHARD over the
+# W/8 data-parallel ranks (one per host) of each tensor-parallel position.
+TP8 = Strategy("TP8 x FSDP (model_parallel)", "fsdp", tp=8)
 STRATEGIES = [FULL_SHARD, SHARD_GRAD_OP, HYBRID, HYBRID_OVL, DDP]
-STRATEGIES_70B = [FULL_SHARD, SHARD_GRAD_OP, HYBRID, HYBRID32_OVL, DDP]
+STRATEGIES_70B = [FULL_SHARD, SHARD_GRAD_OP, HYBRID, HYBRID32_OVL, DDP, TP8]
+STRATEGIES_405B = [FULL_SHARD, HYBRID32_OVL, TP8]
+STRATEGIES_FOR = {GPT_7B.name: STRATEGIES, GPT_70B.name: STRATEGIES_70B, GPT_405B.name: STRATEGIES_405B}
+
+
+def fsdp_units(model, strat):
+    """Parameters of each FSDP unit on one rank before sharding: a tensor-parallel rank's pieces (1/tp:
+    the norms and biases it keeps whole are left out, under 0.1% of a block at these widths)."""
+    return [u / strat.tp for u in model.units()]
+
+
+def tp_comm(model, strat, tokens, b_act, net, ac):
+    """Per unit, the tensor-parallel collectives' time in forward and in backward (on the compute
+    stream: nothing overlaps them). With sequence parallelism each block all-gathers its input and
+    reduce-scatters its output twice (attention, MLP) in forward and the mirror in backward, of the
+    tensor-parallel group's tokens (tp x tokens per GPU: the same work per GPU as without it) x width;
+    the root: the embedding's reduce-scatter and the head's all-gather, and their mirrors."""
+    n = len(model.units())
+    if strat.tp == 1:
+        return [0.0] * n, [0.0] * n
+    group = {"n": strat.tp, "hosts": 1}
+    size = strat.tp * tokens * model.d * b_act
+    pair = net.time("all_gather", size, group) + net.time("reduce_scatter", size, group)
+    fwd = [pair] + [2 * pair] * (n - 1)
+    bwd = [pair] + [2 * pair * (2 if ac else 1)] * (n - 1)  # checkpointing recomputes the blocks' forward
+    return fwd, bwd
 
 
 def groups(strat, W, gph):
@@ -262,6 +292,10 @@ def groups(strat, W, gph):
     world = {"n": W, "hosts": hosts}
     if strat.kind == "ddp":
         return None, world
+    if strat.tp > 1:  # the data-parallel group of a tensor-parallel position: one rank per host
+        n = W // strat.tp
+        h = min(hosts, n)
+        return {"n": n, "hosts": h, "concurrent": strat.tp if h > 1 else 1}, None
     G = W if strat.G is None else min(strat.G, W)
     shard = {"n": G, "hosts": max(1, G // gph)}
     R = W // G
@@ -272,7 +306,7 @@ def groups(strat, W, gph):
 def comm_accounting(model, strat, W, gph, b_param, b_grad):
     """Bytes per step: per rank sent in each group, and out of each host (inter-host)."""
     shard, rep = groups(strat, W, gph)
-    units = model.units()
+    units = fsdp_units(model, strat)
     P, root = sum(units), units[0]
     out = {"shard_rank": 0.0, "rep_rank": 0.0, "inter_host_per_host": 0.0}
     if strat.kind == "ddp":
@@ -285,8 +319,8 @@ def comm_accounting(model, strat, W, gph, b_param, b_grad):
     f = ring_factor("all_gather", G)
     gathered = P + (P - root if strat.reshard else 0)  # forward + backward re-gather (root stays gathered)
     out["shard_rank"] = f * (gathered * b_param + P * b_grad)
-    if shard["hosts"] > 1:
-        out["inter_host_per_host"] += f * (gathered * b_param + P * b_grad)
+    if shard["hosts"] > 1:  # a ring's egress per host, times the groups of a host's ranks (tensor parallel)
+        out["inter_host_per_host"] += f * (gathered * b_param + P * b_grad) * shard.get("concurrent", 1)
     if rep is not None:
         R = rep["n"]
         per_rank = sum(ring_factor("all_reduce", R) * u / G * b_grad for u in units)
@@ -296,8 +330,10 @@ def comm_accounting(model, strat, W, gph, b_param, b_grad):
 
 
 def memory(model, strat, W, gph, tokens, ac, b_param, b_grad, master=4, adam=8, grad_shard=4):
-    """Bytes per rank at the peak (end of forward / during backward)."""
-    units = model.units()
+    """Bytes per rank at the peak (end of forward / during backward). Tensor parallel with sequence
+    parallelism: 1/tp of each unit, and of the tp x tokens of its group's activations (so as many as
+    without it per GPU)."""
+    units = fsdp_units(model, strat)
     P, U, root = sum(units), max(units[1:]), units[0]
     if strat.kind == "ddp":
         state = P * (4 + 4 + adam)  # fp32 parameters (the masters), fp32 gradient buckets, Adam
@@ -325,11 +361,15 @@ def simulate(model, strat, W, hw, tokens, ac, b_param, b_grad, overlap=True, fwd
     """One optimizer step; returns compute, optimizer, step and exposed communication (s)."""
     gph = getattr(hw.net, "g", W)
     shard, rep = groups(strat, W, gph)
-    units = model.units()
+    units = fsdp_units(model, strat)
     n = len(units)
     ff = [f * tokens / hw.flops for f in model.fwd_flops_per_token()]
     fb = [2 * x + (x if ac and i > 0 else 0) for i, x in enumerate(ff)]  # recompute blocks, not the head
     net = hw.net
+    compute = sum(ff) + sum(fb)
+    tpf, tpb = tp_comm(model, strat, tokens, b_param, net, ac)  # on the compute stream
+    ff = [a + b for a, b in zip(ff, tpf)]
+    fb = [a + b for a, b in zip(fb, tpb)]
     ag = [0.0] * n
     rs = [0.0] * n
     ar = [0.0] * n
@@ -346,9 +386,8 @@ def simulate(model, strat, W, hw, tokens, ac, b_param, b_grad, overlap=True, fwd
                 ar[i] = net.time("all_reduce", u * b_grad / shard["n"], rep)
     P_owned = sum(units) if strat.kind == "ddp" else sum(units) / shard["n"]
     t_opt = P_owned * ADAM_BYTES / hw.opt_bw
-    compute = sum(ff) + sum(fb)
     if not overlap:  # 2-core CPU: communication and compute share the same cores
-        comm = sum(ag) + sum(rs) + sum(ar)
+        comm = sum(ag) + sum(rs) + sum(ar) + sum(tpf) + sum(tpb)
         if strat.kind == "fsdp" and strat.reshard:
             comm += sum(ag[1:])
         step = compute + comm + t_opt
@@ -621,11 +660,11 @@ def print_all(args):
       "0.1 ms per message between hosts. Cell: step s (inter-host MiB per host per step)\n")
     P(table(["link"] + [st.name for st in NS_STRATEGIES], namespace_rows(nets, rate, O)))
     tokens = args.tokens_per_gpu
-    for model in (GPT_7B, GPT_70B):
+    for model in (GPT_7B, GPT_70B, GPT_405B):
         P(f"\n## {model.name}: {model.params / 1e9:.2f}B parameters, {model.L} layers, width {model.d}, "
           f"vocab {model.V}, sequence {model.s}, {tokens} tokens per GPU per step, MFU {args.mfu:.2f}\n")
         hwA = h200(args.mfu, True)
-        strategies = STRATEGIES_70B if model is GPT_70B else STRATEGIES
+        strategies = STRATEGIES_FOR[model.name]
         resA = predict(model, hwA, tokens, strategies)
         P("Memory per GPU (GB; AC = activation checkpointing needed to fit; OOM = does not fit in "
           f"{hwA.mem / GB:.0f} GB)\n")
@@ -667,8 +706,8 @@ def print_all(args):
             P("\nFastest offered strategy that fits: " + "; ".join(best))
     P("\n## Sensitivity at 1024 GPUs (tokens per GPU per step, MFU). Cell: step s / exposed comm %\n")
     srows = []
-    for model in (GPT_7B, GPT_70B):
-        strategies = STRATEGIES_70B if model is GPT_70B else STRATEGIES
+    for model in (GPT_7B, GPT_70B, GPT_405B):
+        strategies = STRATEGIES_FOR[model.name]
         for per_gpu in (True, False):
             for tok in (2048, 8192):
                 for mfu in (0.40, 0.50):
@@ -756,6 +795,24 @@ def check(args):
                 if abs(h1 - h2) > 1e-6 * h2:
                     expect(False, f"{model.name} W={W}: HYBRID_SHARD sharded state depends on W")
     expect(True, "step >= compute + optimizer, FULL_SHARD memory non-increasing in W, HYBRID state constant in W")
+    # tensor parallel x FSDP: the same sharded state as FULL_SHARD (16 B x P / W), 1/8 of its gathered
+    # units, as many bytes between hosts (within the ring factors), and a step above compute + optimizer
+    for model in (GPT_70B, GPT_405B):
+        for W in (16, 128, 1024):
+            fs = memory(model, FULL_SHARD, W, 8, args.tokens_per_gpu, True, 2, 2)
+            tp = memory(model, TP8, W, 8, args.tokens_per_gpu, True, 2, 2)
+            expect(abs(fs["state"] - tp["state"]) <= 1e-3 * fs["state"] + model.params * 16 / W * 0.01,
+                   f"{model.name} W={W}: TP8 x FSDP state {tp['state'] / GB:.1f} GB = FULL_SHARD's "
+                   f"{fs['state'] / GB:.1f} GB")
+            expect(abs(tp["transient"] * 8 - fs["transient"]) <= 1e-6 * fs["transient"],
+                   f"{model.name} W={W}: TP8 x FSDP gathered units 1/8 of FULL_SHARD's")
+            a_fs = comm_accounting(model, FULL_SHARD, W, 8, 2, 2)["inter_host_per_host"]
+            a_tp = comm_accounting(model, TP8, W, 8, 2, 2)["inter_host_per_host"]
+            expect(a_tp <= a_fs * (1 + 1e-9), f"{model.name} W={W}: TP8 x FSDP inter-host bytes/host "
+                   f"{a_tp / GB:.0f} GB <= FULL_SHARD's {a_fs / GB:.0f} GB")
+            r = simulate(model, TP8, W, h200(args.mfu, True), args.tokens_per_gpu, True, 2, 2)
+            expect(r["exposed"] > 0, f"{model.name} W={W}: TP8 x FSDP's tensor-parallel collectives exposed "
+                   f"({100 * r['exposed'] / r['step']:.0f}% of the step)")
     # with an infinitely fast network every strategy's step is compute + optimizer
     fast = Hardware("ideal", 445e12, 3.36e12, 1e15, ClusterNet("ideal", 8, 1e30, 1e30, 0, 0, 0))
     for st in STRATEGIES:
