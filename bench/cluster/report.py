@@ -10,10 +10,37 @@ import sys
 
 MIB = float(1 << 20)
 ORDER = ["shardtrain_FULL_SHARD", "pytorch_fsdp2", "shardtrain_SHARD_GRAD_OP", "shardtrain_HYBRID_SHARD",
-         "pytorch_hsdp", "shardtrain_ddp", "pytorch_ddp"]
+         "pytorch_hsdp", "shardtrain_TP_FSDP", "pytorch_tp_fsdp2", "shardtrain_ddp", "pytorch_ddp"]
 # ShardTrain configuration -> the PyTorch one it is compared with.
 COUNTERPART = {"shardtrain_FULL_SHARD": "pytorch_fsdp2", "shardtrain_SHARD_GRAD_OP": "pytorch_fsdp2",
-               "shardtrain_HYBRID_SHARD": "pytorch_hsdp", "shardtrain_ddp": "pytorch_ddp"}
+               "shardtrain_HYBRID_SHARD": "pytorch_hsdp", "shardtrain_TP_FSDP": "pytorch_tp_fsdp2",
+               "shardtrain_ddp": "pytorch_ddp"}
+
+
+def model_flags(meta_line):
+    """{"n_layer": 4, ...} from META.txt's "model: --n_layer=4 --n_embd=256 ..." line."""
+    return {k: int(v) for k, v in re.findall(r"--(\w+)=(\d+)", meta_line)}
+
+
+def tp_fsdp_theory(m, vocab=96, dp=2, tp=2):
+    """model_parallel at dp x tp = 2 x 2 (tensor parallel inside a host, no sequence parallelism), per
+    host and step, in bytes: (shared memory, TCP). Shared memory: the tensor-parallel group's
+    all-reduces, 2(tp-1)/tp x the tensor per rank: [B, T, C] after the embedding and each row-wise layer
+    (forward) and before the tied head and each column-wise layer (backward), and 3 of [B, T] in the
+    vocabulary-parallel cross-entropy (max, sum of exponentials, target logit); B = global batch / dp.
+    TCP: FSDP over the data-parallel group (one rank per host) of each rank's tensor-parallel pieces,
+    padded to a multiple of dp: the blocks all-gathered twice, the root once, every unit reduce-scattered,
+    (dp-1)/dp of the unit each. Both x the host's 2 ranks."""
+    L, C, T, B = m["n_layer"], m["n_embd"], m["block_size"], m["global_batch"] // dp
+    f = 4
+    ar = lambda floats: 2 * (tp - 1) / tp * floats * f
+    shm = (2 + 4 * L) * ar(B * T * C) + 3 * ar(B * T)
+    block = (2 * C + (3 * C * C + 3 * C) // tp + (C * C // tp + C) + 2 * C + (4 * C * C + 4 * C) // tp
+             + (4 * C * C // tp + C))
+    root = vocab * C // tp + T * C + 2 * C
+    pad = lambda n: (n + dp - 1) // dp * dp
+    tcp = (dp - 1) / dp * f * (2 * L * pad(block) + pad(root) + L * pad(block) + pad(root))
+    return 2 * shm, 2 * tcp
 
 
 def rate_gbit(link):
@@ -23,6 +50,40 @@ def rate_gbit(link):
 
 def mib(b):
     return "—" if b is None else f"{b / MIB:.1f}"
+
+
+def two_dimensions(by, links, meta, st_local, py_local):
+    """Tensor parallel inside a host x FSDP across hosts (model_parallel 2 x 2) beside PyTorch's DTensor TP +
+    FSDP2 and the one-dimensional strategies; bytes per link class against tp_fsdp_theory."""
+    if not any(impl == "shardtrain_TP_FSDP" for _, impl in by):
+        return []
+    shm_t, tcp_t = tp_fsdp_theory(model_flags(meta[0]))
+    out = ["### Two dimensions: tensor parallel inside a host, FSDP across hosts", "",
+           "`model_parallel` with tensor_parallel_size=2 (each host's 2 ranks split every layer: shared memory) "
+           "and FSDP over the 2 data-parallel ranks of each tensor-parallel position (one per host: TCP through "
+           "the shaped link), beside PyTorch's DTensor tensor parallelism (ColwiseParallel / RowwiseParallel on "
+           "the blocks, the fused q/k/v rows ordered so each rank holds whole heads) + FSDP2 over the same 2 x 2 "
+           "mesh, and the one-dimensional strategies on the same links. Bytes per host and step against theory "
+           f"(bench/cluster/report.py tp_fsdp_theory: {shm_t / MIB:.2f} MiB through shared memory, "
+           f"{tcp_t / MIB:.2f} MiB over TCP):", "",
+           "| link | TP x FSDP step (s) | exposed (s) | PyTorch TP + FSDP2 step (s) | exposed (s) | FULL_SHARD "
+           "step (s) | HYBRID_SHARD step (s) | shm MiB (/theory) | TCP MiB (/theory) | wire MiB: ours / "
+           "PyTorch's | final loss: ours / PyTorch's |", "|---" * 11 + "|"]
+    for link in links:
+        r, p = by.get((link, "shardtrain_TP_FSDP")), by.get((link, "pytorch_tp_fsdp2"))
+        if not r:
+            continue
+        f, h = by.get((link, "shardtrain_FULL_SHARD")), by.get((link, "shardtrain_HYBRID_SHARD"))
+        cell = lambda x: f"{x['median_step_s']:.3f}" if x else "—"
+        out.append(f"| {link} | {r['median_step_s']:.3f} | {r['median_step_s'] - st_local:+.3f} | {cell(p)} | "
+                   + (f"{p['median_step_s'] - py_local:+.3f}" if p else "—") + f" | {cell(f)} | {cell(h)} | "
+                   f"{mib(r['shm_bytes_per_host_step'])} ({r['shm_bytes_per_host_step'] / shm_t:.3f}) | "
+                   f"{mib(r['tcp_bytes_per_host_step'])} ({r['tcp_bytes_per_host_step'] / tcp_t:.3f}) | "
+                   f"{mib(r['wire_bytes_per_host_step'])} / {mib(p['wire_bytes_per_host_step']) if p else '—'} | "
+                   f"{r['final_loss']:.6f} / " + (f"{p['final_loss']:.6f}" if p else "—") + " |")
+    out += ["", "TCP also carries the world group's per-step loss average and barriers (a few bytes); shm/theory "
+            "and TCP/theory are the communicators' own accounting.", ""]
+    return out
 
 
 def main():
@@ -103,6 +164,7 @@ def main():
             out.append(f"| {link} | {h['median_step_s'] - f['median_step_s']:+.3f} | "
                        f"{h['median_step_s'] - st_local - h['comm_wait_s']:+.3f} | {d_py} |")
     out.append("")
+    out += two_dimensions(by, links, meta, st_local, py_local)
     out += ["Conditions: " + "; ".join(meta[1:]) + ". The machine's 2 cores are shared with other engineers' "
             "builds, so every timing is noisy (medians of few steps); a step whose exposed comm comes out "
             "negative ran in a quieter moment than the baseline.", ""]

@@ -5,12 +5,14 @@
 # weights and batches on both sides, from gpt_bench --dump_dir) trained side by
 # side in one run by
 #   ShardTrain (bench/e2e/gpt_bench): fsdp_native FULL_SHARD, SHARD_GRAD_OP,
-#     HYBRID_SHARD (shard inside a host, replicate across), ddp, and a
+#     HYBRID_SHARD (shard inside a host, replicate across), model_parallel
+#     (tensor parallel inside a host, FSDP across: "Two dimensions"), ddp, and a
 #     local-compute baseline (each rank trains its share alone, no communication);
 #     4 processes started per run with torchrun's variables (RANK, WORLD_SIZE,
 #     LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR=h0's address);
 #   Python PyTorch (bench/cluster/torch_hosts_bench.py, Gloo): FSDP2 fully_shard,
-#     HSDP (fully_shard over a 2x2 DeviceMesh), DDP and the same local baseline,
+#     HSDP (fully_shard over a 2x2 DeviceMesh), DTensor TP + FSDP2 on the same
+#     2x2 mesh, DDP and the same local baseline,
 #     one `torchrun --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d` per host,
 #     launched once for all link rates.
 # Per configuration: median step time, exposed communication, bytes per link
@@ -120,6 +122,7 @@ for rate in "${LINKS[@]}"; do
   st shardtrain_FULL_SHARD "$rate" fsdp_native "sharding_strategy=FULL_SHARD"
   st shardtrain_SHARD_GRAD_OP "$rate" fsdp_native "sharding_strategy=SHARD_GRAD_OP"
   st shardtrain_HYBRID_SHARD "$rate" fsdp_native "sharding_strategy=HYBRID_SHARD"
+  st shardtrain_TP_FSDP "$rate" model_parallel "tensor_parallel_size=2"
   st shardtrain_ddp "$rate" ddp ""
 done
 wait "$PYPID0" "$PYPID1" || { echo "[bench/cluster] torchrun exited with an error" >&2; tail -n 20 "$WORK"/py.*.err >&2; exit 1; }

@@ -1,7 +1,9 @@
 """Python PyTorch side of bench/cluster: the GPT of bench/e2e (same weights and
 batches, from gpt_bench --dump_dir) trained with FSDP2 (fully_shard on each
 block and the root), HSDP (fully_shard over a 2-D DeviceMesh: replicate across
-hosts, shard inside a host), DDP, and "local" (every rank trains its own share
+hosts, shard inside a host), TP + FSDP2 (DTensor tensor parallelism over the
+ranks of a host: c_attn and c_fc ColwiseParallel, the c_projs RowwiseParallel;
+fully_shard across hosts), DDP, and "local" (every rank trains its own share
 of the batch with no communication: the compute baseline), on CPU with Gloo.
 
 Started by torchrun on every namespace host (one process per rank). One launch
@@ -43,10 +45,42 @@ def wait_for(path, timeout_s=900):
         time.sleep(0.05)
 
 
+def tensor_parallel(model, tp_mesh):
+    """Splits each block over `tp_mesh` (the ranks of a host): the fused q/k/v projection's rows are
+    reordered so that ColwiseParallel's contiguous split gives each rank whole heads of q, k and v (as
+    ShardTrain's chunks=3), and the attention runs on the rank's heads."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    tp = tp_mesh.size()
+    for block in model.h:
+        with torch.no_grad():
+            for t in (block.attn.c_attn.weight, block.attn.c_attn.bias):
+                q, k, v = t.chunk(3, dim=0)
+                t.copy_(torch.cat([torch.cat([a.chunk(tp, 0)[r] for a in (q, k, v)]) for r in range(tp)]))
+        parallelize_module(block, tp_mesh, {"attn.c_attn": ColwiseParallel(), "attn.c_proj": RowwiseParallel(),
+                                            "mlp.c_fc": ColwiseParallel(), "mlp.c_proj": RowwiseParallel()})
+
+        def attention(x, block=block):
+            B, T, C = x.shape
+            q, k, v = block.attn.c_attn(x).split(C // tp, dim=2)
+            h = lambda t: t.view(B, T, block.heads // tp, C // block.heads).transpose(1, 2)
+            y = F.scaled_dot_product_attention(h(q), h(k), h(v), is_causal=True)
+            return block.attn.c_proj(y.transpose(1, 2).contiguous().view(B, T, C // tp))
+        block.attention = attention
+
+
 def train(impl, args, init, data, rank, world, local_world, mesh2d):
     model = GPT(args.vocab, args.block_size, args.n_layer, args.n_head, args.n_embd)
     model.load_state_dict(init)
-    if impl in ("fsdp2", "hsdp"):
+    # The data-parallel ranks split the batch; the tensor-parallel ranks of a host read the same rows.
+    dp_rank, dp_size = (mesh2d["replicate"].get_local_rank(), world // local_world) if impl == "tp_fsdp2" \
+        else (rank, world)
+    if impl == "tp_fsdp2":
+        from torch.distributed.fsdp import fully_shard
+        tensor_parallel(model, mesh2d["shard"])
+        for block in model.h:
+            fully_shard(block, mesh=mesh2d["replicate"])
+        fully_shard(model, mesh=mesh2d["replicate"])
+    elif impl in ("fsdp2", "hsdp"):
         from torch.distributed.fsdp import fully_shard
         mesh = mesh2d if impl == "hsdp" else None
         for block in model.h:
@@ -55,14 +89,14 @@ def train(impl, args, init, data, rank, world, local_world, mesh2d):
     elif impl == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    per = args.global_batch // world
+    per = args.global_batch // dp_size
     times, last, wire0 = [], 0.0, 0.0
     for s in range(args.warmup + args.steps):
         if s == args.warmup:
             dist.barrier()
             wire0 = eth0_tx_bytes()
-        x = data[f"x.{s}"][rank * per:(rank + 1) * per]
-        y = data[f"y.{s}"][rank * per:(rank + 1) * per]
+        x = data[f"x.{s}"][dp_rank * per:(dp_rank + 1) * per]
+        y = data[f"y.{s}"][dp_rank * per:(dp_rank + 1) * per]
         t0 = time.perf_counter()
         opt.zero_grad()
         logits = model(x)
@@ -89,7 +123,7 @@ def main():
     p.add_argument("--data_dir", required=True)
     p.add_argument("--sync_dir", required=True)
     p.add_argument("--phases", required=True, help="comma-separated phase names (link rates), in order")
-    p.add_argument("--impls", default="local,fsdp2,hsdp,ddp")
+    p.add_argument("--impls", default="local,fsdp2,hsdp,tp_fsdp2,ddp")
     p.add_argument("--local_once", action="store_true", help="run 'local' in the first phase only")
     for name, default in [("n_layer", 4), ("n_embd", 256), ("n_head", 4), ("block_size", 128), ("vocab", 96),
                           ("global_batch", 8), ("steps", 4), ("warmup", 1)]:

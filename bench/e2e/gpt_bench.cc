@@ -31,6 +31,7 @@
 #include "launch/launcher.h"
 #include "sharding/host_memory.h"
 #include "sharding/sharded_model.h"
+#include "strategies/model_parallel/model_parallel_strategy.h"
 #include "strategies/registry.h"
 #include "strategies/sharded_strategy_base.h"
 #include "tests/testing/proc_status.h"
@@ -196,10 +197,8 @@ std::shared_ptr<comm::GlooCommunicator> JoinWorld(const ClusterInfo& info) {
   return comm::GlooCommunicator::Create(comm::CreateStore(ro), info.rank, info.world_size, go);
 }
 
-// The --strategy set up on `world` (or alone, for --local_compute) with the
-// model wrapped.
-strategies::StrategyPtr WrapBenchModel(const std::shared_ptr<examples::GptImpl>& model, const ClusterInfo& info,
-                                       const comm::CommunicatorPtr& world) {
+// The --strategy set up on `world` (or alone, for --local_compute).
+strategies::StrategyPtr SetUpStrategy(const ClusterInfo& info, const comm::CommunicatorPtr& world) {
   const strategies::StrategyOptions so = examples::ParseKeyValueList(FLAGS_strategy_options, "--strategy_options");
   auto strategy = strategies::StrategyRegistry::Create(FLAGS_strategy, so);
   if (FLAGS_local_compute) {
@@ -213,13 +212,40 @@ strategies::StrategyPtr WrapBenchModel(const std::shared_ptr<examples::GptImpl>&
   } else {
     strategy->Setup(world, info);
   }
-  strategy->WrapModel(model);
+  return strategy;
+}
+
+// The model from the dumped weights, wrapped by `strategy`. Tensor parallel
+// (model_parallel): built in the strategy's construction scope, each rank
+// keeping its pieces of the dumped tensors (LoadFullStateDict cuts them).
+std::shared_ptr<examples::GptImpl> BuildBenchModel(strategies::Strategy& strategy,
+                                                   std::map<std::string, at::Tensor>& init,
+                                                   const std::map<std::string, at::Tensor>& data, int rank) {
+  std::shared_ptr<examples::GptImpl> model;
+  if (FLAGS_strategy == "model_parallel") {
+    {
+      auto scope = strategy.MakeConstructionScope();
+      at::manual_seed(0);  // the ranks' construction agrees (the dumped weights replace it)
+      model = std::make_shared<examples::GptImpl>(Config());
+    }
+    strategy.WrapModel(model);
+    strategy.LoadFullStateDict(init);
+  } else {
+    model = std::make_shared<examples::GptImpl>(Config());
+    CheckDumpFits(init, data, *model);
+    {
+      at::NoGradGuard no_grad;
+      for (auto& p : model->named_parameters()) p.value().copy_(init.at(p.key()));
+    }
+    strategy.WrapModel(model);
+  }
+  init.clear();  // the model holds the weights now (torch_bench.py drops its copy too)
   if (std::getenv("GPT_BENCH_RSS")) {
     struct rusage r {};
     getrusage(RUSAGE_SELF, &r);
-    std::fprintf(stderr, "[gpt_bench rank %d] after WrapModel: peak RSS %.0f MiB\n", info.rank, r.ru_maxrss / 1024.0);
+    std::fprintf(stderr, "[gpt_bench rank %d] after WrapModel: peak RSS %.0f MiB\n", rank, r.ru_maxrss / 1024.0);
   }
-  return strategy;
+  return model;
 }
 
 // What the timed steps measured on this rank.
@@ -234,9 +260,9 @@ struct TimedRun {
 // counters restart at the first timed step.
 TimedRun RunSteps(strategies::Strategy& strategy, examples::GptImpl& model, torch::optim::Optimizer& opt,
                   const std::map<std::string, at::Tensor>& data, const std::shared_ptr<comm::GlooCommunicator>& gloo,
-                  const std::vector<comm::CommunicatorPtr>& groups, sharding::ShardedModel* sharded, int rank,
-                  int world) {
-  const int64_t per = FLAGS_global_batch / world;
+                  const std::vector<comm::CommunicatorPtr>& groups, sharding::ShardedModel* sharded, int dp_rank,
+                  int dp_size) {
+  const int64_t per = FLAGS_global_batch / dp_size, first = dp_rank * per;
   TimedRun run;
   for (int s = 0; s < FLAGS_warmup + FLAGS_steps; ++s) {
     if (s == FLAGS_warmup) {
@@ -251,11 +277,11 @@ TimedRun RunSteps(strategies::Strategy& strategy, examples::GptImpl& model, torc
       }
       if (sharded) sharded->ResetCommTimes();
     }
-    at::Tensor x = data.at("x." + std::to_string(s)).slice(0, rank * per, (rank + 1) * per);
-    at::Tensor y = data.at("y." + std::to_string(s)).slice(0, rank * per, (rank + 1) * per);
+    at::Tensor x = data.at("x." + std::to_string(s)).slice(0, first, first + per);
+    at::Tensor y = data.at("y." + std::to_string(s)).slice(0, first, first + per);
     auto t0 = std::chrono::steady_clock::now();
     opt.zero_grad();
-    at::Tensor loss = examples::GptImpl::Loss(strategy.Forward([&] { return model.forward(x); }), y);
+    at::Tensor loss = model.LossOf(strategy.Forward([&] { return model.forward(x); }), y);
     strategy.Backward(loss);
     opt.step();
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -347,14 +373,8 @@ int Bench() {
 
   auto init = ReadDict(FLAGS_data_dir + "/init.pt");
   auto data = ReadDict(FLAGS_data_dir + "/data.pt");
-  auto model = std::make_shared<examples::GptImpl>(Config());
-  CheckDumpFits(init, data, *model);
-  {
-    at::NoGradGuard no_grad;
-    for (auto& p : model->named_parameters()) p.value().copy_(init.at(p.key()));
-  }
-  init.clear();  // the model holds the weights now (torch_bench.py drops its copy too)
-  strategies::StrategyPtr strategy = WrapBenchModel(model, info, gloo);
+  strategies::StrategyPtr strategy = SetUpStrategy(info, gloo);
+  const auto model = BuildBenchModel(*strategy, init, data, info.rank);
   auto* sharded_base = dynamic_cast<strategies::ShardedStrategyBase*>(strategy.get());
   sharding::ShardedModel* sharded = sharded_base ? &sharded_base->sharded_model() : nullptr;
   torch::optim::AdamW opt(strategy->parameters(), torch::optim::AdamWOptions(FLAGS_lr).weight_decay(0.0));
@@ -363,7 +383,12 @@ int Bench() {
   const bool step_peak_known = testing::ResetPeakRss();
   std::vector<comm::CommunicatorPtr> groups = {gloo};
   if (sharded) groups = {gloo, sharded->shard_group(), sharded->replicate_group()};
-  const TimedRun run = RunSteps(*strategy, *model, opt, data, gloo, groups, sharded, info.rank, info.world_size);
+  if (auto* mp = dynamic_cast<strategies::ModelParallelStrategy*>(strategy.get())) groups.push_back(mp->mesh().tp);
+  // The data-parallel ranks split the batch (tensor-parallel ranks read the same rows); --local_compute:
+  // each rank its share of the launch's world, alone.
+  const int dp_rank = FLAGS_local_compute ? info.rank : strategy->data_parallel_rank();
+  const int dp_size = FLAGS_local_compute ? info.world_size : strategy->data_parallel_size();
+  const TimedRun run = RunSteps(*strategy, *model, opt, data, gloo, groups, sharded, dp_rank, dp_size);
   if (gloo) gloo->Barrier()->Wait();
   Report(run, *strategy, gloo, groups, sharded, info, step_peak_known);
   if (gloo) gloo->Barrier()->Wait();
