@@ -195,6 +195,11 @@ void ForEachFullOptimizerState(ShardedModel& model, const std::vector<at::Tensor
   for (size_t u = 0; u < units.size(); ++u) {
     for (const auto& n : units[u].param_names) unit_of[n] = static_cast<int>(u);
   }
+  // Frozen parameters have no optimizer state (a unit's shard of a state key
+  // reads zeros there): they are left out, as torch.optim leaves them out.
+  for (const auto& item : model.module().named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) unit_of.erase(item.key());
+  }
   const auto shards = model.parameters();
   const auto options =
       at::TensorOptions().dtype(at::kFloat).device(shards.empty() ? c10::Device(c10::kCPU) : shards.front().device());
@@ -216,7 +221,9 @@ void ForEachFullOptimizerState(ShardedModel& model, const std::vector<at::Tensor
     bool has = false;
     for (int64_t k = 0; k < K; ++k) has = has || acc[u * K + k] > 0;
     if (has && step >= 0) {
-      for (const auto& n : units[u].param_names) (*steps)[n] = step;
+      for (const auto& n : units[u].param_names) {
+        if (unit_of.count(n)) (*steps)[n] = step;  // not the frozen ones
+      }
     }
   }
 }

@@ -34,11 +34,17 @@ examples::GptConfig Config() {
 
 class GptModule : public TrainingModule {
  public:
+  explicit GptModule(bool freeze = false) : freeze_(freeze) {}
   std::shared_ptr<torch::nn::Module> configure_model() override {
     static std::mutex mu;  // rank threads share the generator
     std::lock_guard<std::mutex> lock(mu);
     at::manual_seed(5);
     model_ = std::make_shared<examples::GptImpl>(Config());
+    if (freeze_) {  // a column-wise weight (tensor-parallel pieces) and a sequence-parallel norm (replicated)
+      for (auto& p : model_->named_parameters()) {
+        if (p.key() == "h.0.attn.c_attn.weight" || p.key().rfind("ln_f.", 0) == 0) p.value().set_requires_grad(false);
+      }
+    }
     return model_;
   }
   at::Tensor training_step(const Batch& b, int64_t) override {
@@ -49,6 +55,7 @@ class GptModule : public TrainingModule {
     return {std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).eps(1e-5))};
   }
   std::shared_ptr<examples::GptImpl> model_;
+  bool freeze_;
 };
 
 struct Result {
@@ -59,15 +66,21 @@ struct Result {
 
 // max_steps 3 (or `steps`), with a full checkpoint at the end, from `ckpt_path` if given; and a sharded
 // checkpoint at `sharded_out` if given.
+struct Extra {
+  int64_t accumulate = 1;
+  bool freeze = false;
+};
+
 Result Fit(int world, const std::string& strategy, const strategies::StrategyOptions& options, int batch_size,
-           int steps = 3, const std::string& ckpt_path = "", const std::string& sharded_out = "") {
+           int steps = 3, const std::string& ckpt_path = "", const std::string& sharded_out = "", Extra extra = {}) {
   auto g = at::detail::createCPUGenerator(9);
   TensorDataset data(at::randint(64, {16, 16}, g), at::randint(64, {16, 16}, g));
   Result result;
   shardtrain::testing::RunRanks(world, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
     TrainerOptions o;
     o.default_root_dir = ::testing::TempDir() + "/model_parallel_trainer_" + std::to_string(world) + "_" +
-                         std::to_string(batch_size) + "_" + std::to_string(steps);
+                         std::to_string(batch_size) + "_" + std::to_string(steps) + "_" +
+                         std::to_string(extra.accumulate) + (extra.freeze ? "_frozen" : "");
     o.max_steps = steps;
     o.batch_size = batch_size;
     o.shuffle = false;
@@ -77,7 +90,8 @@ Result Fit(int world, const std::string& strategy, const strategies::StrategyOpt
     o.enable_model_summary = false;
     o.strategy = strategy;
     o.strategy_options = options;
-    GptModule module;
+    o.accumulate_grad_batches = extra.accumulate;
+    GptModule module(extra.freeze);
     Trainer t(o, comm);
     t.Fit(module, data, nullptr, ckpt_path);
     if (!sharded_out.empty()) t.SaveCheckpoint(sharded_out, CheckpointFormat::kSharded);
@@ -112,6 +126,26 @@ TEST(ModelParallelTrainer, GptTrainsAsSingleDeviceDoes) {
       EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * want.losses[i]) << what << " step " << i;
     }
     ExpectSameWeights(got.weights, want.weights, what);
+  }
+}
+
+// Gradient accumulation (2 micro-batches per step) and frozen parameters (a
+// column-wise weight, the final norm) at 2x2 with sequence parallelism train
+// as single_device does; the frozen ones do not move.
+TEST(ModelParallelTrainer, AccumulationAndFrozenParametersAsSingleDevice) {
+  const Extra extra{2, true};
+  const Result want = Fit(1, "single_device", {}, 2, 3, "", "", extra);
+  const Result got =
+      Fit(4, "model_parallel", {{"tensor_parallel_size", "2"}, {"sequence_parallel", "true"}}, 1, 3, "", "", extra);
+  ASSERT_EQ(got.losses.size(), want.losses.size());
+  for (size_t i = 0; i < want.losses.size(); ++i) EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * want.losses[i]);
+  ExpectSameWeights(got.weights, want.weights, "accumulation + frozen");
+  at::manual_seed(5);
+  const examples::GptImpl initial(Config());
+  for (const auto& p : initial.named_parameters()) {
+    if (p.key() == "h.0.attn.c_attn.weight" || p.key().rfind("ln_f.", 0) == 0) {
+      EXPECT_TRUE(got.weights.at(p.key()).equal(p.value())) << p.key() << " moved while frozen";
+    }
   }
 }
 
