@@ -130,11 +130,16 @@ TEST(ModelParallelTrainer, GptTrainsAsSingleDeviceDoes) {
 }
 
 // Gradient accumulation (2 micro-batches per step) and frozen parameters (a
-// column-wise weight, the final norm) at 2x2 with sequence parallelism train
-// as single_device does; the frozen ones do not move.
+// column-wise weight, the final norm) at 2x2 with sequence parallelism, and
+// with fsdp_native at W=2, train as single_device does; the frozen ones do not
+// move (and the full checkpoint at the end holds no optimizer state for them:
+// both failed to save before).
 TEST(ModelParallelTrainer, AccumulationAndFrozenParametersAsSingleDevice) {
   const Extra extra{2, true};
   const Result want = Fit(1, "single_device", {}, 2, 3, "", "", extra);
+  // The same under fsdp_native (flat parameters): its full checkpoint holds no state for frozen ones either.
+  const Result fsdp = Fit(2, "fsdp_native", {{"sharded_construction", "false"}}, 1, 3, "", "", extra);
+  ExpectSameWeights(fsdp.weights, want.weights, "fsdp_native accumulation + frozen");
   const Result got =
       Fit(4, "model_parallel", {{"tensor_parallel_size", "2"}, {"sequence_parallel", "true"}}, 1, 3, "", "", extra);
   ASSERT_EQ(got.losses.size(), want.losses.size());
