@@ -151,13 +151,19 @@ def fsdp2_fit(rank, world, src, out):
     for layer in model.model.layers:
         fully_shard(layer)
     fully_shard(model)
+    train_and_save(model, rank, world, rank, world, 11, out, f"{src}: FSDP2 W={world}")
+
+
+def train_and_save(model, rank, world, dp_rank, dp_size, seed, out, what):
+    """FIT_STEPS AdamW steps on random global batches (data-parallel rank dp_rank of dp_size takes its rows),
+    then rank 0 writes OUT: the batches, the mean of the ranks' losses per step, the full weights."""
     opt = torch.optim.AdamW(model.parameters(), lr=FIT_LR, weight_decay=FIT_WD)
     batches = torch.randint(0, model.config.vocab_size, (FIT_STEPS, FIT_BATCH, FIT_SEQ + 1),
-                            generator=torch.Generator().manual_seed(11))
-    per = FIT_BATCH // world
+                            generator=torch.Generator().manual_seed(seed))
+    per = FIT_BATCH // dp_size
     losses = []
     for step in range(FIT_STEPS):
-        rows = batches[step, rank * per:(rank + 1) * per]
+        rows = batches[step, dp_rank * per:(dp_rank + 1) * per]
         logits = model(rows[:, :-1]).logits.float()
         loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), rows[:, 1:].reshape(-1))
         loss.backward()
@@ -170,7 +176,7 @@ def fsdp2_fit(rank, world, src, out):
     if rank == 0:
         tensors = {"w/" + k: v.contiguous() for k, v in state.items()}
         save_file({"batches": batches, "losses": torch.tensor(losses, dtype=torch.float64), **tensors}, out)
-        print(f"{src}: FSDP2 W={world}, {FIT_STEPS} AdamW steps, losses {losses[0]:.6f} -> {losses[-1]:.6f}")
+        print(f"{what}, {FIT_STEPS} AdamW steps, losses {losses[0]:.6f} -> {losses[-1]:.6f}")
 
 
 def tp_fit(rank, world, src, out):
@@ -189,27 +195,8 @@ def tp_fit(rank, world, src, out):
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
-    opt = torch.optim.AdamW(model.parameters(), lr=FIT_LR, weight_decay=FIT_WD)
-    batches = torch.randint(0, model.config.vocab_size, (FIT_STEPS, FIT_BATCH, FIT_SEQ + 1),
-                            generator=torch.Generator().manual_seed(12))
-    dp_rank, per = mesh["dp"].get_local_rank(), FIT_BATCH // 2
-    losses = []
-    for step in range(FIT_STEPS):
-        rows = batches[step, dp_rank * per:(dp_rank + 1) * per]
-        logits = model(rows[:, :-1]).logits.float()
-        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), rows[:, 1:].reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
-        losses.append(mean.item() / world)
-    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if rank == 0:
-        tensors = {"w/" + k: v.contiguous() for k, v in state.items()}
-        save_file({"batches": batches, "losses": torch.tensor(losses, dtype=torch.float64), **tensors}, out)
-        print(f"{src}: DTensor TP x FSDP2 2x{world // 2}, {FIT_STEPS} AdamW steps, "
-              f"losses {losses[0]:.6f} -> {losses[-1]:.6f}")
+    train_and_save(model, rank, world, mesh["dp"].get_local_rank(), 2, 12, out,
+                   f"{src}: DTensor TP x FSDP2 2x{world // 2}")
 
 
 def spawn(fn, world, *args):

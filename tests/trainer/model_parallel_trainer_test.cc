@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <torch/optim/adamw.h>
 
+#include <barrier>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,9 +35,12 @@ examples::GptConfig Config() {
 
 class GptModule : public TrainingModule {
  public:
-  explicit GptModule(bool freeze = false) : freeze_(freeze) {}
+  GptModule(bool freeze, std::barrier<>* seeded) : freeze_(freeze), seeded_(seeded) {}
   std::shared_ptr<torch::nn::Module> configure_model() override {
-    static std::mutex mu;  // rank threads share the generator
+    // Rank threads share the generator: every rank has seeded it (Trainer::Fit) before any builds, and
+    // they build one at a time from the same seed.
+    seeded_->arrive_and_wait();
+    static std::mutex mu;
     std::lock_guard<std::mutex> lock(mu);
     at::manual_seed(5);
     model_ = std::make_shared<examples::GptImpl>(Config());
@@ -56,6 +60,7 @@ class GptModule : public TrainingModule {
   }
   std::shared_ptr<examples::GptImpl> model_;
   bool freeze_;
+  std::barrier<>* seeded_;
 };
 
 struct Result {
@@ -76,6 +81,7 @@ Result Fit(int world, const std::string& strategy, const strategies::StrategyOpt
   auto g = at::detail::createCPUGenerator(9);
   TensorDataset data(at::randint(64, {16, 16}, g), at::randint(64, {16, 16}, g));
   Result result;
+  std::barrier<> seeded(world);
   shardtrain::testing::RunRanks(world, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
     TrainerOptions o;
     o.default_root_dir = ::testing::TempDir() + "/model_parallel_trainer_" + std::to_string(world) + "_" +
@@ -91,7 +97,7 @@ Result Fit(int world, const std::string& strategy, const strategies::StrategyOpt
     o.strategy = strategy;
     o.strategy_options = options;
     o.accumulate_grad_batches = extra.accumulate;
-    GptModule module(extra.freeze);
+    GptModule module(extra.freeze, &seeded);
     Trainer t(o, comm);
     t.Fit(module, data, nullptr, ckpt_path);
     if (!sharded_out.empty()) t.SaveCheckpoint(sharded_out, CheckpointFormat::kSharded);
