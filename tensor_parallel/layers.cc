@@ -45,10 +45,15 @@ at::Tensor Piece(const at::Tensor& global, const Placement& p, const comm::Commu
   return LocalPiece(global, p, GroupRank(group), GroupSize(group));
 }
 
-// torch::nn::Linear's initialisation, drawn globally (the weight first).
-at::Tensor LinearInitialWeight(const ParallelLinearOptions& o) {
+// `o`, once its sizes are checked (before anything is drawn or cut).
+const ParallelLinearOptions& CheckedSizes(const ParallelLinearOptions& o) {
   ST_CHECK_ARG(o.in > 0 && o.out > 0, "ParallelLinear: in and out features must be positive, got ", o.in, " and ",
                o.out);
+  return o;
+}
+
+// torch::nn::Linear's initialisation, drawn globally (the weight first).
+at::Tensor LinearInitialWeight(const ParallelLinearOptions& o) {
   at::Tensor w = at::empty({o.out, o.in});
   torch::nn::init::kaiming_uniform_(w, std::sqrt(5.0));
   return w;
@@ -73,7 +78,7 @@ at::Tensor EmbeddingInitialWeight(int64_t num_embeddings, int64_t embedding_dim)
 }  // namespace
 
 ParallelLinearImpl::ParallelLinearImpl(const ParallelLinearOptions& options)
-    : options_(options),
+    : options_(CheckedSizes(options)),
       group_(TensorParallelScope::CurrentGroup()),
       sequence_parallel_(TensorParallelScope::CurrentSequenceParallel()) {
   at::Tensor w = LinearInitialWeight(options);  // drawn before the bias, as torch::nn::Linear does
@@ -83,11 +88,9 @@ ParallelLinearImpl::ParallelLinearImpl(const ParallelLinearOptions& options)
 
 ParallelLinearImpl::ParallelLinearImpl(const ParallelLinearOptions& options, const at::Tensor& global_weight,
                                        const at::Tensor& global_bias)
-    : options_(options),
+    : options_(CheckedSizes(options)),
       group_(TensorParallelScope::CurrentGroup()),
       sequence_parallel_(TensorParallelScope::CurrentSequenceParallel()) {
-  ST_CHECK_ARG(options.in > 0 && options.out > 0, "ParallelLinear: in and out features must be positive, got ",
-               options.in, " and ", options.out);
   Register(global_weight, global_bias);
 }
 
