@@ -15,9 +15,21 @@
     scheduler), for ShardTrain to resume; and DIR/py_plain (dcp.save of an
     unsharded module's state_dict(), single process: top-level keys, no
     optimizer) with DIR/py_plain_cont.txt (8 steps of a fresh AdamW from it).
+  dcp_interop_check.py tp DIR
+    DIR/st_tp (ShardTrain model_parallel at 2x2 with sequence parallelism, the
+    GPT of tests/python/torch_gpt.py after 2 AdamW steps, DCP) and
+    DIR/st_tp_full.ckpt (the full checkpoint of the same state). Checks:
+    dcp_to_torch_save gives st_tp_full's tensors; PyTorch DTensor tensor
+    parallelism (c_attn and c_fc column-wise, the projections row-wise, wte's
+    vocabulary rows) over "tp" with FSDP2 over "dp" on a 2x2 Gloo mesh loads
+    it with dcp.load and set_state_dict: parameters and AdamW moments equal
+    st_tp_full's. Then writes DIR/py_tp: dcp.save of that model's
+    get_state_dict (keys "model", "optimizer_0": 2-D DTensor chunks), with
+    st_tp's meta.pt beside it, for ShardTrain to resume.
   dcp_interop_check.py compare EXPECTED.txt ACTUAL.txt
 """
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +44,7 @@ from torch.distributed.fsdp import fully_shard
 
 warnings.filterwarnings("ignore")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 from gloo_spawn import spawn_gloo  # noqa: E402
 from lightning_interop_check import Net, compare, read  # noqa: E402
 
@@ -152,9 +165,76 @@ def python(d):
         f.write("".join(f"{v!r}\n" for v in cont))
 
 
+def tp_model():
+    """torch_gpt's GPT with DTensor tensor parallelism over "tp" and FSDP2 over "dp" (2x2), and its AdamW."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from torch_gpt import GPT
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    net = GPT(64, 16, 2, 4, 32)  # tests/trainer/gpt_module.h SmallGptConfig
+    plan = {"attn.c_attn": ColwiseParallel(), "attn.c_proj": RowwiseParallel(), "mlp.c_fc": ColwiseParallel(),
+            "mlp.c_proj": RowwiseParallel()}
+    for b in net.h:
+        parallelize_module(b, mesh["tp"], plan)
+    parallelize_module(net, mesh["tp"], {"wte": RowwiseParallel(input_layouts=Replicate())})
+    for b in net.h:
+        fully_shard(b, mesh=mesh["dp"])
+    fully_shard(net, mesh=mesh["dp"])
+    return net, torch.optim.AdamW(net.parameters(), lr=0.01, eps=1e-5)
+
+
+def tp_rank(rank, world, d):
+    net, opt = tp_model()
+    msd, osd = get_state_dict(net, opt)
+    state = {"model": msd, "optimizer_0": osd}
+    dcp.load(state, checkpoint_id=os.path.join(d, "st_tp"))
+    set_state_dict(net, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer_0"])
+    ref = torch.load(os.path.join(d, "st_tp_full.ckpt"))
+    names = ref["optimizer_states"][0]["param_groups"][0]["param_names"]
+    params = dict(net.named_parameters())
+    assert sorted(params) == sorted(names), (sorted(params), sorted(names))
+    for i, n in enumerate(names):
+        p = params[n]
+        assert torch.equal(full(p.detach()), ref["state_dict"][n]), n
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(full(opt.state[p][k]), ref["optimizer_states"][0]["state"][i][k]), (n, k)
+        assert full(opt.state[p]["step"]).item() == 2.0, (n, opt.state[p]["step"])
+    placements = {str(p.placements) for p in params.values()}
+    msd, osd = get_state_dict(net, opt)
+    dcp.save({"model": msd, "optimizer_0": osd}, checkpoint_id=os.path.join(d, "py_tp"))
+    if rank == 0:
+        shutil.copy(os.path.join(d, "st_tp", "meta.pt"), os.path.join(d, "py_tp", "meta.pt"))
+        print(f"TP + FSDP2 2x2 loaded ShardTrain's model_parallel DCP checkpoint: {len(names)} parameters and their "
+              f"AdamW moments equal the full checkpoint's (placements {sorted(placements)}); wrote py_tp")
+
+
+def tp(d):
+    sharded = os.path.join(d, "st_tp")
+    files = sorted(os.listdir(sharded))
+    assert ".metadata" in files and "meta.pt" in files, files
+    ref = torch.load(os.path.join(d, "st_tp_full.ckpt"))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "all.pt")
+        dcp_to_torch_save(sharded, out)
+        sd = torch.load(out)
+    assert sd["model"].keys() == ref["state_dict"].keys(), sd["model"].keys() ^ ref["state_dict"].keys()
+    for k, v in ref["state_dict"].items():
+        assert torch.equal(sd["model"][k], v), k
+    names = ref["optimizer_states"][0]["param_groups"][0]["param_names"]
+    for i, n in enumerate(names):
+        for k, v in ref["optimizer_states"][0]["state"][i].items():
+            assert torch.equal(sd["optimizer_0"]["state"][n][k], v), (n, k)
+    print(f"dcp_to_torch_save of the model_parallel checkpoint ({files}): {len(ref['state_dict'])} tensors and the "
+          "AdamW state equal the full checkpoint's")
+    spawn_gloo(tp_rank, 4, d)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "python":
         python(sys.argv[2])
+    elif sys.argv[1] == "tp":
+        tp(sys.argv[2])
     elif sys.argv[1] == "compare":
         w = compare(read(sys.argv[2]), read(sys.argv[3]), "ShardTrain's continuation vs FSDP2's")
         print(f"within {w:.2g} relative")

@@ -15,6 +15,13 @@
 //     as resume, with fsdp_native on W threads-as-ranks (global batches of
 //     8); no_scheduler: without the StepLR (for a directory that holds no
 //     scheduler state).
+//   lightning_fixture save_tp OUT_DIR OUT.ckpt
+//     the example GPT (tests/trainer/gpt_module.h) with model_parallel at 2x2
+//     (W=4, sequence parallel) for 2 steps: a sharded (DCP) and a full
+//     checkpoint of the same state.
+//   lightning_fixture resume_tp IN TP LOSSES.txt
+//     resumes IN with model_parallel at (4/TP)xTP (global batches of 4) to
+//     step 4 and writes each step's loss.
 //   lightning_fixture dump IN.ckpt
 //     prints what LoadCheckpoint reads (sums of the tensors; for debugging).
 #include <ATen/ATen.h>
@@ -22,14 +29,17 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/optim/adamw.h>
 
+#include <barrier>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <string>
 
 #include "sharding/wrap_point.h"
 #include "tests/testing/multi_rank.h"
+#include "tests/trainer/gpt_module.h"
 #include "trainer/checkpoint_io/checkpoint.h"
 #include "trainer/optim/lr_scheduler.h"
 #include "trainer/trainer.h"
@@ -130,6 +140,12 @@ int Save(const std::string& out, const std::string& sharded) {
   return 0;
 }
 
+void WriteLosses(const std::string& path, const std::vector<double>& losses) {
+  std::ofstream f(path);
+  f << std::setprecision(17);
+  for (double l : losses) f << l << "\n";
+}
+
 int ResumeSharded(const std::string& in, int world, int64_t max_epochs, const std::string& losses, bool scheduler) {
   auto data = Data();
   TrainerOptions o = Options(world, max_epochs);
@@ -142,9 +158,7 @@ int ResumeSharded(const std::string& in, int world, int64_t max_epochs, const st
     trainer.Fit(module, *data, nullptr, in);
     if (rank == 0) out = trainer.step_losses();
   });
-  std::ofstream f(losses);
-  f << std::setprecision(17);
-  for (double l : out) f << l << "\n";
+  WriteLosses(losses, out);
   std::cout << "resumed " << in << " at W=" << world << ": " << out.size() << " losses in " << losses << std::endl;
   return 0;
 }
@@ -156,11 +170,56 @@ int Resume(const std::string& in, int64_t max_epochs, const std::string& losses)
   Net module;
   Trainer trainer(o);
   trainer.Fit(module, *data, nullptr, in);
-  std::ofstream f(losses);
-  f << std::setprecision(17);
-  for (double l : trainer.step_losses()) f << l << "\n";
+  WriteLosses(losses, trainer.step_losses());
   std::cout << "resumed " << in << " to epoch " << trainer.current_epoch() << ", step " << trainer.global_step() << "; "
             << trainer.step_losses().size() << " losses in " << losses << std::endl;
+  return 0;
+}
+
+// model_parallel at (4 / tp) x tp on the example GPT, global batches of 4 (as model_parallel_trainer_test).
+TrainerOptions TpOptions(int tp, int64_t max_steps) {
+  TrainerOptions o = Options(1, 1);
+  o.max_epochs.reset();
+  o.max_steps = max_steps;
+  o.batch_size = tp;  // per data-parallel rank: 4 / (4 / tp)
+  o.gradient_clip_val = 0.5;
+  o.strategy = "model_parallel";
+  o.strategy_options = {{"tensor_parallel_size", std::to_string(tp)}};
+  return o;
+}
+
+// Trains with `o` at W=4 (from `in` if given) and runs `then` on each rank's Trainer; rank 0's losses.
+std::vector<double> FitTp(const TrainerOptions& o, const std::string& in,
+                          const std::function<void(Trainer&)>& then = nullptr) {
+  const TensorDataset data = shardtrain::trainer::testing::SmallGptData();
+  std::barrier<> seeded(4);
+  std::vector<double> losses;
+  shardtrain::testing::RunRanks(4, [&](int rank, const auto& comm) {
+    shardtrain::trainer::testing::GptModule module(false, &seeded);
+    Trainer trainer(o, comm);
+    trainer.Fit(module, data, nullptr, in);
+    if (then) then(trainer);
+    if (rank == 0) losses = trainer.step_losses();
+  });
+  return losses;
+}
+
+int SaveTp(const std::string& dir, const std::string& full) {
+  TrainerOptions o = TpOptions(2, 2);
+  o.strategy_options["sequence_parallel"] = "true";
+  FitTp(o, "", [&](Trainer& t) {
+    t.SaveCheckpoint(dir, CheckpointFormat::kSharded);
+    t.SaveCheckpoint(full, CheckpointFormat::kFull);
+  });
+  std::cout << "model_parallel 2x2: wrote " << dir << " and " << full << std::endl;
+  return 0;
+}
+
+int ResumeTp(const std::string& in, int tp, const std::string& losses) {
+  const std::vector<double> out = FitTp(TpOptions(tp, 4), in);
+  WriteLosses(losses, out);
+  std::cout << "resumed " << in << " with model_parallel at " << 4 / tp << "x" << tp << ": " << out.size()
+            << " losses in " << losses << std::endl;
   return 0;
 }
 
@@ -186,6 +245,8 @@ int main(int argc, char** argv) {
   if (mode == "resume_sharded" && (argc == 6 || (argc == 7 && std::string(argv[6]) == "no_scheduler"))) {
     return ResumeSharded(argv[2], std::stoi(argv[3]), std::stoll(argv[4]), argv[5], argc == 6);
   }
+  if (mode == "save_tp" && argc == 4) return SaveTp(argv[2], argv[3]);
+  if (mode == "resume_tp" && argc == 5) return ResumeTp(argv[2], std::stoi(argv[3]), argv[4]);
   if (mode == "resume" && argc == 5) return Resume(argv[2], std::stoll(argv[3]), argv[4]);
   std::cerr << "usage: lightning_fixture save OUT.ckpt | resume IN.ckpt MAX_EPOCHS LOSSES.txt" << std::endl;
   return 2;

@@ -4,64 +4,22 @@
 // the tensor-parallel ranks reading the same batches.
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
-#include <torch/optim/adamw.h>
 
 #include <barrier>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
-#include "examples/gpt/gpt_model.h"
 #include "tests/testing/multi_rank.h"
+#include "tests/trainer/gpt_module.h"
 #include "trainer/checkpoint_io/dcp_checkpoint.h"
-#include "trainer/data/data.h"
 #include "trainer/trainer.h"
-#include "trainer/training_module.h"
 
 namespace shardtrain::trainer {
 namespace {
 
-examples::GptConfig Config() {
-  examples::GptConfig c;
-  c.vocab_size = 64;
-  c.block_size = 16;
-  c.n_layer = 2;
-  c.n_head = 4;
-  c.n_embd = 32;
-  return c;
-}
-
-class GptModule : public TrainingModule {
- public:
-  GptModule(bool freeze, std::barrier<>* seeded) : freeze_(freeze), seeded_(seeded) {}
-  std::shared_ptr<torch::nn::Module> configure_model() override {
-    // Rank threads share the generator: every rank has seeded it (Trainer::Fit) before any builds, and
-    // they build one at a time from the same seed.
-    seeded_->arrive_and_wait();
-    static std::mutex mu;
-    std::lock_guard<std::mutex> lock(mu);
-    at::manual_seed(5);
-    model_ = std::make_shared<examples::GptImpl>(Config());
-    if (freeze_) {  // a column-wise weight (tensor-parallel pieces) and a sequence-parallel norm (replicated)
-      for (auto& p : model_->named_parameters()) {
-        if (p.key() == "h.0.attn.c_attn.weight" || p.key().rfind("ln_f.", 0) == 0) p.value().set_requires_grad(false);
-      }
-    }
-    return model_;
-  }
-  at::Tensor training_step(const Batch& b, int64_t) override {
-    return model_->LossOf(forward([&] { return model_->forward(b.inputs); }), b.targets);
-  }
-  OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
-    // eps 1e-5: the key bias's gradient is rounding noise (model_parallel_test.cc says why).
-    return {std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).eps(1e-5))};
-  }
-  std::shared_ptr<examples::GptImpl> model_;
-  bool freeze_;
-  std::barrier<>* seeded_;
-};
+using testing::GptModule;
 
 struct Result {
   std::vector<double> losses;
@@ -78,8 +36,7 @@ struct Extra {
 
 Result Fit(int world, const std::string& strategy, const strategies::StrategyOptions& options, int batch_size,
            int steps = 3, const std::string& ckpt_path = "", const std::string& sharded_out = "", Extra extra = {}) {
-  auto g = at::detail::createCPUGenerator(9);
-  TensorDataset data(at::randint(64, {16, 16}, g), at::randint(64, {16, 16}, g));
+  TensorDataset data = testing::SmallGptData();
   Result result;
   std::barrier<> seeded(world);
   shardtrain::testing::RunRanks(world, [&](int rank, const std::shared_ptr<comm::GlooCommunicator>& comm) {
@@ -152,7 +109,7 @@ TEST(ModelParallelTrainer, AccumulationAndFrozenParametersAsSingleDevice) {
   for (size_t i = 0; i < want.losses.size(); ++i) EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * want.losses[i]);
   ExpectSameWeights(got.weights, want.weights, "accumulation + frozen");
   at::manual_seed(5);
-  const examples::GptImpl initial(Config());
+  const examples::GptImpl initial(testing::SmallGptConfig());
   for (const auto& p : initial.named_parameters()) {
     if (p.key() == "h.0.attn.c_attn.weight" || p.key().rfind("ln_f.", 0) == 0) {
       EXPECT_TRUE(got.weights.at(p.key()).equal(p.value())) << p.key() << " moved while frozen";
