@@ -77,6 +77,7 @@ void ShardedModel::ArmGrads(ShardedUnit* u) {
 
 void ShardedModel::OnGradReady(ShardedUnit* u, size_t entry) {
   EnsureBackwardCallback();
+  PollReduces();
   ST_CHECK_ARG(!at::GradMode::is_enabled(),
                "backward with create_graph=true is not supported by sharded units (gradients are reduced in place)");
   at::Tensor& g = u->flat->entries()[entry].param.mutable_grad();
@@ -238,17 +239,31 @@ void ShardedModel::FinishReduces(size_t keep) {
     }
     reduced_.push_back(u);
   }
+  if (!replicate_group_) return;
   const size_t launched = reduced_.size() + reducing_.size();
-  if (replicate_group_) IssueReplicatesDue(launched > keep ? launched - keep : 0);
+  IssueReplicatesDue(root_->full.is_cuda() ? (launched > keep ? launched - keep : 0) : reduced_.size());
+}
+
+// Between launches (from the gradient hooks), on the CPU: completes the
+// reduce-scatters that have finished, so that their replicate all-reduces
+// start now rather than at the next launch. Polls only; never waits.
+void ShardedModel::PollReduces() {
+  if (replicate_group_ && !reducing_.empty() && !root_->full.is_cuda() &&
+      reducing_.front()->reduce_work->IsCompleted()) {
+    FinishReduces(kMaxReducesInFlight);
+  }
 }
 
 // HYBRID_SHARD overlapped: a unit's all-reduce across replicas starts as soon
 // as its reduce-scatter is complete, while backward goes on (as PyTorch's HSDP
-// does), instead of all of them after backward. Which units are issued here
-// depends only on how many reduce-scatters were launched (`due`: those no
-// longer allowed in flight), never on which happened to finish early, so every
-// rank issues its shard-group and replicate-group collectives in the same
-// interleaving (a NCCL requirement across communicators).
+// does), instead of all of them after backward. On a CUDA device which units
+// are issued depends only on how many reduce-scatters were launched (`due`:
+// those no longer allowed in flight), never on which happened to finish early,
+// so every rank issues its shard-group and replicate-group collectives in the
+// same interleaving (a NCCL requirement across communicators). On the CPU each
+// Gloo communicator runs its collectives in issue order on threads of its own,
+// so every completed reduce-scatter's all-reduce is due at once (the replicate
+// group still sees the same units in the same order on every rank).
 void ShardedModel::IssueReplicatesDue(size_t due) {
   for (; replicated_ < due && replicated_ < reduced_.size(); ++replicated_) {
     ShardedUnit* u = reduced_[replicated_];

@@ -237,6 +237,7 @@ class ShardedModel {
   void IssueReduce(ShardedUnit* u, const std::function<comm::WorkPtr(const comm::ReduceOptions&)>& reduce_scatter);
   void MoveGradsToFlat(ShardedUnit* u);
   void FinishReduces(size_t keep);
+  void PollReduces();
   void IssueReplicatesDue(size_t due);
   void FinishBackward();
   void EnsureBackwardCallback();

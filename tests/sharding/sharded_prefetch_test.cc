@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <mutex>
+#include <thread>
 
 #include "sharding/sharded_model.h"
 #include "tests/sharding/option_test_models.h"
@@ -148,9 +150,10 @@ int MostUnshardedUnits(int limit_all_gathers) {
 }
 
 // HYBRID_SHARD at W=4 (2 shard groups x 2 replicas): each unit's all-reduce
-// across replicas starts during backward, right after its reduce-scatter has
-// completed (at most two reduce-scatters in flight), not after backward; one
-// per unit, in the units' reduce order.
+// across replicas starts during backward, not after it: on the CPU as soon as
+// the core sees its reduce-scatter complete (polled from the gradient hooks),
+// at the latest when two more reduce-scatters are in flight; one per unit, in
+// the units' reduce order.
 TEST(HybridShard, ReplicateAllReducesStartDuringBackward) {
   std::vector<CommEvent> events;
   std::vector<UnitInfo> units;
@@ -163,7 +166,16 @@ TEST(HybridShard, ReplicateAllReducesStartDuringBackward) {
     ShardedModel sm(net, rec, o);
     at::Tensor x = at::ones({4, 6});
     sm.Forward([&] { return net->forward(x); }).pow(2).mean().backward();
-    g_hooks.on_grads = [&](int id) { rec->Mark("grads b" + std::to_string(id)); };
+    g_hooks.on_grads = [&](int id) {
+      rec->Mark("grads b" + std::to_string(id));
+      if (id != 2) return;
+      // b3's reduce-scatter (the only one launched) completes before b2's gradients arrive.
+      const comm::WorkPtr b3 = rec->last_reduce_scatter();
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (!b3->IsCompleted() && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    };
     at::Tensor loss = sm.Forward([&] { return net->forward(x); }).pow(2).mean();
     rec->ClearEvents();
     loss.backward();
@@ -186,9 +198,10 @@ TEST(HybridShard, ReplicateAllReducesStartDuringBackward) {
   const int grads_b0 =
       Find(events, [](const CommEvent& e) { return e.kind == CommEvent::Kind::kMark && e.label == "grads b0"; });
   ASSERT_GE(grads_b0, 0) << ToString(events);
-  // b3 reduces first: its all-reduce goes out once b1's reduce-scatter is issued
-  // (two in flight), before backward reaches b0.
-  EXPECT_GT(all_reduce_of(3), reduce_scatter_of(1)) << ToString(events);
+  // b3 reduces first: its all-reduce goes out with b2's gradients, once its reduce-scatter has completed,
+  // before b2's reduce-scatter (by launch count alone it would wait for b1's).
+  EXPECT_GT(all_reduce_of(3), reduce_scatter_of(3)) << ToString(events);
+  EXPECT_LT(all_reduce_of(3), reduce_scatter_of(2)) << ToString(events);
   EXPECT_LT(all_reduce_of(3), grads_b0) << ToString(events);
   EXPECT_LT(all_reduce_of(3), reduce_scatter_of(0)) << ToString(events);
   for (int u = 3; u > 0; --u) EXPECT_LT(all_reduce_of(u), all_reduce_of(u - 1)) << ToString(events);

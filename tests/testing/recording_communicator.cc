@@ -70,7 +70,16 @@ comm::WorkPtr RecordingCommunicator::last_all_gather() const {
 comm::WorkPtr RecordingCommunicator::ReduceScatter(const at::Tensor& input, const at::Tensor& output,
                                                    const comm::ReduceOptions& options) {
   Record({CommEvent::Kind::kReduceScatter, input.numel(), input.scalar_type(), ""});
-  return Forward(comm::CommOp::kReduceScatter, [&] { return inner_->ReduceScatter(input, output, options); });
+  comm::WorkPtr w =
+      Forward(comm::CommOp::kReduceScatter, [&] { return inner_->ReduceScatter(input, output, options); });
+  std::lock_guard<std::mutex> lock(log_->mu);
+  log_->last_reduce_scatter = w;
+  return w;
+}
+
+comm::WorkPtr RecordingCommunicator::last_reduce_scatter() const {
+  std::lock_guard<std::mutex> lock(log_->mu);
+  return log_->last_reduce_scatter;
 }
 
 comm::WorkPtr RecordingCommunicator::AllReduce(const at::Tensor& tensor, const comm::ReduceOptions& options) {

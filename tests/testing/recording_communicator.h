@@ -48,6 +48,8 @@ class RecordingCommunicator : public comm::Communicator {
   // The Work of the latest all-gather issued through this communicator or
   // its sub-groups (null before the first), e.g. to poll it mid-forward.
   comm::WorkPtr last_all_gather() const;
+  // The same for reduce-scatters.
+  comm::WorkPtr last_reduce_scatter() const;
   // Appends a mark to the log.
   void Mark(std::string label);
   std::vector<CommEvent> events() const;
@@ -58,6 +60,7 @@ class RecordingCommunicator : public comm::Communicator {
     std::mutex mu;
     std::vector<CommEvent> events;
     comm::WorkPtr last_all_gather;
+    comm::WorkPtr last_reduce_scatter;
   };
   RecordingCommunicator(comm::CommunicatorPtr inner, std::shared_ptr<Log> log);
   void Record(CommEvent e);
