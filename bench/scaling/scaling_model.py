@@ -14,7 +14,8 @@ The model, per rank and per optimizer step:
               2(W-1)/W x bytes / busbw (all-reduce), latency per ring hop
   overlap     an event simulation of one step: a unit's all-gather may run while the unit before it
               computes (prefetch by one unit), a unit's reduce-scatter after its backward, all on one
-              link in issue order; exposed communication = step - compute - optimizer
+              link in issue order; HYBRID_SHARD's replicate all-reduce of a unit when its reduce-scatter
+              ends, on the replicate group's link; exposed communication = step - compute - optimizer
   optimizer   AdamW over the parameters this rank owns, memory-bound
   memory      sharded fp32 master + Adam moments + fp32 gradient shard, gathered bf16 units in flight,
               activations (with or without checkpointing), logits
@@ -248,16 +249,17 @@ class Strategy:
 
 FULL_SHARD = Strategy("FULL_SHARD", "fsdp")
 SHARD_GRAD_OP = Strategy("SHARD_GRAD_OP", "fsdp", reshard_after_forward=False)
-HYBRID = Strategy("HYBRID_SHARD", "fsdp", shard_group=8)
-HYBRID_OVL = Strategy("HYBRID_SHARD, overlapped AR*", "fsdp", shard_group=8, replicate_overlapped=True,
-                      offered=False)
+# ShardTrain's HYBRID_SHARD: each unit's replicate all-reduce starts when its reduce-scatter ends (since cdd7f83)
+HYBRID = Strategy("HYBRID_SHARD", "fsdp", shard_group=8, replicate_overlapped=True)
+# ShardTrain's HYBRID_SHARD before cdd7f83 (every replicate all-reduce issued after backward): --check only
+HYBRID_AFTER_BWD = Strategy("HYBRID_SHARD before cdd7f83", "fsdp", shard_group=8, offered=False)
 DDP = Strategy("ddp", "ddp")
 HYBRID32_OVL = Strategy("HYBRID G=32, overlapped AR*", "fsdp", shard_group=32, replicate_overlapped=True,
                         offered=False)
 # model_parallel: tensor parallel (sequence parallel) over the 8 GPUs of a host, FSDP FULL_SHARD over the
 # W/8 data-parallel ranks (one per host) of each tensor-parallel position.
 TP8 = Strategy("TP8 x FSDP (model_parallel)", "fsdp", tp=8)
-STRATEGIES = [FULL_SHARD, SHARD_GRAD_OP, HYBRID, HYBRID_OVL, DDP]
+STRATEGIES = [FULL_SHARD, SHARD_GRAD_OP, HYBRID, DDP]
 STRATEGIES_70B = [FULL_SHARD, SHARD_GRAD_OP, HYBRID, HYBRID32_OVL, DDP, TP8]
 STRATEGIES_405B = [FULL_SHARD, HYBRID32_OVL, TP8]
 STRATEGIES_FOR = {GPT_7B.name: STRATEGIES, GPT_70B.name: STRATEGIES_70B, GPT_405B.name: STRATEGIES_405B}
@@ -437,7 +439,7 @@ def simulate(model, strat, W, hw, tokens, ac, b_param, b_grad, overlap=True, fwd
             if strat.rep_overlap:  # each unit's all-reduce starts when its reduce-scatter ends
                 for i, done in pending_rs_end:
                     nic = max(nic, done) + ar[i]
-            else:  # ShardTrain before cdd7f83: all issued after the last reduce-scatter
+            else:  # ShardTrain's HYBRID_SHARD before cdd7f83: all issued after the last reduce-scatter
                 nic = end + sum(ar)
             end = max(end, nic)
     step = end + t_opt
@@ -516,7 +518,8 @@ def calib_rows(nets, rate, O):
     return rows
 
 
-NS_STRATEGIES = [FULL_SHARD, SHARD_GRAD_OP, Strategy("HYBRID_SHARD", "fsdp", shard_group=2), DDP]
+NS_STRATEGIES = [FULL_SHARD, SHARD_GRAD_OP, Strategy("HYBRID_SHARD", "fsdp", shard_group=2, replicate_overlapped=True),
+                 DDP]  # no overlap on 2 cores: the replicate all-reduce's timing does not matter there
 
 
 def namespace_rows(nets, rate, O, gbits=(1, 10, 25)):
@@ -725,9 +728,9 @@ def print_all(args):
         P(table(["model", "400 Gbit/s", "tokens/GPU", "MFU"] + [st.name for st in strategies], srows))
         P("")
         srows = []
-    P("\n* not offered by ShardTrain today. overlapped AR: each unit's replicate all-reduce starts as soon as its "
-      "reduce-scatter ends (as PyTorch HSDP does); ShardTrain's HYBRID_SHARD issues them all after backward. "
-      "G=32: shard groups of 4 hosts (a 2-D mesh); ShardTrain's shard group is one host.")
+    P("\n* not offered by ShardTrain today: G=32 needs shard groups of 4 hosts (a 2-D mesh); ShardTrain's shard "
+      "group is one host. overlapped AR: each unit's replicate all-reduce starts as soon as its reduce-scatter "
+      "ends, as in PyTorch HSDP and, since cdd7f83, in ShardTrain's HYBRID_SHARD.")
     print("\n".join(out))
 
 
@@ -781,7 +784,7 @@ def check(args):
             hw = h200(args.mfu, per_gpu)
             prev = None
             for W in WORLDS:
-                for st in STRATEGIES + [HYBRID32_OVL]:
+                for st in STRATEGIES + [HYBRID32_OVL, HYBRID_AFTER_BWD]:
                     b = dict(b_param=2, b_grad=4) if st.kind == "ddp" else dict(b_param=2, b_grad=2)
                     r = simulate(model, st, W, hw, args.tokens_per_gpu, True, **b)
                     if r["exposed"] < -1e-9 or r["step"] < r["compute"] + r["opt"] - 1e-9:
@@ -795,6 +798,20 @@ def check(args):
                 if abs(h1 - h2) > 1e-6 * h2:
                     expect(False, f"{model.name} W={W}: HYBRID_SHARD sharded state depends on W")
     expect(True, "step >= compute + optimizer, FULL_SHARD memory non-increasing in W, HYBRID state constant in W")
+    # HYBRID_SHARD's overlapped replicate all-reduce (since cdd7f83): never slower than issuing them all after
+    # backward, the same where nothing crosses hosts (W=8), and faster where the replicate group has work
+    for model in (GPT_7B,):
+        for per_gpu in (True, False):
+            hw = h200(args.mfu, per_gpu)
+            for W in WORLDS:
+                ovl = simulate(model, HYBRID, W, hw, args.tokens_per_gpu, False, 2, 2)["step"]
+                after = simulate(model, HYBRID_AFTER_BWD, W, hw, args.tokens_per_gpu, False, 2, 2)["step"]
+                if W == 8:
+                    expect(abs(ovl - after) <= 1e-12, f"{model.name} W=8 {hw.net.name}: HYBRID_SHARD step "
+                           f"{ovl:.3f} s, no replicate group, the same as before cdd7f83")
+                else:
+                    expect(ovl < after, f"{model.name} W={W} {hw.net.name}: HYBRID_SHARD step {ovl:.3f} s "
+                           f"(overlapped all-reduce) < {after:.3f} s (all after backward, before cdd7f83)")
     # tensor parallel x FSDP: the same sharded state as FULL_SHARD (16 B x P / W), 1/8 of its gathered
     # units, as many bytes between hosts (within the ring factors), and a step above compute + optimizer
     for model in (GPT_70B, GPT_405B):
