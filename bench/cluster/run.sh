@@ -23,6 +23,8 @@
 #   bench/cluster/run.sh                 # as root; ~6-10 minutes on 2 busy cores
 #   SIZE=small bench/cluster/run.sh      # a quick check (a minute or two)
 #   RATES="1gbit" bench/cluster/run.sh   # other link rates (tc units)
+#   EARLIER="a.jsonl b.jsonl" bench/cluster/run.sh  # also the HYBRID_SHARD overlap's medians over
+#                                                   # these earlier runs' results and this one
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
@@ -44,7 +46,7 @@ if [[ "${1:-}" != --inside ]]; then
   "$HOSTS_SH" with 2 -- "$0" --inside || rc=$?
   [[ $rc -eq 0 ]] || { echo "[bench/cluster] failed ($rc); logs in $BENCH_WORK" >&2; exit "$rc"; }
   "$PY" bench/cluster/report.py "$BENCH_WORK/results.jsonl" "$BENCH_WORK/params.json" docs/benchmarks.md \
-    docs/benchmarks_hosts.png "$BENCH_WORK/meta.txt"
+    docs/benchmarks_hosts.png "$BENCH_WORK/meta.txt" ${EARLIER:-}
   exit 0
 fi
 

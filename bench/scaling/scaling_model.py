@@ -16,6 +16,8 @@ The model, per rank and per optimizer step:
               computes (prefetch by one unit), a unit's reduce-scatter after its backward, all on one
               link in issue order; HYBRID_SHARD's replicate all-reduce of a unit when its reduce-scatter
               ends, on the replicate group's link; exposed communication = step - compute - optimizer
+  tensor par. model_parallel (tp > 1): each rank's pieces of the units (GPT.tp_units) sharded over the
+              data-parallel group, the tensor-parallel group's collectives (tp_calls) on the compute stream
   optimizer   AdamW over the parameters this rank owns, memory-bound
   memory      sharded fp32 master + Adam moments + fp32 gradient shard, gathered bf16 units in flight,
               activations (with or without checkpointing), logits
@@ -57,6 +59,22 @@ class GPT:
         """[root, block 1..L]: parameters of each unit, in forward order."""
         return [self.root] + [self.unit] * self.L
 
+    def tp_units(self, tp):
+        """[root, block 1..L]: parameters one tensor-parallel rank of a group of tp holds, as examples/gpt's
+        plan splits them: c_attn and c_fc column-wise (weights and biases), both c_proj row-wise (weights;
+        their biases whole), wte over the vocabulary; the LayerNorms, the row-wise biases and wpe whole on
+        every rank (with sequence parallelism their gradients are partial and summed over the group)."""
+        d = self.d
+        block = (12 * d * d + 7 * d) / tp + self.tp_replicated_block()
+        root = self.V * d / tp + self.tp_replicated_root()
+        return [root] + [block] * self.L
+
+    def tp_replicated_block(self):  # ln_1, ln_2 (weight, bias), attn.c_proj.bias, mlp.c_proj.bias
+        return 6 * self.d
+
+    def tp_replicated_root(self):  # wpe, ln_f
+        return self.s * self.d + 2 * self.d
+
     def fwd_flops_per_token(self):
         """Per unit, forward only: 2 x params for the matmuls, + 4 x seq x width for attention."""
         blk = 2 * self.unit + 4 * self.s * self.d
@@ -91,6 +109,9 @@ CALIB = {
     },
     "step_spread": 0.08,  # per-round medians spread about +-8% around the median (2.27..2.71 for local)
     "bytes_sent_mib": {"FULL_SHARD": 282.3, "SHARD_GRAD_OP": 188.4, "ddp": 188.4},
+    # bench/cluster/results_2026-12-06.jsonl (namespace hosts, 3.2M GPT 4 x 256, block 128, global batch 8, fp32):
+    # (shm, TCP) bytes per host and step the communicators counted, the same at 1, 10 and 25 Gbit/s
+    "ns_bytes_per_host": {"shardtrain_TP_FSDP": (18886656, 19355672), "shardtrain_HYBRID_SHARD": (38371328, 12867608)},
     "persistent_mib": {1: 753.5, 2: 376.7, 4: 188.4},
     # per-call latency, back-to-back 1-element all-reduces, median (ms)
     "latency_ms": {"shm": 0.039, "tcp": 0.562},
@@ -239,12 +260,13 @@ class Strategy:
     """name; shard group size (None = world); replicate; when the replicate all-reduce runs."""
 
     def __init__(self, name, kind, shard_group=None, reshard_after_forward=True, replicate_overlapped=False,
-                 offered=True, tp=1):
+                 offered=True, tp=1, sequence_parallel=True):
         self.name, self.kind, self.G = name, kind, shard_group
         self.reshard = reshard_after_forward
         self.rep_overlap = replicate_overlapped
         self.offered = offered
         self.tp = tp  # tensor-parallel size (model_parallel): each layer split over tp GPUs of one host
+        self.sp = sequence_parallel  # model_parallel's sequence_parallel option (only read when tp > 1)
 
 
 FULL_SHARD = Strategy("FULL_SHARD", "fsdp")
@@ -259,6 +281,9 @@ HYBRID32_OVL = Strategy("HYBRID G=32, overlapped AR*", "fsdp", shard_group=32, r
 # model_parallel: tensor parallel (sequence parallel) over the 8 GPUs of a host, FSDP FULL_SHARD over the
 # W/8 data-parallel ranks (one per host) of each tensor-parallel position.
 TP8 = Strategy("TP8 x FSDP (model_parallel)", "fsdp", tp=8)
+# model_parallel as bench/cluster/run.sh runs it: tensor_parallel_size=2 over the 2 ranks of a namespace host
+# (shared memory), sequence_parallel off (its default), FSDP FULL_SHARD over the 2 hosts (TCP).
+TP2_NS = Strategy("TP2 x FSDP (model_parallel)", "fsdp", tp=2, sequence_parallel=False)
 STRATEGIES = [FULL_SHARD, SHARD_GRAD_OP, HYBRID, DDP]
 STRATEGIES_70B = [FULL_SHARD, SHARD_GRAD_OP, HYBRID, HYBRID32_OVL, DDP, TP8]
 STRATEGIES_405B = [FULL_SHARD, HYBRID32_OVL, TP8]
@@ -266,26 +291,52 @@ STRATEGIES_FOR = {GPT_7B.name: STRATEGIES, GPT_70B.name: STRATEGIES_70B, GPT_405
 
 
 def fsdp_units(model, strat):
-    """Parameters of each FSDP unit on one rank before sharding: a tensor-parallel rank's pieces (1/tp:
-    the norms and biases it keeps whole are left out, under 0.1% of a block at these widths)."""
-    return [u / strat.tp for u in model.units()]
+    """Parameters of each FSDP unit on one rank before sharding: with tensor parallelism the rank's
+    pieces (GPT.tp_units: the split layers' 1/tp plus the parameters every rank of the group keeps whole)."""
+    return model.units() if strat.tp == 1 else model.tp_units(strat.tp)
 
 
-def tp_comm(model, strat, tokens, b_act, net, ac):
-    """Per unit, the tensor-parallel collectives' time in forward and in backward (on the compute
-    stream: nothing overlaps them). With sequence parallelism each block all-gathers its input and
-    reduce-scatters its output twice (attention, MLP) in forward and the mirror in backward, of the
-    tensor-parallel group's tokens (tp x tokens per GPU: the same work per GPU as without it) x width;
-    the root: the embedding's reduce-scatter and the head's all-gather, and their mirrors."""
+def tp_calls(model, strat, tokens, b_act, dp, ac=False):
+    """The tensor-parallel group's collectives of one step, per rank: (forward, backward) per unit as lists
+    of (op, bytes of the call), and the calls after backward. The group handles tp x `tokens` (tokens per
+    GPU: the same work per GPU as without it); A = that x width activations. Without sequence parallelism
+    (tests/tensor_parallel/model_parallel_test.cc, TheoryPerStep) an all-reduce of A after the embedding and
+    after each row-wise layer (2 per block) in forward, before the tied head and before each column-wise
+    layer in backward, and 3 of the group's tokens (fp32) in the vocabulary-parallel cross-entropy. With it
+    each of those all-reduces of A becomes an all-gather and a reduce-scatter of the sequence shards (the
+    root: the embedding's reduce-scatter, the head's all-gather, and their mirrors), and after backward the
+    partial gradients of the parameters kept whole (ModelParallelStrategy::ReducePartialGradients: one
+    all-reduce per parameter of its fp32 data-parallel shard, 1/dp of it on average). Activation checkpointing recomputes the
+    blocks' forward, collectives included."""
     n = len(model.units())
     if strat.tp == 1:
-        return [0.0] * n, [0.0] * n
+        return [[] for _ in range(n)], [[] for _ in range(n)], []
+    A = strat.tp * tokens * model.d * b_act
+    site = [("all_gather", A), ("reduce_scatter", A)] if strat.sp else [("all_reduce", A)]
+    ce = [("all_reduce", strat.tp * tokens * 4)] * 3
+    fwd = [site + ce] + [2 * site] * (n - 1)
+    bwd = [site] + [(4 if ac else 2) * site] * (n - 1)
+    after = []
+    if strat.sp:
+        d, shard = model.d, 4 / dp  # fp32 bytes of a parameter's data-parallel shard, per element
+        after = ([("all_reduce", d * shard)] * (6 * model.L + 2)  # norms, row-wise biases, ln_f
+                 + [("all_reduce", model.s * d * shard)])  # wpe
+    return fwd, bwd, after
+
+
+def tp_comm(model, strat, tokens, b_act, net, ac, dp):
+    """tp_calls' time: per unit in forward and in backward, and after backward (all on the compute
+    stream: nothing overlaps them, as in ShardTrain's model_parallel). Groups inside one host."""
+    fwd, bwd, after = tp_calls(model, strat, tokens, b_act, dp, ac)
     group = {"n": strat.tp, "hosts": 1}
-    size = strat.tp * tokens * model.d * b_act
-    pair = net.time("all_gather", size, group) + net.time("reduce_scatter", size, group)
-    fwd = [pair] + [2 * pair] * (n - 1)
-    bwd = [pair] + [2 * pair * (2 if ac else 1)] * (n - 1)  # checkpointing recomputes the blocks' forward
-    return fwd, bwd
+    t = lambda calls: sum(net.time(op, size, group) for op, size in calls)
+    return [t(c) for c in fwd], [t(c) for c in bwd], t(after)
+
+
+def tp_bytes_per_rank(model, strat, tokens, b_act, dp):
+    """Bytes one rank sends in its tensor-parallel group per step (ring factors, as the communicators count)."""
+    fwd, bwd, after = tp_calls(model, strat, tokens, b_act, dp)
+    return sum(ring_factor(op, strat.tp) * size for calls in fwd + bwd + [after] for op, size in calls)
 
 
 def groups(strat, W, gph):
@@ -294,7 +345,9 @@ def groups(strat, W, gph):
     world = {"n": W, "hosts": hosts}
     if strat.kind == "ddp":
         return None, world
-    if strat.tp > 1:  # the data-parallel group of a tensor-parallel position: one rank per host
+    if strat.tp > 1:  # the data-parallel group of a tensor-parallel position: gph/tp ranks per host, the
+        # host's tp groups crossing its links at once (tensor-parallel groups inside a host)
+        assert gph % strat.tp == 0 and W % strat.tp == 0, (strat.name, W, gph)
         n = W // strat.tp
         h = min(hosts, n)
         return {"n": n, "hosts": h, "concurrent": strat.tp if h > 1 else 1}, None
@@ -305,17 +358,25 @@ def groups(strat, W, gph):
     return shard, rep
 
 
-def comm_accounting(model, strat, W, gph, b_param, b_grad):
-    """Bytes per step: per rank sent in each group, and out of each host (inter-host)."""
+def comm_accounting(model, strat, W, gph, b_param, b_grad, tokens=0):
+    """Bytes per step: per rank sent in each group (shard, replicate, tensor-parallel), out of each host
+    (inter_host_per_host) and, per host, in the groups that stay inside one host (intra_host_per_host: the
+    shared memory of the namespace hosts, NVLink on a GPU host; a group that spans hosts counts as
+    inter-host only, as ShardTrain's CPU communicators send all of such a group's bytes over TCP). The
+    tensor-parallel bytes need `tokens` (per GPU per step) and take the activations at b_param."""
     shard, rep = groups(strat, W, gph)
     units = fsdp_units(model, strat)
     P, root = sum(units), units[0]
-    out = {"shard_rank": 0.0, "rep_rank": 0.0, "inter_host_per_host": 0.0}
+    per_host = min(W, gph)
+    out = {"shard_rank": 0.0, "rep_rank": 0.0, "tp_rank": 0.0, "inter_host_per_host": 0.0,
+           "intra_host_per_host": 0.0}
     if strat.kind == "ddp":
         f = ring_factor("all_reduce", W)
         out["rep_rank"] = f * P * b_grad
         if W > gph:
             out["inter_host_per_host"] = f * P * b_grad  # a ring's egress per host = one rank's share x hosts/hosts
+        else:
+            out["intra_host_per_host"] = f * P * b_grad * per_host
         return out
     G = shard["n"]
     f = ring_factor("all_gather", G)
@@ -323,18 +384,24 @@ def comm_accounting(model, strat, W, gph, b_param, b_grad):
     out["shard_rank"] = f * (gathered * b_param + P * b_grad)
     if shard["hosts"] > 1:  # a ring's egress per host, times the groups of a host's ranks (tensor parallel)
         out["inter_host_per_host"] += f * (gathered * b_param + P * b_grad) * shard.get("concurrent", 1)
+    else:
+        out["intra_host_per_host"] += out["shard_rank"] * per_host
     if rep is not None:
         R = rep["n"]
         per_rank = sum(ring_factor("all_reduce", R) * u / G * b_grad for u in units)
         out["rep_rank"] = per_rank
         out["inter_host_per_host"] += per_rank * min(G, gph)  # the ranks of a host each reduce their shard
+    if strat.tp > 1:
+        out["tp_rank"] = tp_bytes_per_rank(model, strat, tokens, b_param, G)
+        out["intra_host_per_host"] += out["tp_rank"] * per_host
     return out
 
 
 def memory(model, strat, W, gph, tokens, ac, b_param, b_grad, master=4, adam=8, grad_shard=4):
-    """Bytes per rank at the peak (end of forward / during backward). Tensor parallel with sequence
-    parallelism: 1/tp of each unit, and of the tp x tokens of its group's activations (so as many as
-    without it per GPU)."""
+    """Bytes per rank at the peak (end of forward / during backward). Tensor parallel: the rank's pieces of
+    each unit (fsdp_units); with sequence parallelism 1/tp of the tp x tokens of its group's activations (so
+    as many as without it per GPU), without it the activations outside the split layers (10 of the 34 B x
+    width per token) whole on every rank of the group (Korthikanti et al.: 10 + 24/t)."""
     units = fsdp_units(model, strat)
     P, U, root = sum(units), max(units[1:]), units[0]
     if strat.kind == "ddp":
@@ -351,10 +418,12 @@ def memory(model, strat, W, gph, tokens, ac, b_param, b_grad, master=4, adam=8, 
         if strat.G is not None and W > strat.G:
             transient += P / G * b_grad  # reduce-scatter outputs kept for the replicate all-reduce
     d, L = model.d, model.L
+    rf = strat.tp if strat.tp > 1 and not strat.sp else 1  # replicated over the group without sequence parallel
+    block_act = tokens * d * (10 * rf + 24)
     if ac:
-        act = L * tokens * d * 2 + tokens * d * 34  # the blocks' inputs + one block recomputed
+        act = L * tokens * d * 2 * rf + block_act  # the blocks' inputs + one block recomputed
     else:
-        act = L * tokens * d * 34  # Korthikanti et al. 2022, s*b*h*34 per layer, flash attention
+        act = L * block_act  # Korthikanti et al. 2022, s*b*h*34 per layer, flash attention
     logits = tokens * model.V * 6  # bf16 logits + fp32 softmax/gradient
     return {"state": state, "transient": transient, "act": act + logits, "total": state + transient + act + logits}
 
@@ -369,7 +438,7 @@ def simulate(model, strat, W, hw, tokens, ac, b_param, b_grad, overlap=True, fwd
     fb = [2 * x + (x if ac and i > 0 else 0) for i, x in enumerate(ff)]  # recompute blocks, not the head
     net = hw.net
     compute = sum(ff) + sum(fb)
-    tpf, tpb = tp_comm(model, strat, tokens, b_param, net, ac)  # on the compute stream
+    tpf, tpb, tpa = tp_comm(model, strat, tokens, b_param, net, ac, shard["n"] if shard else 1)  # compute stream
     ff = [a + b for a, b in zip(ff, tpf)]
     fb = [a + b for a, b in zip(fb, tpb)]
     ag = [0.0] * n
@@ -389,7 +458,7 @@ def simulate(model, strat, W, hw, tokens, ac, b_param, b_grad, overlap=True, fwd
     P_owned = sum(units) if strat.kind == "ddp" else sum(units) / shard["n"]
     t_opt = P_owned * ADAM_BYTES / hw.opt_bw
     if not overlap:  # 2-core CPU: communication and compute share the same cores
-        comm = sum(ag) + sum(rs) + sum(ar) + sum(tpf) + sum(tpb)
+        comm = sum(ag) + sum(rs) + sum(ar) + sum(tpf) + sum(tpb) + tpa
         if strat.kind == "fsdp" and strat.reshard:
             comm += sum(ag[1:])
         step = compute + comm + t_opt
@@ -442,6 +511,7 @@ def simulate(model, strat, W, hw, tokens, ac, b_param, b_grad, overlap=True, fwd
             else:  # ShardTrain's HYBRID_SHARD before cdd7f83: all issued after the last reduce-scatter
                 nic = end + sum(ar)
             end = max(end, nic)
+    end += tpa  # sequence parallel: the partial gradients' all-reduces, after the reduce-scatters
     step = end + t_opt
     return {"compute": compute, "opt": t_opt, "step": step, "exposed": step - compute - t_opt}
 
@@ -519,7 +589,9 @@ def calib_rows(nets, rate, O):
 
 
 NS_STRATEGIES = [FULL_SHARD, SHARD_GRAD_OP, Strategy("HYBRID_SHARD", "fsdp", shard_group=2, replicate_overlapped=True),
-                 DDP]  # no overlap on 2 cores: the replicate all-reduce's timing does not matter there
+                 DDP, TP2_NS]  # no overlap on 2 cores: the replicate all-reduce's timing does not matter there
+NS_IMPL = {"FULL_SHARD": "shardtrain_FULL_SHARD", "SHARD_GRAD_OP": "shardtrain_SHARD_GRAD_OP",
+           "HYBRID_SHARD": "shardtrain_HYBRID_SHARD", "ddp": "shardtrain_ddp", TP2_NS.name: "shardtrain_TP_FSDP"}
 
 
 def namespace_rows(nets, rate, O, gbits=(1, 10, 25)):
@@ -531,7 +603,7 @@ def namespace_rows(nets, rate, O, gbits=(1, 10, 25)):
         row = [f"{gbit} Gbit/s"]
         for st in NS_STRATEGIES:
             r = simulate(m, st, 4, hw, tok, False, b_param=4, b_grad=4, overlap=False)
-            acc = comm_accounting(m, st, 4, 2, 4, 4)
+            acc = comm_accounting(m, st, 4, 2, 4, 4, tokens=tok)
             row.append(f"{r['step']:.2f} ({acc['inter_host_per_host'] / MiB:.0f})")
         rows.append(row)
     return rows
@@ -550,8 +622,8 @@ def namespace_check(nets, rate, O, results_path, model, global_batch, delay):
                         CalibNet(0.0, {op: 1.0 for op in OPS}))
     mod_local = simulate(model, DDP, 1, local_hw, tok, False, b_param=4, b_grad=4, overlap=False)["step"]
     meas_local = next(r["median_step_s"] for r in rows if r["impl"] == "shardtrain_local_compute")
-    names = {"FULL_SHARD": "shardtrain_FULL_SHARD", "SHARD_GRAD_OP": "shardtrain_SHARD_GRAD_OP",
-             "HYBRID_SHARD": "shardtrain_HYBRID_SHARD", "ddp": "shardtrain_ddp"}
+    names = NS_IMPL
+    tp_rows = []
     out = [["local compute (no comm)", "—", f"{meas_local:.3f}", f"{mod_local:.3f}", pct(mod_local / meas_local - 1),
             f"{meas_local:.3f}", "+0.0%", "0", "—", "—"]]
     for link in sorted({r["link"] for r in rows}, key=lambda l: int(l[:-4])):
@@ -564,14 +636,25 @@ def namespace_check(nets, rate, O, results_path, model, global_batch, delay):
                 continue
             sim = simulate(model, st, 4, hw, tok, False, b_param=4, b_grad=4, overlap=False)
             anchored = sim["step"] + meas_local - mod_local
-            acc = comm_accounting(model, st, 4, 2, 4, 4)["inter_host_per_host"]
+            a = comm_accounting(model, st, 4, 2, 4, 4, tokens=tok)
+            acc = a["inter_host_per_host"]
             m = r["median_step_s"]
             out.append([link, st.name, f"{m:.3f}", f"{sim['step']:.3f}", pct(sim["step"] / m - 1), f"{anchored:.3f}",
                         pct(anchored / m - 1), f"{sim['exposed']:.3f}", f"{m - meas_local:+.3f}",
                         f"{acc / MiB:.1f} / {r['wire_bytes_per_host_step'] / MiB:.1f}"])
-    return table(["link", "strategy", "measured step (s)", "modelled, calibrated (s)", "error",
-                  "modelled, anchored (s)", "error", "modelled comm (s)", "measured exposed (s)",
-                  "inter-host MiB/host: modelled / wire"], out)
+            if st.tp > 1:  # its groups stay inside a host (tensor parallel) or hold one rank per host (FSDP)
+                shm, tcp = r.get("shm_bytes_per_host_step"), r.get("tcp_bytes_per_host_step")
+                tp_rows.append([link, st.name, f"{a['intra_host_per_host']:,.0f}", f"{shm:,}",
+                                f"{a['intra_host_per_host'] / shm:.6f}", f"{acc:,.0f}", f"{tcp:,}", f"{acc / tcp:.6f}"])
+    res = table(["link", "strategy", "measured step (s)", "modelled, calibrated (s)", "error",
+                 "modelled, anchored (s)", "error", "modelled comm (s)", "measured exposed (s)",
+                 "inter-host MiB/host: modelled / wire"], out)
+    if tp_rows:
+        res += ("\n\nmodel_parallel, bytes per host and step by link class: modelled (tensor-parallel group = shared "
+                "memory, data-parallel group = TCP) vs the communicators' own count\n\n"
+                + table(["link", "strategy", "shm modelled (B)", "shm measured (B)", "ratio", "TCP modelled (B)",
+                         "TCP measured (B)", "ratio"], tp_rows))
+    return res
 
 
 def comm_rows(nets):
@@ -812,17 +895,23 @@ def check(args):
                 else:
                     expect(ovl < after, f"{model.name} W={W} {hw.net.name}: HYBRID_SHARD step {ovl:.3f} s "
                            f"(overlapped all-reduce) < {after:.3f} s (all after backward, before cdd7f83)")
-    # tensor parallel x FSDP: the same sharded state as FULL_SHARD (16 B x P / W), 1/8 of its gathered
-    # units, as many bytes between hosts (within the ring factors), and a step above compute + optimizer
+    # tensor parallel x FSDP: FULL_SHARD's sharded state (16 B x P / W) plus the parameters every rank of a
+    # tensor-parallel group keeps whole (norms, row-wise biases, wpe: 7 extra copies of them in 8), gathered
+    # units of 1/8 plus those, as many bytes between hosts (within the ring factors), and a step above
+    # compute + optimizer
     for model in (GPT_70B, GPT_405B):
         for W in (16, 128, 1024):
             fs = memory(model, FULL_SHARD, W, 8, args.tokens_per_gpu, True, 2, 2)
             tp = memory(model, TP8, W, 8, args.tokens_per_gpu, True, 2, 2)
-            expect(abs(fs["state"] - tp["state"]) <= 1e-3 * fs["state"] + model.params * 16 / W * 0.01,
-                   f"{model.name} W={W}: TP8 x FSDP state {tp['state'] / GB:.1f} GB = FULL_SHARD's "
-                   f"{fs['state'] / GB:.1f} GB")
-            expect(abs(tp["transient"] * 8 - fs["transient"]) <= 1e-6 * fs["transient"],
-                   f"{model.name} W={W}: TP8 x FSDP gathered units 1/8 of FULL_SHARD's")
+            whole = model.L * model.tp_replicated_block() + model.tp_replicated_root()
+            want = 16 * (model.params + 7 * whole) / W
+            expect(abs(tp["state"] - want) <= 1e-9 * want and tp["state"] <= fs["state"] * 1.005,
+                   f"{model.name} W={W}: TP8 x FSDP state {tp['state'] / GB:.2f} GB = 16 B x (P + 7 x "
+                   f"{whole / 1e6:.1f}M kept whole) / W, FULL_SHARD's {fs['state'] / GB:.2f} GB + "
+                   f"{100 * (tp['state'] / fs['state'] - 1):.2f}%")
+            expect(fs["transient"] / 8 < tp["transient"] <= fs["transient"] / 8 * 1.1,
+                   f"{model.name} W={W}: TP8 x FSDP gathered units {tp['transient'] / GB:.2f} GB, "
+                   f"{8 * tp['transient'] / fs['transient']:.3f} x 1/8 of FULL_SHARD's")
             a_fs = comm_accounting(model, FULL_SHARD, W, 8, 2, 2)["inter_host_per_host"]
             a_tp = comm_accounting(model, TP8, W, 8, 2, 2)["inter_host_per_host"]
             expect(a_tp <= a_fs * (1 + 1e-9), f"{model.name} W={W}: TP8 x FSDP inter-host bytes/host "
@@ -830,6 +919,38 @@ def check(args):
             r = simulate(model, TP8, W, h200(args.mfu, True), args.tokens_per_gpu, True, 2, 2)
             expect(r["exposed"] > 0, f"{model.name} W={W}: TP8 x FSDP's tensor-parallel collectives exposed "
                    f"({100 * r['exposed'] / r['step']:.0f}% of the step)")
+    # the tensor-parallel calls = TheoryPerStep of tests/tensor_parallel/model_parallel_test.cc (what that test
+    # asserts ShardTrain's communicators send) for its TinyLm (2 layers, width 16, block 8), B = 4 sequences
+    # per data-parallel rank: 2x2 without sequence parallelism, 1x4 with it
+    tiny = GPT("TinyLm", n_layer=2, d=16, vocab=40, seq=8)
+    for dp, sp in ((2, False), (1, True)):
+        w, B = 4 // dp, 4
+        A, N, L, C = B * tiny.s * tiny.d, B * tiny.s, tiny.L, tiny.d
+        ar = lambda floats: 2 * (w - 1) * floats * 4 / w
+        if sp:
+            theory = 2 * (4 * L + 2) * (w - 1) * (A / w) * 4 + 3 * ar(N) + ar(5 * 2 * C + tiny.s * C + 2 * L * C)
+        else:
+            theory = (2 + 4 * L) * ar(A) + 3 * ar(N)
+        st = Strategy("tp", "fsdp", tp=w, sequence_parallel=sp)
+        mod = tp_bytes_per_rank(tiny, st, B * tiny.s // w, 4, dp)
+        ncalls = sum(len(c) for part in tp_calls(tiny, st, B * tiny.s // w, 4, dp)[:2] for c in part)
+        ncalls += len(tp_calls(tiny, st, B * tiny.s // w, 4, dp)[2])
+        want_calls = 2 * (4 * L + 2) + 3 + 5 * 2 + 1 + 2 * L if sp else 5 + 4 * L
+        expect(abs(mod - theory) <= 1e-9 * theory and ncalls == want_calls,
+               f"TinyLm {dp}x{w}{' sequence parallel' if sp else ''}: tensor-parallel bytes/rank {mod:,.0f} in "
+               f"{ncalls} calls = model_parallel_test's TheoryPerStep {theory:,.0f} in {want_calls}")
+    # model_parallel on the namespace hosts (tp=2 inside a host, FSDP across): the tensor-parallel bytes
+    # through shared memory and the data-parallel bytes over TCP per host = the communicators' count; the
+    # same accounting for HYBRID_SHARD (shard group inside a host, replicate group across)
+    ns_gpt, ns_tok = GPT("GPT 4x256", n_layer=4, d=256, vocab=96, seq=128), 8 * 128 // 4
+    for st in NS_STRATEGIES:
+        meas = CALIB["ns_bytes_per_host"].get(NS_IMPL[st.name])
+        if meas is None:
+            continue
+        a = comm_accounting(ns_gpt, st, 4, 2, 4, 4, tokens=ns_tok)
+        for key, what, m in (("intra_host_per_host", "shm", meas[0]), ("inter_host_per_host", "TCP", meas[1])):
+            expect(abs(a[key] - m) <= 1e-3 * m, f"namespace hosts, 3.2M GPT, {st.name}: {what} bytes/host/step "
+                   f"modelled {a[key]:,.0f}, measured {m:,} (ratio {a[key] / m:.6f})")
     # with an infinitely fast network every strategy's step is compute + optimizer
     fast = Hardware("ideal", 445e12, 3.36e12, 1e15, ClusterNet("ideal", 8, 1e30, 1e30, 0, 0, 0))
     for st in STRATEGIES:
