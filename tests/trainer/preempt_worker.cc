@@ -7,9 +7,13 @@
 // signal; only on rank PREEMPT_SLEEP_RANK when set); PREEMPT_TIMEOUT_MS:
 // TrainerOptions::timeout; PREEMPT_KILL_RANK / PREEMPT_KILL_STEP: that rank SIGKILLs itself
 // after that step on the first attempt (TORCHELASTIC_RESTART_COUNT unset or 0);
-// PREEMPT_ASYNC=1: sharded checkpoints written in the background (async_checkpoint).
+// PREEMPT_ASYNC=1: sharded checkpoints written in the background (async_checkpoint);
+// PREEMPT_MODEL_PARALLEL=1: the example GPT (tests/trainer/gpt_module.h) with
+// model_parallel at tensor_parallel_size=2 instead (both ranks one tensor-parallel
+// group), its checkpoints sharded (DCP, save_distributed_checkpoint).
 #include <signal.h>
 
+#include <barrier>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +22,7 @@
 
 #include "tests/testing/worker_main.h"
 #include "tests/trainer/fixtures.h"
+#include "tests/trainer/gpt_module.h"
 
 namespace {
 using namespace shardtrain::trainer;
@@ -52,7 +57,7 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "usage: preempt_worker ROOT MAX_STEPS [auto]\n");
     return 2;
   }
-  auto train = fixtures::MakeData(64, 1);
+  const bool model_parallel = EnvInt("PREEMPT_MODEL_PARALLEL", 0) == 1;
   TrainerOptions o = fixtures::BaseOptions(argv[1], 2);
   o.devices = 2;
   o.strategy = "fsdp_native";
@@ -65,6 +70,18 @@ int Run(int argc, char** argv) {
     o.strategy_options = {{"state_dict_type", "sharded"}};
     o.async_checkpoint = true;
   }
+  if (model_parallel) {
+    o.strategy = "model_parallel";
+    o.strategy_options = {{"tensor_parallel_size", "2"}, {"save_distributed_checkpoint", "true"}};
+    o.max_epochs.reset();  // max_steps decides: 8 steps per epoch of the 16 sequences
+    o.batch_size = 2;
+    std::barrier<> seeded(1);  // one rank per process
+    shardtrain::trainer::testing::GptModule module(false, &seeded);
+    Trainer trainer(o);
+    trainer.Fit(module, shardtrain::trainer::testing::SmallGptData());
+    return 0;
+  }
+  auto train = fixtures::MakeData(64, 1);
   fixtures::Classifier module;
   Trainer trainer(o);
   trainer.Fit(module, *train);

@@ -10,16 +10,23 @@
 #   - SIGTERM with sharded checkpoints written in the background
 #     (async_checkpoint, the writer slowed to 200 ms per unit so that saves
 #     are in flight): exit 143, last.ckpt complete, the same resume checks;
+#   - SIGTERM under model_parallel (the example GPT, tensor_parallel_size=2,
+#     DCP checkpoints): exit 143, last.ckpt complete, resume=auto continues
+#     with that run's uninterrupted losses bit for bit;
 #   - a second SIGTERM 0.7 s after the first: aborts at once, nothing saved;
 #   - TrainerOptions::timeout (15 s) ends a run whose rank 1 stalls;
 #   - torchrun --max-restarts=1, rank 1 SIGKILLed at a random step of the
 #     first attempt, --resume=auto: the job ends 0 and every step's loss of
 #     both attempts equals the uninterrupted run's.
-#   preemption_test.sh WORKER
+#   - model_parallel under shardtrain_launch, rank 1 SIGKILLed after step 3:
+#     the job fails within 60 s, the launcher names rank 1, rank 0's error
+#     names rank 1 and the group it was waiting in (the tensor-parallel one).
+#   preemption_test.sh WORKER LAUNCHER
 set -u
 die() { echo "preemption_test: $*" >&2; exit 1; }
-[[ $# -eq 1 ]] || die "usage: preemption_test.sh WORKER"
+[[ $# -eq 2 ]] || die "usage: preemption_test.sh WORKER LAUNCHER"
 WORKER="$(readlink -f "$1")"
+LAUNCHER="$(readlink -f "$2")"
 [[ -x "$WORKER" ]] || die "worker not found: $1"
 SCRIPT_REAL="$(readlink -f "${BASH_SOURCE[0]}")"
 REPO_ROOT="$(cd "$(dirname "$SCRIPT_REAL")/../.." && pwd)"
@@ -29,18 +36,25 @@ rm -rf "$OUT"; mkdir -p "$OUT"
 FAILURES=0
 fail() { echo "FAIL [$CASE]: $*" >&2; FAILURES=$((FAILURES + 1)); }
 
-# The loss of step N in the uninterrupted run.
-"$WORKER" "$OUT/base" 12 > "$OUT/base.out" 2> "$OUT/base.err" || die "baseline run failed: $(cat "$OUT/base.err")"
-[[ $(grep -c ' step ' "$OUT/base.out") -eq 12 ]] || die "baseline printed no 12 steps: $(cat "$OUT/base.out")"
+# The loss of step N in the uninterrupted run of each model: BASE[KEY:N].
 declare -A BASE
-while read -r _ _ _ step _ loss; do BASE[$step]=$loss; done < <(grep ' step ' "$OUT/base.out")  # not the model summary
+baseline() {  # KEY [VAR=VALUE...: the worker's environment]
+  local key=$1; shift
+  env "$@" "$WORKER" "$OUT/base_$key" 12 > "$OUT/base_$key.out" 2> "$OUT/base_$key.err" ||
+    die "baseline run ($key) failed: $(tail -5 "$OUT/base_$key.err")"
+  [[ $(grep -c ' step ' "$OUT/base_$key.out") -eq 12 ]] || die "baseline ($key) printed no 12 steps: $(cat "$OUT/base_$key.out")"
+  while read -r _ _ _ step _ loss; do BASE[$key:$step]=$loss; done < <(grep ' step ' "$OUT/base_$key.out")  # not the model summary
+}
+baseline fsdp
+baseline tp PREEMPT_MODEL_PARALLEL=1
 
-# Every "step N loss L" line of $1 must carry the baseline's L exactly.
+# Every "step N loss L" line of $1 must carry the baseline's L exactly (KEY $2, default fsdp).
 same_losses() {
-  local n=0 step loss
+  local n=0 step loss key=${2:-fsdp}
   while read -r _ _ _ step _ loss; do
     n=$((n + 1))
-    [[ "${BASE[$step]:-}" == "$loss" ]] || { fail "step $step: loss $loss, uninterrupted ${BASE[$step]:-none}"; return; }
+    [[ "${BASE[$key:$step]:-}" == "$loss" ]] ||
+      { fail "step $step: loss $loss, uninterrupted ${BASE[$key:$step]:-none}"; return; }
   done < <(grep ' step ' "$1")
   [[ $n -gt 0 ]] || fail "no steps in $1"
 }
@@ -54,7 +68,8 @@ wait_for_step() {  # FILE STEP
 signal_case() {
   CASE=$1
   local sig=$2 who=$3 want=$4 dir="$OUT/$1"
-  local env=("${@:5}")
+  local env=("${@:5}") key=fsdp
+  [[ " ${env[*]:-} " == *" PREEMPT_MODEL_PARALLEL=1 "* ]] && key=tp
   echo "=== $CASE"
   env "${env[@]}" PREEMPT_SLEEP_MS=300 "$WORKER" "$dir" 12 > "$dir.out" 2> "$dir.err" &
   local pid=$!
@@ -80,8 +95,8 @@ signal_case() {
   env "${env[@]}" "$WORKER" "$dir" 12 auto > "$dir.resumed.out" 2> "$dir.resumed.err" || fail "resume failed: $(tail -3 "$dir.resumed.err")"
   local first; first=$(grep ' step ' "$dir.resumed.out" | head -1 | awk '{print $4}')
   [[ "$first" == "$((last + 1))" ]] || fail "resumed at step $first, stopped after $last"
-  same_losses "$dir.out"
-  same_losses "$dir.resumed.out"
+  same_losses "$dir.out" "$key"
+  same_losses "$dir.resumed.out" "$key"
   [[ $(grep ' step ' "$dir.resumed.out" | tail -1 | awk '{print $4}') == 12 ]] || fail "resumed run did not reach step 12"
 }
 
@@ -89,6 +104,7 @@ signal_case sigterm_launcher TERM launcher 143
 signal_case sigusr1_rank1 USR1 rank1 138
 signal_case sigint_launcher INT launcher 130
 signal_case sigterm_async_save TERM launcher 143 PREEMPT_ASYNC=1 SHARDTRAIN_ASYNC_SAVE_UNIT_DELAY_MS=200
+signal_case sigterm_model_parallel TERM launcher 143 PREEMPT_MODEL_PARALLEL=1
 
 CASE=second_signal
 echo "=== $CASE"
@@ -142,6 +158,22 @@ else
   [[ $first -ge $step && $first -le $((step + 1)) ]] || fail "attempt 1 started at step $first (periodic checkpoint every 2 of $step)"
   same_losses "$OUT/torchrun.out"
 fi
+
+CASE=model_parallel_rank_killed
+echo "=== $CASE"
+t0=$(date +%s%N)
+PREEMPT_MODEL_PARALLEL=1 PREEMPT_KILL_RANK=1 PREEMPT_KILL_STEP=3 OMP_NUM_THREADS=1 timeout 60 "$LAUNCHER" --nproc 2 -- \
+  "$WORKER" "$OUT/mp_killed" 12 > "$OUT/mp_killed.out" 2> "$OUT/mp_killed.err"
+rc=$?
+echo "$CASE: exit $rc after $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+[[ $rc -ne 0 && $rc -ne 124 ]] || fail "exit status $rc (124: still running after 60 s)"
+grep -q "ShardTrain launcher: rank 1 (pid [0-9]*) was killed by signal 9" "$OUT/mp_killed.err" ||
+  fail "the launcher did not name rank 1"
+died=$(grep -o "error: [A-Za-z]* on gloo group 'world/tp0' (rank 0/2) failed .*rank 1 of group 'world/tp0' [^.]* has died" \
+  "$OUT/mp_killed.err" | head -1)
+[[ -n "$died" ]] || fail "rank 0's error does not name rank 1 of the tensor-parallel group: $(grep error: "$OUT/mp_killed.err")"
+echo "  $died"
+sleep 0.5; pgrep -f -- "$WORKER $OUT/mp_killed " > /dev/null && fail "a rank is still running"
 
 if [[ $FAILURES -ne 0 ]]; then
   for f in "$OUT"/*.err; do echo "--- $f"; tail -20 "$f"; done
