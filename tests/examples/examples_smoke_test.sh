@@ -6,7 +6,10 @@
 #     10 000 test images at 3 ranks (padding not counted); a missing data
 #     directory names the Debian package and the flag;
 #   - gpt: 2 ranks under torchrun --no-python (pinned torch), then a resume that
-#     must continue exactly (same losses as an uninterrupted run).
+#     must continue exactly (same losses as an uninterrupted run); and 2 ranks
+#     started by the program with --strategy=model_parallel (tensor parallel
+#     over both, sequence parallel): progress, validation, a sample drawn from
+#     the gathered logits, a checkpoint.
 #
 #   examples_smoke_test.sh FASHION_MNIST_TRAIN GPT_TRAIN   (runfiles paths; Bazel passes them)
 #
@@ -108,6 +111,16 @@ for step in 4 5 6; do
   [[ -n "$line" ]] || { echo "FAIL [gpt_b]: no step $step in the uninterrupted run" >&2; FAILURES=$((FAILURES + 1)); continue; }
   expect gpt_b "step $step continues exactly ($line)" "step $step/6 $line "
 done
+
+# --- GPT with tensor parallelism, the program its own launcher.
+run_case gpt_tp "$GPT" "${GPT_ARGS[@]}" --max_steps=3 --devices=2 --strategy=model_parallel \
+  --strategy_options=tensor_parallel_size=2,sequence_parallel=true --default_root_dir="$OUT/gpt_tp"
+expect_rc gpt_tp 0
+expect gpt_tp "model_parallel over 2 ranks" "strategy model_parallel .*tensor_parallel_size=2.*, 2 rank\(s\)"
+expect gpt_tp "a progress line per step" "^epoch 0 step 3/3 loss [0-9.]+ "
+expect gpt_tp "validation loss before and after" "^validation loss: [0-9.]+ -> [0-9.]+"
+expect gpt_tp "a sample" "^--- sample ---"
+expect gpt_tp "a checkpoint" "^checkpoint: .*/version_0/checkpoints/last.ckpt"
 
 if [[ $FAILURES -ne 0 ]]; then
   echo "examples_smoke_test: $FAILURES failure(s)" >&2
