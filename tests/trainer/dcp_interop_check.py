@@ -90,20 +90,31 @@ def full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def fsdp2_rank(rank, world, d, write):
-    net, opt = fsdp2_model(world)
+def load_and_check(net, opt, sharded, full_ckpt, step, same_order):
+    """dcp.load + set_state_dict of the directory `sharded` into net and opt: every parameter, its AdamW moments
+    and step equal the full checkpoint's (same_order: and the parameters come in its order). Returns that
+    checkpoint and its parameter names."""
     msd, osd = get_state_dict(net, opt)
     state = {"model": msd, "optimizer_0": osd}
-    dcp.load(state, checkpoint_id=os.path.join(d, "st_sharded"))
+    dcp.load(state, checkpoint_id=sharded)
     set_state_dict(net, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer_0"])
-    ref = torch.load(os.path.join(d, "st_full.ckpt"))
+    ref = torch.load(full_ckpt)
     names = ref["optimizer_states"][0]["param_groups"][0]["param_names"]
-    for i, (n, p) in enumerate(net.named_parameters()):
-        assert n == names[i], (n, names[i])
+    params = dict(net.named_parameters())
+    assert (list(params) if same_order else sorted(params)) == (names if same_order else sorted(names)), \
+        (list(params), names)
+    for i, n in enumerate(names):
+        p = params[n]
         assert torch.equal(full(p.detach()), ref["state_dict"][n]), n
         for k in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(full(opt.state[p][k]), ref["optimizer_states"][0]["state"][i][k]), (n, k)
-        assert full(opt.state[p]["step"]).item() == 16.0, (n, opt.state[p]["step"])
+        assert full(opt.state[p]["step"]).item() == step, (n, opt.state[p]["step"])
+    return ref, names
+
+
+def fsdp2_rank(rank, world, d, write):
+    net, opt = fsdp2_model(world)
+    load_and_check(net, opt, os.path.join(d, "st_sharded"), os.path.join(d, "st_full.ckpt"), 16.0, True)
     assert opt.param_groups[0]["lr"] == 0.01 * 0.5 ** 3, opt.param_groups[0]["lr"]
     meta = torch.load(os.path.join(d, "st_sharded", "meta.pt"))
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
@@ -186,21 +197,8 @@ def tp_model():
 
 def tp_rank(rank, world, d):
     net, opt = tp_model()
-    msd, osd = get_state_dict(net, opt)
-    state = {"model": msd, "optimizer_0": osd}
-    dcp.load(state, checkpoint_id=os.path.join(d, "st_tp"))
-    set_state_dict(net, opt, model_state_dict=state["model"], optim_state_dict=state["optimizer_0"])
-    ref = torch.load(os.path.join(d, "st_tp_full.ckpt"))
-    names = ref["optimizer_states"][0]["param_groups"][0]["param_names"]
-    params = dict(net.named_parameters())
-    assert sorted(params) == sorted(names), (sorted(params), sorted(names))
-    for i, n in enumerate(names):
-        p = params[n]
-        assert torch.equal(full(p.detach()), ref["state_dict"][n]), n
-        for k in ("exp_avg", "exp_avg_sq"):
-            assert torch.equal(full(opt.state[p][k]), ref["optimizer_states"][0]["state"][i][k]), (n, k)
-        assert full(opt.state[p]["step"]).item() == 2.0, (n, opt.state[p]["step"])
-    placements = {str(p.placements) for p in params.values()}
+    _, names = load_and_check(net, opt, os.path.join(d, "st_tp"), os.path.join(d, "st_tp_full.ckpt"), 2.0, False)
+    placements = {str(p.placements) for p in net.parameters()}
     msd, osd = get_state_dict(net, opt)
     dcp.save({"model": msd, "optimizer_0": osd}, checkpoint_id=os.path.join(d, "py_tp"))
     if rank == 0:
