@@ -132,20 +132,29 @@ def fsdp2_rank(rank, world, d, write):
                 f.write("".join(f"{v!r}\n" for v in cont))
 
 
-def python(d):
-    sharded = os.path.join(d, "st_sharded")
-    assert sorted(os.listdir(sharded)) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"], os.listdir(sharded)
-    ref = torch.load(os.path.join(d, "st_full.ckpt"))
+def torch_save_equals_full(sharded, ref):
+    """dcp_to_torch_save of the directory `sharded`: the same model tensors and AdamW state as the full checkpoint
+    `ref` (loaded). Returns what it gave."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "all.pt")
         dcp_to_torch_save(sharded, out)
         sd = torch.load(out)
+    assert sd["model"].keys() == ref["state_dict"].keys(), sd["model"].keys() ^ ref["state_dict"].keys()
     for k, v in ref["state_dict"].items():
         assert torch.equal(sd["model"][k], v), k
     names = ref["optimizer_states"][0]["param_groups"][0]["param_names"]
     for i, n in enumerate(names):
         for k, v in ref["optimizer_states"][0]["state"][i].items():
             assert torch.equal(sd["optimizer_0"]["state"][n][k], v), (n, k)
+    return sd
+
+
+def python(d):
+    sharded = os.path.join(d, "st_sharded")
+    assert sorted(os.listdir(sharded)) == [".metadata", "__0_0.distcp", "__1_0.distcp", "meta.pt"], os.listdir(sharded)
+    ref = torch.load(os.path.join(d, "st_full.ckpt"))
+    sd = torch_save_equals_full(sharded, ref)
+    names = ref["optimizer_states"][0]["param_groups"][0]["param_names"]
     assert sd["optimizer_0"]["param_groups"][0]["params"] == names, sd["optimizer_0"]["param_groups"]
     print(f"dcp_to_torch_save: {len(ref['state_dict'])} tensors and the AdamW state equal the full checkpoint's")
     for world in (1, 2, 4):
@@ -212,17 +221,7 @@ def tp(d):
     files = sorted(os.listdir(sharded))
     assert ".metadata" in files and "meta.pt" in files, files
     ref = torch.load(os.path.join(d, "st_tp_full.ckpt"))
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "all.pt")
-        dcp_to_torch_save(sharded, out)
-        sd = torch.load(out)
-    assert sd["model"].keys() == ref["state_dict"].keys(), sd["model"].keys() ^ ref["state_dict"].keys()
-    for k, v in ref["state_dict"].items():
-        assert torch.equal(sd["model"][k], v), k
-    names = ref["optimizer_states"][0]["param_groups"][0]["param_names"]
-    for i, n in enumerate(names):
-        for k, v in ref["optimizer_states"][0]["state"][i].items():
-            assert torch.equal(sd["optimizer_0"]["state"][n][k], v), (n, k)
+    torch_save_equals_full(sharded, ref)
     print(f"dcp_to_torch_save of the model_parallel checkpoint ({files}): {len(ref['state_dict'])} tensors and the "
           "AdamW state equal the full checkpoint's")
     spawn_gloo(tp_rank, 4, d)
