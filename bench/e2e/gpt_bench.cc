@@ -19,7 +19,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "base/errors.h"
 #include "comm/gloo_communicator.h"
@@ -88,14 +91,14 @@ std::map<std::string, at::Tensor> ReadDict(const std::string& path) {
 // The dump must hold every parameter of the model with its shape, and a
 // batch for each of the --warmup + --steps steps with --global_batch rows.
 void CheckDumpFits(const std::map<std::string, at::Tensor>& init, const std::map<std::string, at::Tensor>& data,
-                   torch::nn::Module& model) {
+                   const std::map<std::string, std::vector<int64_t>>& shapes) {
   const std::string again = " (dump again with the same model and step flags as this run, or change the flags)";
-  for (const auto& p : model.named_parameters()) {
-    auto it = init.find(p.key());
-    ST_CHECK_ARG(it != init.end(), FLAGS_data_dir, "/init.pt has no parameter ", p.key(),
+  for (const auto& [name, shape] : shapes) {
+    auto it = init.find(name);
+    ST_CHECK_ARG(it != init.end(), FLAGS_data_dir, "/init.pt has no parameter ", name,
                  ": it was dumped for another model (--n_layer/--n_embd/--n_head/--block_size/--vocab)", again);
-    ST_CHECK_ARG(it->second.sizes() == p.value().sizes(), FLAGS_data_dir, "/init.pt: ", p.key(), " is ",
-                 it->second.sizes(), ", the model's is ", p.value().sizes(),
+    ST_CHECK_ARG(it->second.sizes() == c10::IntArrayRef(shape), FLAGS_data_dir, "/init.pt: ", name, " is ",
+                 it->second.sizes(), ", the model's is ", c10::IntArrayRef(shape),
                  ": it was dumped for another model (--n_layer/--n_embd/--n_head/--block_size/--vocab)", again);
   }
   const int needed = FLAGS_warmup + FLAGS_steps;
@@ -229,10 +232,13 @@ std::shared_ptr<examples::GptImpl> BuildBenchModel(strategies::Strategy& strateg
       model = std::make_shared<examples::GptImpl>(Config());
     }
     strategy.WrapModel(model);
+    CheckDumpFits(init, data, strategy.ParameterShapes());  // the global shapes
     strategy.LoadFullStateDict(init);
   } else {
     model = std::make_shared<examples::GptImpl>(Config());
-    CheckDumpFits(init, data, *model);
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& p : model->named_parameters()) shapes[p.key()] = p.value().sizes().vec();
+    CheckDumpFits(init, data, shapes);
     {
       at::NoGradGuard no_grad;
       for (auto& p : model->named_parameters()) p.value().copy_(init.at(p.key()));
