@@ -13,6 +13,7 @@
 #include <barrier>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "examples/gpt/gpt_model.h"
@@ -56,7 +57,7 @@ class GptModule : public TrainingModule {
     model_ = std::make_shared<examples::GptImpl>(SmallGptConfig());
     if (freeze_) {
       for (auto& p : model_->named_parameters()) {
-        if (p.key() == "h.0.attn.c_attn.weight" || p.key().rfind("ln_f.", 0) == 0) p.value().set_requires_grad(false);
+        if (Frozen(p.key())) p.value().set_requires_grad(false);
       }
     }
     return model_;
@@ -67,6 +68,10 @@ class GptModule : public TrainingModule {
   OptimizerConfig configure_optimizers(const std::vector<at::Tensor>& params) override {
     // eps 1e-5: the key bias's gradient is rounding noise (tests/tensor_parallel/model_parallel_test.cc says why).
     return {std::make_shared<torch::optim::AdamW>(params, torch::optim::AdamWOptions(1e-2).eps(1e-5))};
+  }
+  // The parameters `freeze` freezes.
+  static bool Frozen(const std::string& name) {
+    return name == "h.0.attn.c_attn.weight" || name.rfind("ln_f.", 0) == 0;
   }
   std::shared_ptr<examples::GptImpl> model_;
 
