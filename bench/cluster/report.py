@@ -2,7 +2,10 @@
 bench/cluster/run.sh's results. Replaces that section if it is there, appends
 it otherwise; the rest of the file is kept.
 
-  report.py RESULTS.jsonl PARAMS.json BENCHMARKS.md PLOT.png META.txt
+  report.py RESULTS.jsonl PARAMS.json BENCHMARKS.md PLOT.png META.txt [EARLIER.jsonl ...]
+
+EARLIER: other runs' results (run.sh's EARLIER=...), for the HYBRID_SHARD overlap's medians over them
+and this run.
 """
 import json
 import os
@@ -94,7 +97,7 @@ def overlap_medians(paths, links):
     for p in paths:
         rows = [json.loads(l) for l in open(p) if l.strip()]
         runs.append({(r["link"], r["impl"]): r["median_step_s"] for r in rows})
-    out = [f"Medians over {len(runs)} runs of the same day (this one and "
+    out = [f"Medians over {len(runs)} runs (this one and "
            + ", ".join(f"`{os.path.basename(p)}`" for p in paths[1:]) + "):", "",
            "| link | ShardTrain HYBRID - FULL (s), per run | median | PyTorch HSDP - FSDP2 (s), per run | median | "
            "ours at most PyTorch's |", "|---|---|---|---|---|---|"]
