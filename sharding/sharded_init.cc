@@ -15,7 +15,7 @@
 
 namespace shardtrain::sharding {
 namespace {
-thread_local ShardedInitScope* g_active = nullptr;
+thread_local ShardedInitScope* g_active_init_scope = nullptr;
 
 std::vector<int64_t> ContiguousStrides(const std::vector<int64_t>& shape) {
   std::vector<int64_t> strides(shape.size(), 1);
@@ -72,13 +72,13 @@ ShardGroupPlace ShardGroupOf(int world_rank, int world_size, const ShardingOptio
 }
 
 ShardedInitScope::ShardedInitScope(ShardGroupPlace place, WrapPolicy policy)
-    : place_(place), policy_(std::move(policy)), previous_(g_active) {
+    : place_(place), policy_(std::move(policy)), previous_(g_active_init_scope) {
   ST_CHECK_ARG(place_.size >= 1 && place_.rank >= 0 && place_.rank < place_.size, "ShardedInitScope: shard rank ",
                place_.rank, " is not in a shard group of ", place_.size, " (valid: 0..size-1, size >= 1)");
   ST_CHECK_ARG(policy_.should_wrap != nullptr, "ShardedInitScope: the wrap policy has no should_wrap function");
   KeepFreedHostMemoryReturnable();  // construction frees a unit's full values per wrap point
   InstallHostBlockCache();
-  g_active = this;
+  g_active_init_scope = this;
 }
 
 ShardedInitScope::ShardedInitScope(const comm::Communicator& world, const ShardingOptions& options, WrapPolicy policy,
@@ -86,11 +86,11 @@ ShardedInitScope::ShardedInitScope(const comm::Communicator& world, const Shardi
     : ShardedInitScope(ShardGroupOf(world.rank(), world.size(), options, local_world_size), std::move(policy)) {}
 
 ShardedInitScope::~ShardedInitScope() {
-  g_active = previous_;
+  g_active_init_scope = previous_;
   ReleaseHostBlockCache();  // construction's transients are not the step's
 }
 
-ShardedInitScope* ShardedInitScope::Active() { return g_active; }
+ShardedInitScope* ShardedInitScope::Active() { return g_active_init_scope; }
 
 void ShardedInitScope::Take(WrapPoint& point, torch::nn::Module& module) {
   at::NoGradGuard no_grad;
@@ -167,7 +167,7 @@ void ShardedInitScope::MoveToDevice(torch::nn::Module& module, c10::Device devic
 
 namespace internal {
 void OnWrapPointConstructed(WrapPoint& point, torch::nn::Module& module) {
-  if (g_active != nullptr) g_active->Take(point, module);
+  if (g_active_init_scope != nullptr) g_active_init_scope->Take(point, module);
 }
 }  // namespace internal
 

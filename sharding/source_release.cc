@@ -2,15 +2,18 @@
 
 namespace shardtrain::sharding {
 namespace {
-thread_local SourceReleaseScope* g_active = nullptr;
+thread_local SourceReleaseScope* g_active_release_scope = nullptr;
 }  // namespace
 
-SourceReleaseScope::SourceReleaseScope(ReleaseFn release) : release_(release), previous_(g_active) { g_active = this; }
+SourceReleaseScope::SourceReleaseScope(ReleaseFn release) : release_(release), previous_(g_active_release_scope) {
+  g_active_release_scope = this;
+}
 
-SourceReleaseScope::~SourceReleaseScope() { g_active = previous_; }
+SourceReleaseScope::~SourceReleaseScope() { g_active_release_scope = previous_; }
 
 void SourceReleaseScope::Release(const at::Tensor& source) {
-  if (g_active != nullptr && g_active->release_ != nullptr && source.defined()) g_active->release_(source);
+  if (g_active_release_scope != nullptr && g_active_release_scope->release_ != nullptr && source.defined())
+    g_active_release_scope->release_(source);
 }
 
 }  // namespace shardtrain::sharding

@@ -16,15 +16,59 @@ CUDA_ONLY = select({
     "//conditions:default": ["@platforms//:incompatible"],
 })
 
-def st_cc_library(name, copts = [], linkstatic = True, **kwargs):
+def _unity_srcs(name, srcs, unity):
+    """srcs with its .cc files compiled as `unity` translation units (0: as they are).
+
+    Nearly every .cc here includes LibTorch's headers, which take ~16 s of the
+    ~25 s a compile takes on this project's machines; a target's .cc files
+    concatenated into one generated file parse them once (docs/build.md, "Unity
+    translation units"). `#line` markers keep each file's own name in
+    diagnostics and __FILE__. The files stay ordinary sources: edit, format and
+    query them as before (bazel query still lists them through the genrule). A
+    .cc file's file-scope names must then differ from its siblings': the
+    compiler says which collide.
+    """
+    if not unity or type(srcs) != "list":
+        return srcs
+    ccs = [s for s in srcs if s.endswith(".cc")]
+    others = [s for s in srcs if not s.endswith(".cc")]
+    if len(ccs) < 2:
+        return srcs
+    groups = [ccs[i::unity] for i in range(min(unity, len(ccs)))]
+    out = []
+    for i, group in enumerate(groups):
+        gen = "%s_unity%d" % (name, i)
+        native.genrule(
+            name = gen,
+            srcs = group,
+            outs = [gen + ".cc"],
+            cmd = "for f in $(SRCS); do echo \"#line 1 \\\"$$f\\\"\"; cat \"$$f\"; echo; done > $@",
+            visibility = ["//visibility:private"],
+        )
+        out.append(":" + gen)
+    return others + out
+
+def st_cc_library(name, copts = [], linkstatic = True, srcs = [], unity = 0, **kwargs):
     # linkstatic: no per-library .so, so builds run half the link actions.
-    cc_library(name = name, copts = ST_COPTS + copts, linkstatic = linkstatic, **kwargs)
+    cc_library(
+        name = name,
+        srcs = _unity_srcs(name, srcs, unity),
+        copts = ST_COPTS + copts,
+        linkstatic = linkstatic,
+        **kwargs
+    )
 
-def st_cc_binary(name, copts = [], **kwargs):
-    cc_binary(name = name, copts = ST_COPTS + copts, **kwargs)
+def st_cc_binary(name, copts = [], srcs = [], unity = 0, **kwargs):
+    cc_binary(name = name, srcs = _unity_srcs(name, srcs, unity), copts = ST_COPTS + copts, **kwargs)
 
-def st_cc_test(name, copts = [], linkstatic = True, **kwargs):
-    cc_test(name = name, copts = ST_COPTS + copts, linkstatic = linkstatic, **kwargs)
+def st_cc_test(name, copts = [], linkstatic = True, srcs = [], unity = 0, **kwargs):
+    cc_test(
+        name = name,
+        srcs = _unity_srcs(name, srcs, unity),
+        copts = ST_COPTS + copts,
+        linkstatic = linkstatic,
+        **kwargs
+    )
 
 def _st_cc_link_only_impl(ctx):
     return [cc_common.merge_cc_infos(cc_infos = [

@@ -32,12 +32,10 @@ namespace shardtrain::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr const char* kSecret = "0123456789abcdef0123456789abcdef";
+constexpr const char* kAuthSecret = "0123456789abcdef0123456789abcdef";
 constexpr int kWorld = 3;
 
-int FreePort() { return testing::FreeLoopbackPort(); }
-
-RendezvousOptions Tcp(int rank, int port, const std::string& secret = kSecret) {
+RendezvousOptions AuthTcp(int rank, int port, const std::string& secret = kAuthSecret) {
   RendezvousOptions o;
   o.rank = rank;
   o.world_size = kWorld;
@@ -47,7 +45,7 @@ RendezvousOptions Tcp(int rank, int port, const std::string& secret = kSecret) {
   return o;
 }
 
-std::vector<uint8_t> Bytes(const std::string& s) { return {s.begin(), s.end()}; }
+std::vector<uint8_t> AuthBytes(const std::string& s) { return {s.begin(), s.end()}; }
 
 int RawConnect(int port) {
   const int fd = testing::ConnectTcp("127.0.0.1", port);
@@ -68,28 +66,30 @@ bool ClosedByServer(int fd, std::chrono::milliseconds limit) {
 
 void RankOperations(int rank, c10d::Store& s) {
   const std::string me = std::to_string(rank);
-  s.set("rank/" + me, Bytes("hello from " + me));
+  s.set("rank/" + me, AuthBytes("hello from " + me));
   s.wait({"rank/0", "rank/1", "rank/2"});
-  EXPECT_EQ(s.get("rank/" + std::to_string((rank + 1) % kWorld)), Bytes("hello from " + std::to_string((rank + 1) % kWorld)));
+  EXPECT_EQ(s.get("rank/" + std::to_string((rank + 1) % kWorld)),
+            AuthBytes("hello from " + std::to_string((rank + 1) % kWorld)));
   const auto all = s.multiGet({"rank/0", "rank/1", "rank/2"});
-  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(all[r], Bytes("hello from " + std::to_string(r)));
+  for (int r = 0; r < kWorld; ++r) EXPECT_EQ(all[r], AuthBytes("hello from " + std::to_string(r)));
   EXPECT_TRUE(s.check({"rank/0", "rank/2"}));
   EXPECT_FALSE(s.check({"rank/0", "never"}));
   s.add("count", 1);
-  s.multiSet({"ms/" + me + "/a", "ms/" + me + "/b"}, {Bytes("a"), Bytes("b")});
-  EXPECT_EQ(s.get("ms/" + me + "/b"), Bytes("b"));
-  s.append("log", Bytes(me));
+  s.multiSet({"ms/" + me + "/a", "ms/" + me + "/b"}, {AuthBytes("a"), AuthBytes("b")});
+  EXPECT_EQ(s.get("ms/" + me + "/b"), AuthBytes("b"));
+  s.append("log", AuthBytes(me));
   // compareSet: the first rank creates the key (empty expected), the others see its value.
-  const auto winner = s.compareSet("cas", {}, Bytes("rank " + me));
+  const auto winner = s.compareSet("cas", {}, AuthBytes("rank " + me));
   EXPECT_EQ(winner.size(), 6u);
-  EXPECT_EQ(s.compareSet("cas/" + me, Bytes("absent"), Bytes("x")), Bytes("absent"));  // missing key: c10d's answer
-  s.set("cas/" + me, Bytes("v1"));
-  EXPECT_EQ(s.compareSet("cas/" + me, Bytes("v1"), Bytes("v2")), Bytes("v2"));
-  EXPECT_EQ(s.compareSet("cas/" + me, Bytes("v1"), Bytes("v3")), Bytes("v2"));
-  s.set("done/" + me, Bytes("1"));
+  EXPECT_EQ(s.compareSet("cas/" + me, AuthBytes("absent"), AuthBytes("x")),
+            AuthBytes("absent"));  // missing key: c10d's answer
+  s.set("cas/" + me, AuthBytes("v1"));
+  EXPECT_EQ(s.compareSet("cas/" + me, AuthBytes("v1"), AuthBytes("v2")), AuthBytes("v2"));
+  EXPECT_EQ(s.compareSet("cas/" + me, AuthBytes("v1"), AuthBytes("v3")), AuthBytes("v2"));
+  s.set("done/" + me, AuthBytes("1"));
   s.wait({"done/0", "done/1", "done/2"});
   EXPECT_EQ(s.add("count", 0), kWorld);
-  EXPECT_EQ(s.get("count"), Bytes("3"));  // c10d keeps add() counters as decimal strings
+  EXPECT_EQ(s.get("count"), AuthBytes("3"));  // c10d keeps add() counters as decimal strings
   EXPECT_EQ(s.get("log").size(), 3u);
   EXPECT_TRUE(s.deleteKey("ms/" + me + "/a"));
   EXPECT_FALSE(s.deleteKey("ms/" + me + "/a"));
@@ -111,27 +111,27 @@ void RankOperations(int rank, c10d::Store& s) {
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   const auto t0 = Clock::now();
-  s.set("late/" + me, Bytes("now"));
+  s.set("late/" + me, AuthBytes("now"));
   EXPECT_LT(Clock::now() - t0, std::chrono::seconds(2)) << "set waited behind another thread's wait";
   waiter.join();
   auto copy = s.clone();  // its own connection
-  EXPECT_EQ(copy->get("late/" + me), Bytes("now"));
+  EXPECT_EQ(copy->get("late/" + me), AuthBytes("now"));
 }
 
 TEST(AuthStoreTest, EveryOperationAtThreeRanks) {
-  const int port = FreePort();
+  const int port = testing::FreeLoopbackPort();
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kWorld; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        auto store = CreateStore(Tcp(rank, port));
+        auto store = CreateStore(AuthTcp(rank, port));
         ASSERT_TRUE(AuthStoreServerAddress(*store).has_value()) << "CreateStore with a secret did not authenticate";
         RankOperations(rank, *store);
         // Rank 0's server must outlive the others' last request.
         if (rank == 0) {
           store->wait({"gone/1", "gone/2"});
         } else {
-          store->set("gone/" + std::to_string(rank), Bytes("1"));
+          store->set("gone/" + std::to_string(rank), AuthBytes("1"));
         }
       } catch (const std::exception& e) {
         ADD_FAILURE() << "rank " << rank << ": " << e.what();
@@ -170,7 +170,7 @@ std::vector<int> Strangers(int port, std::string* wrong_secret_error) {
 }
 
 TEST(AuthStoreTest, StrangersAreDroppedWhileTheJobRunsGloo) {
-  const int port = FreePort();
+  const int port = testing::FreeLoopbackPort();
   std::vector<double> sums(kWorld, 0);
   std::vector<int> strangers;
   std::string wrong_secret_error;
@@ -180,14 +180,14 @@ TEST(AuthStoreTest, StrangersAreDroppedWhileTheJobRunsGloo) {
     if (rank == 0) {  // the server, with a short handshake deadline for the silent stranger
       AuthStoreOptions o;
       o.port = port;
-      o.secret = kSecret;
+      o.secret = kAuthSecret;
       o.serve = true;
       o.timeout = std::chrono::seconds(20);
       o.handshake_deadline = std::chrono::milliseconds(500);
       store = CreateAuthStore(o);
       strangers = Strangers(port, &wrong_secret_error);
     } else {
-      store = CreateStore(Tcp(rank, port));
+      store = CreateStore(AuthTcp(rank, port));
     }
     GlooOptions go;
     go.timeout = std::chrono::seconds(20);
@@ -216,11 +216,11 @@ TEST(AuthStoreTest, StrangersAreDroppedWhileTheJobRunsGloo) {
 }
 
 TEST(AuthStoreTest, ARankWithAnotherSecretFailsAtOnceNamingTheSecrets) {
-  const int port = FreePort();
-  auto rank0 = CreateStore(Tcp(0, port));
+  const int port = testing::FreeLoopbackPort();
+  auto rank0 = CreateStore(AuthTcp(0, port));
   const auto t0 = Clock::now();
   try {
-    CreateStore(Tcp(1, port, "another secret of 32 bytes......"));
+    CreateStore(AuthTcp(1, port, "another secret of 32 bytes......"));
     FAIL() << "a rank with another secret joined the store";
   } catch (const CommError& e) {
     const std::string m = e.what();
@@ -233,9 +233,9 @@ TEST(AuthStoreTest, ARankWithAnotherSecretFailsAtOnceNamingTheSecrets) {
 }
 
 TEST(AuthStoreTest, CreateStorePicksTheStoreBySecretAndAgent) {
-  const int port = FreePort();
+  const int port = testing::FreeLoopbackPort();
   auto plain = CreateStore([&] {
-    auto o = Tcp(0, port, "");
+    auto o = AuthTcp(0, port, "");
     o.world_size = 1;
     return o;
   }());
@@ -243,7 +243,7 @@ TEST(AuthStoreTest, CreateStorePicksTheStoreBySecretAndAgent) {
   EXPECT_FALSE(SignedStoreInner(*plain));
   // torchrun's agent store stays c10d's (served here by the plain store above): signed values.
   auto agent = CreateStore([&] {
-    auto o = Tcp(0, port);
+    auto o = AuthTcp(0, port);
     o.world_size = 1;
     o.agent_store = true;
     return o;
@@ -257,13 +257,13 @@ TEST(AuthStoreTest, CreateStorePicksTheStoreBySecretAndAgent) {
 // pairs and the shared-memory mesh), through `CreateStore` with `secret`
 // ("" = c10d's TCPStore), and the mean microseconds of a set+get on one client.
 std::pair<double, double> RendezvousSeconds(const std::string& secret) {
-  const int port = FreePort();
+  const int port = testing::FreeLoopbackPort();
   const auto t0 = Clock::now();
   double op_us = 0;
   std::vector<std::thread> threads;
   for (int rank = 0; rank < kWorld; ++rank) {
     threads.emplace_back([&, rank] {
-      auto store = CreateStore(Tcp(rank, port, secret));
+      auto store = CreateStore(AuthTcp(rank, port, secret));
       GlooOptions go;
       go.timeout = std::chrono::seconds(20);
       auto comm = GlooCommunicator::Create(store, rank, kWorld, go);
@@ -271,7 +271,7 @@ std::pair<double, double> RendezvousSeconds(const std::string& secret) {
       if (rank == 1) {
         const auto o0 = Clock::now();
         for (int i = 0; i < 200; ++i) {
-          store->set("bench", Bytes("value"));
+          store->set("bench", AuthBytes("value"));
           store->get("bench");
         }
         op_us = std::chrono::duration<double, std::micro>(Clock::now() - o0).count() / 200;
@@ -288,7 +288,7 @@ std::pair<double, double> RendezvousSeconds(const std::string& secret) {
 TEST(AuthStoreTest, RendezvousTimeAgainstC10dTCPStore) {
   std::vector<double> ours, theirs, ours_op, theirs_op;
   for (int i = 0; i < 3; ++i) {
-    const auto [t1, op1] = RendezvousSeconds(kSecret);
+    const auto [t1, op1] = RendezvousSeconds(kAuthSecret);
     const auto [t2, op2] = RendezvousSeconds("");
     ours.push_back(t1);
     theirs.push_back(t2);

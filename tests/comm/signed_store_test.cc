@@ -62,7 +62,7 @@ void ExpectRefused(const std::function<void()>& read, const std::string& key) {
   }
 }
 
-int FreePort() {
+int ProbedFreePort() {
   c10d::TCPStoreOptions o;
   o.port = 0;
   o.isServer = true;
@@ -72,7 +72,7 @@ int FreePort() {
 }
 
 TEST(SignedStoreTest, StrangersCannotMakeRanksAcceptTheirValues) {
-  const int port = FreePort();
+  const int port = ProbedFreePort();
   auto rank0 = SignedTcp(0, port);
   auto rank1 = SignedTcp(1, port);
   auto stranger = Stranger(port);
@@ -99,7 +99,7 @@ TEST(SignedStoreTest, StrangersCannotMakeRanksAcceptTheirValues) {
 }
 
 TEST(SignedStoreTest, CollectivesRunOverASignedStore) {
-  const int port = FreePort();
+  const int port = ProbedFreePort();
   std::vector<double> sums(2, 0);
   auto body = [&](int rank) {
     GlooOptions go;
@@ -118,7 +118,7 @@ TEST(SignedStoreTest, CollectivesRunOverASignedStore) {
 }
 
 TEST(SignedStoreTest, ARankWithAnotherSecretFailsOnBothSidesNamingAKey) {
-  const int port = FreePort();
+  const int port = ProbedFreePort();
   std::vector<std::string> errors(2);
   auto body = [&](int rank) {
     try {

@@ -24,10 +24,10 @@ namespace {
 using examples::llama::LlamaConfig;
 using examples::llama::LlamaForCausalLMImpl;
 
-constexpr int kSteps = 3;
+constexpr int kLlamaSteps = 3;
 constexpr int kRows = 4;
 constexpr int64_t kLength = 7;    // not a multiple of the group: sequence parallelism pads
-constexpr double kMaxNorm = 0.5;  // every step clips
+constexpr double kLlamaMaxNorm = 0.5;  // every step clips
 
 std::shared_ptr<LlamaForCausalLMImpl> Build(const LlamaConfig& c) {
   static std::mutex mu;  // one global generator: ranks build one at a time, from the same seed
@@ -46,7 +46,7 @@ at::Tensor Rows(const LlamaConfig& c, int step) {
 // noise: softmax ignores a shift of every key). Sequence parallelism pads the
 // sequence, so its products have other shapes and round otherwise; with eps
 // 1e-5 an embedding element then ended 1.9e-5 away (1.2e-6 unpadded).
-torch::optim::AdamWOptions Adam() { return torch::optim::AdamWOptions(1e-2).weight_decay(0.1).eps(1e-3); }
+torch::optim::AdamWOptions LlamaAdam() { return torch::optim::AdamWOptions(1e-2).weight_decay(0.1).eps(1e-3); }
 
 struct LlamaRun {
   std::vector<double> losses, norms;
@@ -55,15 +55,15 @@ struct LlamaRun {
 
 LlamaRun SingleDevice(const LlamaConfig& c) {
   auto model = Build(c);
-  torch::optim::AdamW opt(model->parameters(), Adam());
+  torch::optim::AdamW opt(model->parameters(), LlamaAdam());
   LlamaRun run;
-  for (int step = 0; step < kSteps; ++step) {
+  for (int step = 0; step < kLlamaSteps; ++step) {
     const at::Tensor rows = Rows(c, step);
     opt.zero_grad();
     at::Tensor loss = LlamaForCausalLMImpl::Loss(model->forward(rows.slice(1, 0, -1)), rows.slice(1, 1));
     loss.backward();
     run.losses.push_back(loss.item<double>());
-    run.norms.push_back(ClipLocalGradNorm(model->parameters(), kMaxNorm, 2.0).item<double>());
+    run.norms.push_back(ClipLocalGradNorm(model->parameters(), kLlamaMaxNorm, 2.0).item<double>());
     opt.step();
   }
   for (const auto& p : model->named_parameters()) run.weights[p.key()] = p.value().detach().clone();
@@ -137,16 +137,16 @@ TEST_P(LlamaPlan, TrainingEqualsSingleDevice) {
     o.sequence_parallel = pc.sequence_parallel;
     ModelParallelStrategy s(o);
     const auto model = SetUpAndWrap(s, world, pc.config);
-    torch::optim::AdamW opt(s.parameters(), Adam());
+    torch::optim::AdamW opt(s.parameters(), LlamaAdam());
     const int per = kRows / pc.dp, first = s.mesh().dp_rank * per;
-    for (int step = 0; step < kSteps; ++step) {
+    for (int step = 0; step < kLlamaSteps; ++step) {
       const at::Tensor rows = Rows(pc.config, step).slice(0, first, first + per);
       opt.zero_grad();
       at::Tensor logits = s.Forward([&] { return model->forward(rows.slice(1, 0, -1)); });
       ASSERT_EQ(logits.size(1), kLength);
       at::Tensor loss = model->LossOf(logits, rows.slice(1, 1));
       s.Backward(loss);
-      const double norm = s.ClipGradients(kMaxNorm, GradClipAlgorithm::kNorm);
+      const double norm = s.ClipGradients(kLlamaMaxNorm, GradClipAlgorithm::kNorm);
       opt.step();
       EXPECT_NEAR(s.ReduceMean(loss.item<double>()), want.losses[step], 1e-5 * want.losses[step]) << "step " << step;
       EXPECT_NEAR(norm, want.norms[step], 1e-5 * want.norms[step]) << "step " << step;

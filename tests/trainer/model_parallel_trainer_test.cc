@@ -35,8 +35,8 @@ struct Extra {
 
 // max_steps 3 (or `steps`), with a full checkpoint at the end, from `ckpt_path` if given; and a sharded
 // checkpoint at `sharded_out` if given.
-Result Fit(int world, const std::string& strategy, const strategies::StrategyOptions& options, int batch_size,
-           int steps = 3, const std::string& ckpt_path = "", const std::string& sharded_out = "", Extra extra = {}) {
+Result FitGpt(int world, const std::string& strategy, const strategies::StrategyOptions& options, int batch_size,
+              int steps = 3, const std::string& ckpt_path = "", const std::string& sharded_out = "", Extra extra = {}) {
   TensorDataset data = testing::SmallGptData();
   Result result;
   std::barrier<> seeded(world);
@@ -76,7 +76,7 @@ void ExpectSameWeights(const std::map<std::string, at::Tensor>& got, const std::
 }
 
 TEST(ModelParallelTrainer, GptTrainsAsSingleDeviceDoes) {
-  const Result want = Fit(1, "single_device", {}, 4);
+  const Result want = FitGpt(1, "single_device", {}, 4);
   ASSERT_EQ(want.losses.size(), 3u);
   const std::vector<std::pair<std::string, strategies::StrategyOptions>> meshes = {
       {"2x2 sequence parallel", {{"tensor_parallel_size", "2"}, {"sequence_parallel", "true"}}},
@@ -84,7 +84,7 @@ TEST(ModelParallelTrainer, GptTrainsAsSingleDeviceDoes) {
   };
   for (const auto& [what, options] : meshes) {
     const int dp = what[0] - '0';
-    const Result got = Fit(4, "model_parallel", options, 4 / dp);
+    const Result got = FitGpt(4, "model_parallel", options, 4 / dp);
     ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
     for (size_t i = 0; i < want.losses.size(); ++i) {
       EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * want.losses[i]) << what << " step " << i;
@@ -100,12 +100,12 @@ TEST(ModelParallelTrainer, GptTrainsAsSingleDeviceDoes) {
 // both failed to save before).
 TEST(ModelParallelTrainer, AccumulationAndFrozenParametersAsSingleDevice) {
   const Extra extra{2, true};
-  const Result want = Fit(1, "single_device", {}, 2, 3, "", "", extra);
+  const Result want = FitGpt(1, "single_device", {}, 2, 3, "", "", extra);
   // The same under fsdp_native (flat parameters): its full checkpoint holds no state for frozen ones either.
-  const Result fsdp = Fit(2, "fsdp_native", {{"sharded_construction", "false"}}, 1, 3, "", "", extra);
+  const Result fsdp = FitGpt(2, "fsdp_native", {{"sharded_construction", "false"}}, 1, 3, "", "", extra);
   ExpectSameWeights(fsdp.weights, want.weights, "fsdp_native accumulation + frozen");
   const Result got =
-      Fit(4, "model_parallel", {{"tensor_parallel_size", "2"}, {"sequence_parallel", "true"}}, 1, 3, "", "", extra);
+      FitGpt(4, "model_parallel", {{"tensor_parallel_size", "2"}, {"sequence_parallel", "true"}}, 1, 3, "", "", extra);
   ASSERT_EQ(got.losses.size(), want.losses.size());
   for (size_t i = 0; i < want.losses.size(); ++i) EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * want.losses[i]);
   ExpectSameWeights(got.weights, want.weights, "accumulation + frozen");
@@ -121,14 +121,15 @@ TEST(ModelParallelTrainer, AccumulationAndFrozenParametersAsSingleDevice) {
 // A full checkpoint saved at 2x2 (weights and AdamW moments at global shapes)
 // resumes at 1x4, 4x1 and with single_device, continuing as the uninterrupted run.
 TEST(ModelParallelTrainer, FullCheckpointAt2x2ResumesAtOtherMeshesAndSingleDevice) {
-  const Result want = Fit(1, "single_device", {}, 4);
-  const Result first = Fit(4, "model_parallel", {{"tensor_parallel_size", "2"}, {"sequence_parallel", "true"}}, 2, 2);
+  const Result want = FitGpt(1, "single_device", {}, 4);
+  const Result first =
+      FitGpt(4, "model_parallel", {{"tensor_parallel_size", "2"}, {"sequence_parallel", "true"}}, 2, 2);
   ASSERT_EQ(first.losses.size(), 2u);
   ASSERT_FALSE(first.last_ckpt.empty());
   const std::vector<std::pair<std::string, Result>> resumed = {
-      {"1x4", Fit(4, "model_parallel", {{"tensor_parallel_size", "4"}}, 4, 3, first.last_ckpt)},
-      {"4x1", Fit(4, "model_parallel", {{"tensor_parallel_size", "1"}}, 1, 3, first.last_ckpt)},
-      {"single_device", Fit(1, "single_device", {}, 4, 3, first.last_ckpt)},
+      {"1x4", FitGpt(4, "model_parallel", {{"tensor_parallel_size", "4"}}, 4, 3, first.last_ckpt)},
+      {"4x1", FitGpt(4, "model_parallel", {{"tensor_parallel_size", "1"}}, 1, 3, first.last_ckpt)},
+      {"single_device", FitGpt(1, "single_device", {}, 4, 3, first.last_ckpt)},
   };
   for (const auto& [what, r] : resumed) {
     ASSERT_EQ(r.losses.size(), 1u) << what;
@@ -143,24 +144,24 @@ TEST(ModelParallelTrainer, FullCheckpointAt2x2ResumesAtOtherMeshesAndSingleDevic
 // the full state bit for bit, and resumes at 1x4, 4x1, 1x1 and with
 // single_device, continuing as the uninterrupted run.
 TEST(ModelParallelTrainer, ShardedCheckpointAt2x2ResumesAtOtherMeshes) {
-  const Result want = Fit(1, "single_device", {}, 4);
+  const Result want = FitGpt(1, "single_device", {}, 4);
   const std::string dir = ::testing::TempDir() + "/model_parallel_sharded_2x2";
   const Result first =
-      Fit(4, "model_parallel", {{"tensor_parallel_size", "2"}, {"sequence_parallel", "true"}}, 2, 2, "", dir);
+      FitGpt(4, "model_parallel", {{"tensor_parallel_size", "2"}, {"sequence_parallel", "true"}}, 2, 2, "", dir);
   ASSERT_TRUE(IsDcpCheckpoint(dir));
   // save_distributed_checkpoint: the Trainer's own checkpoints are sharded too.
   const Result dist =
-      Fit(4, "model_parallel", {{"tensor_parallel_size", "2"}, {"save_distributed_checkpoint", "true"}}, 2, 1);
+      FitGpt(4, "model_parallel", {{"tensor_parallel_size", "2"}, {"save_distributed_checkpoint", "true"}}, 2, 1);
   EXPECT_TRUE(IsDcpCheckpoint(dist.last_ckpt)) << dist.last_ckpt;
   const DcpCheckpoint ck = OpenDcpCheckpoint(dir);
   for (const auto& [name, w] : first.weights) {
     EXPECT_TRUE(AssembleDcpTensor(*ck.reader, ck.model_prefix + name).equal(w)) << name;
   }
   const std::vector<std::pair<std::string, Result>> resumed = {
-      {"1x4", Fit(4, "model_parallel", {{"tensor_parallel_size", "4"}}, 4, 3, dir)},
-      {"4x1", Fit(4, "model_parallel", {{"tensor_parallel_size", "1"}}, 1, 3, dir)},
-      {"1x1", Fit(1, "model_parallel", {}, 4, 3, dir)},
-      {"single_device", Fit(1, "single_device", {}, 4, 3, dir)},
+      {"1x4", FitGpt(4, "model_parallel", {{"tensor_parallel_size", "4"}}, 4, 3, dir)},
+      {"4x1", FitGpt(4, "model_parallel", {{"tensor_parallel_size", "1"}}, 1, 3, dir)},
+      {"1x1", FitGpt(1, "model_parallel", {}, 4, 3, dir)},
+      {"single_device", FitGpt(1, "single_device", {}, 4, 3, dir)},
   };
   for (const auto& [what, r] : resumed) {
     ASSERT_EQ(r.losses.size(), 1u) << what;

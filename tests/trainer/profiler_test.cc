@@ -31,7 +31,7 @@ std::string ReadFile(const std::string& path) {
 
 TEST(WaitTime, CountsTheTimeBlockedInWaitOnTheSinksThread) {
   std::vector<comm::WaitTime> waits(2);
-  testing::RunRanks(2, [&](int rank, const auto& group) {
+  shardtrain::testing::RunRanks(2, [&](int rank, const auto& group) {
     at::Tensor t = at::ones({4});
     group->AllReduce(t)->Wait();  // no sink installed: nothing counted anywhere
     comm::WaitTimeSink sink(&waits[rank]);

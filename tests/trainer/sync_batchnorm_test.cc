@@ -65,7 +65,7 @@ TEST(SyncBatchNorm, LayerMatchesOneProcessOnTheConcatenatedBatch) {
   for (bool sync : {true, false}) {
     std::map<int, double> diff_y;
     std::mutex mu;
-    testing::RunRanks(2, [&](int rank, const auto& comm) {
+    shardtrain::testing::RunRanks(2, [&](int rank, const auto& comm) {
       auto holder = std::make_shared<BnHolderImpl>();
       init(holder->bn);
       if (sync) {
@@ -171,7 +171,7 @@ Trained Train(int world, bool sync_batchnorm) {
   o.sync_batchnorm = sync_batchnorm;
   Trained out;
   std::mutex mu;
-  testing::RunRanks(world, [&](int rank, const auto& comm) {
+  shardtrain::testing::RunRanks(world, [&](int rank, const auto& comm) {
     ConvBnModule module;
     Trainer trainer(o, comm);
     trainer.Fit(module, *data);
@@ -215,7 +215,7 @@ TEST(SyncBatchNorm, ModelCallingItsTypedMemberIsAClearError) {
   o.default_root_dir = ::testing::TempDir();
   o.sync_batchnorm = true;
   try {
-    testing::RunRanks(2, [&](int, const auto& comm) {
+    shardtrain::testing::RunRanks(2, [&](int, const auto& comm) {
       ConvBnModule module(/*typed_call=*/true);
       Trainer trainer(o, comm);
       trainer.Fit(module, *data);

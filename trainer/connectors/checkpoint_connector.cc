@@ -241,7 +241,7 @@ void internal::CheckpointConnector::DropShardedSave(const std::string& path) {
 // the optimizer's lrs and momentums in its groups, format 1 in each
 // scheduler's state. Returns the groups' lrs and momentums (empty: none).
 // Collective where the state is by index (every rank loads the same file).
-internal::GroupLrs internal::CheckpointConnector::NameLoadedState(CheckpointData& ck, const std::string& path) {
+internal::LoadedGroupLrs internal::CheckpointConnector::NameLoadedState(CheckpointData& ck, const std::string& path) {
   if (!ck.optimizer_indexed.empty()) {
     const std::string kind = internal::OptimizerKind(*t_.opt_.optimizer);
     if (kind.empty()) {
@@ -260,7 +260,7 @@ internal::GroupLrs internal::CheckpointConnector::NameLoadedState(CheckpointData
   // Format 2 keeps the optimizer's lrs and momentums in its groups (the
   // truth, also where a scheduler's state carries stale copies), format 1 in
   // each scheduler's state: give the schedulers' loader what it reads.
-  internal::GroupLrs groups = internal::GroupLrsAndMomentums(ck.optimizer_groups);
+  internal::LoadedGroupLrs groups = internal::GroupLrsAndMomentums(ck.optimizer_groups);
   if (!groups.lrs.empty()) {
     for (auto& st : ck.lr_schedulers) {
       st["optimizer_lrs"] = DoublesToString(groups.lrs);
@@ -346,7 +346,7 @@ void internal::CheckpointConnector::Restore(const std::string& path) {
   // the state by parameter name reshards anywhere.
   const bool archives =
       static_cast<int>(ck.optimizer_states.size()) == W && ck.world_size == W && ck.strategy == t_.strategy_->name();
-  const internal::GroupLrs group_lrs = NameLoadedState(ck, path);
+  const internal::LoadedGroupLrs group_lrs = NameLoadedState(ck, path);
   std::function<void()> apply_optimizer;
   std::function<void()> apply_sharded;  // parameters, buffers and optimizer state
   if (direct && dcp) {

@@ -256,7 +256,7 @@ std::vector<OptimizerGroup> OptimizerGroups(
   return out;
 }
 
-GroupLrs GroupLrsAndMomentums(const std::vector<OptimizerGroup>& groups) {
+LoadedGroupLrs GroupLrsAndMomentums(const std::vector<OptimizerGroup>& groups) {
   std::vector<double> lrs, momentums;
   for (const auto& g : groups) {
     auto lr = g.options.find("lr");

@@ -239,7 +239,7 @@ std::vector<int64_t> RowSignature(const at::Tensor& p) {
   return s;
 }
 
-std::string Describe(const at::Tensor& p) {
+std::string DescribePrediction(const at::Tensor& p) {
   std::ostringstream os;
   os << p.sizes() << " " << p.scalar_type();
   return os.str();
@@ -254,12 +254,12 @@ at::Tensor internal::EvalLoop::Predict(TrainingModule& module, const Dataset& da
     at::Tensor p = module.predict_step(b, i);
     const int64_t rows = b.inputs.defined() ? b.inputs.size(0) : b.targets.size(0);
     ST_CHECK_ARG(p.defined() && p.dim() >= 1 && p.size(0) == rows, "predict_step(batch ", i, ") returned ",
-                 p.defined() ? Describe(p) : std::string("an undefined tensor"), " for a batch of ", rows,
+                 p.defined() ? DescribePrediction(p) : std::string("an undefined tensor"), " for a batch of ", rows,
                  " samples; it must return one row (dimension 0) per sample");
-    ST_CHECK_ARG(p.dim() <= kMaxDims + 1, "predict_step returned ", Describe(p), "; at most ", kMaxDims + 1,
+    ST_CHECK_ARG(p.dim() <= kMaxDims + 1, "predict_step returned ", DescribePrediction(p), "; at most ", kMaxDims + 1,
                  " dimensions are supported");
-    ST_CHECK_ARG(outs.empty() || RowSignature(p) == RowSignature(outs.front()), "predict_step(batch ", i,
-                 ") returned ", Describe(p), " but batch 0 gave ", Describe(outs.front()),
+    ST_CHECK_ARG(outs.empty() || RowSignature(p) == RowSignature(outs.front()), "predict_step(batch ", i, ") returned ",
+                 DescribePrediction(p), " but batch 0 gave ", DescribePrediction(outs.front()),
                  "; every batch's rows must have the same shape and dtype");
     outs.push_back(p.detach());
     return true;
@@ -285,7 +285,7 @@ at::Tensor internal::EvalLoop::Predict(TrainingModule& module, const Dataset& da
   const double* e = t.data_ptr<double>();
   for (size_t k = 0; k < sig.size(); ++k) {
     ST_CHECK_ARG(e[k] == -e[k + sig.size()], "predict_step's rows differ between ranks (rank ", r, " returned rows of ",
-                 Describe(mine.narrow(0, 0, std::min<int64_t>(1, mine.size(0)))),
+                 DescribePrediction(mine.narrow(0, 0, std::min<int64_t>(1, mine.size(0)))),
                  "); every rank must return the same shape after dimension 0 and the same dtype");
   }
   const at::Tensor flat = mine.contiguous().to(comm::CollectiveDevice(*t_.world_));

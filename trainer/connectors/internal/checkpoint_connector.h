@@ -22,7 +22,7 @@ struct DcpCheckpoint;  // trainer/checkpoint_io/dcp_checkpoint.h
 
 namespace internal {
 
-struct GroupLrs;      // checkpoint_state.h
+struct LoadedGroupLrs;  // checkpoint_state.h
 class AsyncSave;      // async_save.h
 class DcpRankWriter;  // dcp_rank_writer.h
 
@@ -83,7 +83,7 @@ class CheckpointConnector {
   // Fills what every save records besides the model and optimizer state
   // (collective: the optimizer's groups are agreed on by every rank).
   void FillCommon(CheckpointData& data);
-  GroupLrs NameLoadedState(CheckpointData& ck, const std::string& path);
+  LoadedGroupLrs NameLoadedState(CheckpointData& ck, const std::string& path);
   void RestoreRngAndCallbacks(const CheckpointData& ck, const std::string& path);
   // PrepareDcpLoad (trainer/connectors/internal/checkpoint_state.h) on every
   // rank, then AgreeOrThrow: a problem on any rank stops all.

@@ -73,10 +73,10 @@ std::vector<OptimizerGroup> OptimizerGroups(
 // The options of the file's groups that the Trainer restores: each group's
 // "lr", and "momentum" or "betas"[0] (empty unless every group has one).
 // Both empty when a group lacks "lr".
-struct GroupLrs {
+struct LoadedGroupLrs {
   std::vector<double> lrs, momentums;
 };
-GroupLrs GroupLrsAndMomentums(const std::vector<OptimizerGroup>& groups);
+LoadedGroupLrs GroupLrsAndMomentums(const std::vector<OptimizerGroup>& groups);
 
 // Writes the full (unsharded) model state and optimizer state by name into
 // `writer` (rank 0's; nullptr on other ranks), one tensor at a time: sharded
