@@ -48,27 +48,18 @@ def _unity_srcs(name, srcs, unity):
         out.append(":" + gen)
     return others + out
 
+def _st_cc(rule, name, copts, srcs, unity, **kwargs):
+    rule(name = name, srcs = _unity_srcs(name, srcs, unity), copts = ST_COPTS + copts, **kwargs)
+
 def st_cc_library(name, copts = [], linkstatic = True, srcs = [], unity = 0, **kwargs):
     # linkstatic: no per-library .so, so builds run half the link actions.
-    cc_library(
-        name = name,
-        srcs = _unity_srcs(name, srcs, unity),
-        copts = ST_COPTS + copts,
-        linkstatic = linkstatic,
-        **kwargs
-    )
+    _st_cc(cc_library, name, copts, srcs, unity, linkstatic = linkstatic, **kwargs)
 
 def st_cc_binary(name, copts = [], srcs = [], unity = 0, **kwargs):
-    cc_binary(name = name, srcs = _unity_srcs(name, srcs, unity), copts = ST_COPTS + copts, **kwargs)
+    _st_cc(cc_binary, name, copts, srcs, unity, **kwargs)
 
 def st_cc_test(name, copts = [], linkstatic = True, srcs = [], unity = 0, **kwargs):
-    cc_test(
-        name = name,
-        srcs = _unity_srcs(name, srcs, unity),
-        copts = ST_COPTS + copts,
-        linkstatic = linkstatic,
-        **kwargs
-    )
+    _st_cc(cc_test, name, copts, srcs, unity, linkstatic = linkstatic, **kwargs)
 
 def _st_cc_link_only_impl(ctx):
     return [cc_common.merge_cc_infos(cc_infos = [
