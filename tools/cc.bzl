@@ -2,7 +2,8 @@
 
 Every package loads st_cc_library / st_cc_binary / st_cc_test from here, so a move
 to a newer Bazel (bzlmod, the real rules_cc) is one edit. The wrappers add the
-C++ standard that the chosen LibTorch's headers need and the project's warnings.
+C++ standard that the chosen LibTorch's headers need and the project's warnings,
+and compile a target's .cc files as one translation unit where it says `unity = 1`.
 """
 
 load("@rules_cc//cc:defs.bzl", "cc_binary", "cc_library", "cc_test")
