@@ -19,8 +19,7 @@
 namespace shardtrain::comm {
 namespace {
 
-constexpr size_t kTagBytes = 32;       // SHA-256
-constexpr size_t kMinSecretBytes = 16;
+constexpr size_t kTagBytes = 32;  // SHA-256
 
 class SignedStore : public c10d::Store {
  public:

@@ -22,15 +22,18 @@
 #ifndef SHARDTRAIN_COMM_SIGNED_STORE_H_
 #define SHARDTRAIN_COMM_SIGNED_STORE_H_
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
+#include <cstddef>
 #include <string>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 namespace shardtrain::comm {
 
 // Environment variables that carry the job's secret.
 inline constexpr const char* kSecretEnvVar = "SHARDTRAIN_SECRET";
 inline constexpr const char* kSecretFileEnvVar = "SHARDTRAIN_SECRET_FILE";
+// The shortest secret SignStore, StoreSecretFromEnvironment and the authenticated
+// store (auth_store.h) accept, in bytes.
+inline constexpr size_t kMinSecretBytes = 16;
 
 // Wraps `inner` so that every value is signed and checked with `secret`
 // (InvalidArgumentError if it is shorter than 16 bytes).

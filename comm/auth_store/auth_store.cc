@@ -10,6 +10,7 @@
 #include "comm/auth_store/internal/protocol.h"
 #include "comm/auth_store/internal/server.h"
 #include "comm/net_address.h"
+#include "comm/signed_store.h"
 
 namespace shardtrain::comm {
 namespace {
@@ -21,7 +22,6 @@ using auth_store::Status;
 using auth_store::Writer;
 using Clock = std::chrono::steady_clock;
 
-constexpr size_t kMinAuthSecretBytes = 16;
 // How much longer than an operation's own timeout a client waits for the
 // server's answer before it gives up on the connection.
 constexpr std::chrono::milliseconds kAnswerGrace = std::chrono::seconds(30);
@@ -242,7 +242,7 @@ class AuthStore final : public c10d::Store {
 }  // namespace
 
 c10::intrusive_ptr<c10d::Store> CreateAuthStore(const AuthStoreOptions& o) {
-  ST_CHECK_ARG(o.secret.size() >= kMinAuthSecretBytes, "the store secret must be at least ", kMinAuthSecretBytes,
+  ST_CHECK_ARG(o.secret.size() >= kMinSecretBytes, "the store secret must be at least ", kMinSecretBytes,
                " bytes, got ", o.secret.size());
   ST_CHECK_ARG(o.port > 0 && o.port < 65536, "authenticated store: port must be in 1..65535, got ", o.port);
   ST_CHECK_ARG(o.handshake_deadline.count() > 0, "authenticated store: handshake_deadline must be > 0 ms");
