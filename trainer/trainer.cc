@@ -78,6 +78,9 @@ ResolvedOptions ResolveOptions(const TrainerOptions& o) {
   // Lightning's rule for an unset max_epochs: 1000 without max_steps, unlimited with it.
   r.max_epochs = o.max_epochs ? *o.max_epochs : (o.max_steps == -1 ? kDefaultMaxEpochs : -1);
   ST_CHECK_ARG(r.max_epochs >= 0 || o.max_steps >= 0, "max_epochs=-1 (unlimited) needs max_steps");
+  ST_CHECK_ARG(o.async_checkpoint_max_extra_memory >= 0 && o.async_checkpoint_max_extra_memory <= 1,
+               "async_checkpoint_max_extra_memory must be in [0, 1] (a fraction of what a rank writes), got ",
+               o.async_checkpoint_max_extra_memory);
   ST_CHECK_ARG(o.accumulate_grad_batches >= 1, "accumulate_grad_batches must be >= 1, got ",
                o.accumulate_grad_batches);
   ST_CHECK_ARG(o.val_check_interval > 0, "val_check_interval must be > 0, got ", o.val_check_interval);

@@ -37,6 +37,8 @@ struct AsyncCheckpointStats {
   int64_t units = 0;             // unit shards written, over the ranks and saves
   int64_t units_copied = 0;      // of which copied aside before the optimizer changed them
   int64_t peak_extra_bytes = 0;  // the most one rank held aside at once, over the saves
+  double wait_seconds = 0;       // the optimizer's waits for the writer, slowest rank, over the saves
+  int64_t budget_bytes = 0;      // the most one rank could hold aside (async_checkpoint_max_extra_memory)
 };
 
 struct TrainerOptions {
@@ -98,13 +100,21 @@ struct TrainerOptions {
   // Sharded saves inside Fit are written by a background thread per rank
   // while training goes on (Lightning's AsyncCheckpointIO, DCP's
   // async_save): the checkpoint is the state at the step where the save
-  // began; the optimizer copies a unit aside only when it would change one
-  // the writer has not written yet (trainer/connectors/internal/async_save.h).
+  // began; the optimizer steps the units the writer has written first, then
+  // copies aside units it has not reached (within
+  // async_checkpoint_max_extra_memory), then waits for the writer
+  // (trainer/connectors/internal/async_save.h).
   // At most one save is in flight (the next waits); the end of Fit and
   // preemption wait for it; a writer's failure stops Fit at the next step on
   // every rank. Full checkpoints stay synchronous (they gather every unit
   // through rank 0), as do saves outside Fit. docs/checkpoints.md.
   bool async_checkpoint = false;
+  // The most a background save holds aside at once on a rank, as a fraction
+  // of the bytes the rank writes (its shards and optimizer state), in
+  // [0, 1]: 0 never copies (the optimizer waits for the writer), 1 may copy
+  // everything (as DCP's async_save stages all). More spares a slow disk's
+  // waits; a unit larger than this is waited for, never copied.
+  double async_checkpoint_max_extra_memory = 0.2;
   bool enable_progress_bar = true;
   bool enable_logger = true;
   // Loggers by name when enable_logger: "csv" (CsvLogger) and/or

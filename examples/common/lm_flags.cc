@@ -36,6 +36,9 @@ DEFINE_string(ckpt_path, "", "resume from this checkpoint (.../checkpoints/last.
 DEFINE_int64(checkpoint_every_n_steps, 0, "also write checkpoints/step=N.ckpt every N steps (0: only last.ckpt)");
 DEFINE_bool(async_checkpoint, false,
             "write sharded checkpoints in the background while training goes on (full ones stay synchronous)");
+DEFINE_double(async_checkpoint_max_extra_memory, 0.2,
+              "with --async_checkpoint: the most a rank holds aside for the writer, as a fraction of what it "
+              "writes, in [0, 1] (0: the optimizer waits for the writer instead)");
 DEFINE_int32(sample_tokens, 300, "tokens to generate at the end (0: none)");
 DEFINE_double(temperature, 0.8, "sampling temperature");
 DEFINE_int32(top_k, 0, "sample from the k most likely tokens (0: all)");
@@ -74,6 +77,7 @@ void ApplyLmFlags(trainer::TrainerOptions& o) {
   o.log_every_n_steps = FLAGS_log_every_n_steps;
   o.checkpoint_every_n_steps = FLAGS_checkpoint_every_n_steps;
   o.async_checkpoint = FLAGS_async_checkpoint;
+  o.async_checkpoint_max_extra_memory = FLAGS_async_checkpoint_max_extra_memory;
   o.default_root_dir = FLAGS_default_root_dir.empty() ? UserPath(".") : UserPath(FLAGS_default_root_dir);
   o.seed = FLAGS_seed;
   o.num_workers = FLAGS_num_workers;

@@ -28,6 +28,7 @@ DECLARE_string(default_root_dir);
 DECLARE_string(ckpt_path);
 DECLARE_int64(checkpoint_every_n_steps);
 DECLARE_bool(async_checkpoint);
+DECLARE_double(async_checkpoint_max_extra_memory);
 DECLARE_int32(sample_tokens);
 DECLARE_double(temperature);
 DECLARE_int32(top_k);

@@ -32,14 +32,19 @@ class WriterDelay {
   ~WriterDelay() { unsetenv("SHARDTRAIN_ASYNC_SAVE_UNIT_DELAY_MS"); }
 };
 
-TrainerOptions Options(const std::string& root, bool async) {
+TrainerOptions Options(const std::string& root, bool async, double max_extra = 1.0) {
   TrainerOptions o = BaseOptions(root, 2);
   o.strategy = "fsdp_native";
   o.strategy_options = {{"state_dict_type", "sharded"}};
   o.checkpoint_every_n_steps = 2;
   o.async_checkpoint = async;
+  o.async_checkpoint_max_extra_memory = max_extra;
   return o;
 }
+
+// What a rank writes of the model and its two Adam moments: 3 x 4 bytes x
+// (16x8+16 + 16x16+16 + 3x16+3 elements) / 2 ranks, padding aside.
+constexpr int64_t kRankStateBytes = 3 * 4 * (144 + 272 + 51) / 2;
 
 // Every tensor of the checkpoint (model and optimizer state) and its step.
 void ExpectSameCheckpoint(const std::string& a, const std::string& b) {
@@ -105,12 +110,48 @@ TEST(AsyncCheckpoint, EqualsTheSynchronousSavesWhileTheOptimizerOvertakesTheWrit
   EXPECT_GE(stats.saves, 6);
   EXPECT_GT(stats.units_copied, 0);
   EXPECT_LE(stats.units_copied, stats.units);
-  // At most a rank's share of the model and its two Adam moments (3 x 4 bytes
-  // x 16x8+16 + 16x16+16 + 3x16+3 elements / 2 ranks, padding aside).
+  // At most a rank's share of the model and its two Adam moments.
   EXPECT_GT(stats.peak_extra_bytes, 0);
-  EXPECT_LE(stats.peak_extra_bytes, 3 * 4 * (144 + 272 + 51) / 2 + 3 * 4 * 8);
+  EXPECT_LE(stats.peak_extra_bytes, kRankStateBytes + 3 * 4 * 8);
   for (const auto& e : fs::directory_iterator(async.ckpt_dir)) {
     EXPECT_EQ(e.path().filename().string().find("tmp"), std::string::npos) << e.path();
+  }
+}
+
+// The copies aside stay within async_checkpoint_max_extra_memory: at 0 the
+// optimizer waits for the (slowed) writer and copies nothing; at 0.5 it
+// copies the units that fit and waits for the rest. The checkpoints and the
+// training are the synchronous run's either way.
+TEST(AsyncCheckpoint, CopiesAsideStayWithinTheMemoryBudget) {
+  const FitResult sync = Fit(2, Options(TmpDir("async_budget_ref"), false));
+  WriterDelay slow(40);
+  for (double max_extra : {0.0, 0.5}) {
+    SCOPED_TRACE("async_checkpoint_max_extra_memory " + std::to_string(max_extra));
+    AsyncCheckpointStats stats;
+    const FitResult async =
+        Fit(2, Options(TmpDir("async_budget_" + std::to_string(static_cast<int>(max_extra * 10))), true, max_extra), "",
+            {}, [&](int rank, Trainer& t, Classifier&) {
+              if (rank == 0) stats = t.async_checkpoint_stats();
+            });
+    ASSERT_EQ(async.losses.size(), sync.losses.size());
+    for (size_t i = 0; i < sync.losses.size(); ++i) EXPECT_EQ(async.losses[i], sync.losses[i]) << "step " << i + 1;
+    for (int step : {2, 6, 12}) {
+      const std::string name = "step=" + std::to_string(step) + ".ckpt";
+      ExpectSameCheckpoint((fs::path(sync.ckpt_dir) / name).string(), (fs::path(async.ckpt_dir) / name).string());
+    }
+    EXPECT_GE(stats.saves, 6);
+    EXPECT_GT(stats.wait_seconds, 0.0) << "the optimizer waited for the writer";
+    // The budget is the fraction of what the rank writes (padding and the
+    // optimizer's step aside).
+    EXPECT_GE(stats.budget_bytes, static_cast<int64_t>(max_extra * kRankStateBytes));
+    EXPECT_LE(stats.budget_bytes, static_cast<int64_t>(max_extra * (kRankStateBytes + 3 * 4 * 8)));
+    EXPECT_LE(stats.peak_extra_bytes, stats.budget_bytes);
+    if (max_extra == 0) {
+      EXPECT_EQ(stats.units_copied, 0);
+    } else {
+      EXPECT_GT(stats.units_copied, 0);
+      EXPECT_LT(stats.units_copied, stats.units) << "some units are waited for";
+    }
   }
 }
 

@@ -311,6 +311,12 @@ TEST(Trainer, OptionErrors) {
   o.num_workers = -1;
   EXPECT_NE(msg(o).find("num_workers"), std::string::npos) << msg(o);
   o = {};
+  o.async_checkpoint_max_extra_memory = 1.5;
+  EXPECT_NE(
+      msg(o).find("async_checkpoint_max_extra_memory must be in [0, 1] (a fraction of what a rank writes), got 1.5"),
+      std::string::npos)
+      << msg(o);
+  o = {};
   o.strategy_options = {{"sharding_strategy", "FULL_SHARD"}};  // strategy "auto"
   EXPECT_NE(msg(o).find("strategy 'auto' takes no options"), std::string::npos) << msg(o);
 }

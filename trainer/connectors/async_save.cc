@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <exception>
+#include <numeric>
 
 #include "trainer/connectors/internal/checkpoint_state.h"
 #include "trainer/connectors/internal/dcp_rank_writer.h"
@@ -20,13 +21,18 @@ int AsyncSaveUnitDelayMs() {
   return v == nullptr ? 0 : std::max(0, std::atoi(v));
 }
 
-AsyncSave::AsyncSave(std::unique_ptr<DcpRankWriter> writer, std::string path, CheckpointData meta)
+AsyncSave::AsyncSave(std::unique_ptr<DcpRankWriter> writer, std::string path, CheckpointData meta,
+                     double max_extra_fraction)
     : writer_(std::move(writer)),
       unit_of_(writer_->unit_of_optimizer_tensors()),
       path_(std::move(path)),
       meta_(std::move(meta)) {
-  state_.assign(writer_->num_units(), UnitState::kPending);
-  aside_bytes_.assign(writer_->num_units(), 0);
+  const int n = writer_->num_units();
+  state_.assign(n, UnitState::kPending);
+  aside_bytes_.assign(n, 0);
+  int64_t total = 0;
+  for (int u = 0; u < n; ++u) total += unit_bytes_.emplace_back(writer_->UnitBytes(u));
+  stats_.budget_bytes = static_cast<int64_t>(max_extra_fraction * static_cast<double>(total));
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -86,50 +92,65 @@ void AsyncSave::CopyAsideLocked(int u) {
   state_[u] = UnitState::kWritten;  // for the optimizer: it may change the live tensors now
 }
 
-void AsyncSave::BeforeUnitStep(int u) {
+int AsyncSave::NextUnit(const std::vector<int>& todo) {
   std::unique_lock<std::mutex> lock(mu_);
-  const int n = static_cast<int>(state_.size());
-  const int first = u < 0 ? 0 : u, end = u < 0 ? n : std::min(u + 1, n);
-  for (int v = first; v < end; ++v) {
-    cv_.wait(lock, [&] { return state_[v] != UnitState::kWriting; });
-    if (state_[v] == UnitState::kPending) CopyAsideLocked(v);
+  std::chrono::steady_clock::time_point since;
+  auto picked = [&](int u) {
+    if (since != std::chrono::steady_clock::time_point()) {
+      stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+    }
+    return u;
+  };
+  for (;;) {
+    for (int u : todo) {
+      if (state_[u] == UnitState::kWritten) return picked(u);
+    }
+    // Within the budget, copy aside a unit the writer has not reached: the
+    // last it will reach, so that the copy is the only one made of it.
+    for (auto it = todo.rbegin(); it != todo.rend(); ++it) {
+      if (state_[*it] == UnitState::kPending && extra_bytes_ + unit_bytes_[*it] <= stats_.budget_bytes) {
+        CopyAsideLocked(*it);
+        return picked(*it);
+      }
+    }
+    if (since == std::chrono::steady_clock::time_point()) since = std::chrono::steady_clock::now();
+    cv_.wait(lock);  // the writer notifies after each unit
   }
 }
 
 void AsyncSave::StepOptimizer(torch::optim::Optimizer& opt) {
   if (state_.empty() || finished()) {
     opt.step();
-  } else if (unit_of_.empty()) {  // a step that may change any unit: all copied first
-    BeforeUnitStep(-1);
+  } else if (unit_of_.empty()) {  // a step that may change any unit: every unit written or copied first
+    std::vector<int> todo(state_.size());
+    std::iota(todo.begin(), todo.end(), 0);
+    while (!todo.empty()) std::erase(todo, NextUnit(todo));
     opt.step();
   } else {
-    StepOptimizerByUnit(opt, unit_of_, [this](int u) { BeforeUnitStep(u); });
+    StepOptimizerByUnit(opt, unit_of_, [this](const std::vector<int>& todo) { return NextUnit(todo); });
   }
 }
 
 void StepOptimizerByUnit(torch::optim::Optimizer& opt, const std::vector<int>& unit_of,
-                         const std::function<void(int)>& before) {
+                         const std::function<int(const std::vector<int>& todo)>& next) {
   std::vector<at::Tensor> params = OptimizerParams(opt);
   std::vector<at::Tensor> grads;
   grads.reserve(params.size());
-  int num_units = 0;
+  std::vector<int> todo;  // the units with a gradient
   for (size_t i = 0; i < params.size(); ++i) {
     grads.push_back(params[i].grad());
-    num_units = std::max(num_units, unit_of.at(i) + 1);
+    if (grads.back().defined()) todo.push_back(unit_of.at(i));
   }
+  std::sort(todo.begin(), todo.end());
+  todo.erase(std::unique(todo.begin(), todo.end()), todo.end());
   auto restore = [&] {
     for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = grads[i];
   };
   try {
-    for (int u = 0; u < num_units; ++u) {
-      bool any = false;
-      for (size_t i = 0; i < params.size(); ++i) {
-        const bool mine = unit_of[i] == u;
-        any = any || (mine && grads[i].defined());
-        params[i].mutable_grad() = mine ? grads[i] : at::Tensor();
-      }
-      if (!any) continue;
-      before(u);
+    while (!todo.empty()) {
+      const int u = next(todo);
+      std::erase(todo, u);
+      for (size_t i = 0; i < params.size(); ++i) params[i].mutable_grad() = unit_of[i] == u ? grads[i] : at::Tensor();
       opt.step();
     }
   } catch (...) {

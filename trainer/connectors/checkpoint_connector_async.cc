@@ -23,7 +23,8 @@ internal::CheckpointConnector::~CheckpointConnector() = default;
 
 void internal::CheckpointConnector::StartAsyncSave(std::unique_ptr<DcpRankWriter> writer, const std::string& path,
                                                    CheckpointData meta) {
-  async_ = std::make_unique<AsyncSave>(std::move(writer), path, std::move(meta));
+  async_ = std::make_unique<AsyncSave>(std::move(writer), path, std::move(meta),
+                                       t_.options_.async_checkpoint_max_extra_memory);
 }
 
 void internal::CheckpointConnector::StepOptimizer() {
@@ -65,11 +66,13 @@ void internal::CheckpointConnector::FinishAsyncSave() {
   // The most any rank held aside and took to write (one small collective per save).
   const int W = t_.world_size(), r = t_.rank();
   const AsyncSaveStats st = save->stats();
-  std::vector<double> v(4 * static_cast<size_t>(W), 0.0);
+  std::vector<double> v(6 * static_cast<size_t>(W), 0.0);
   v[r] = static_cast<double>(st.peak_extra_bytes);
   v[W + r] = st.write_seconds;
   v[2 * W + r] = st.units_copied;
   v[3 * W + r] = st.units;
+  v[4 * W + r] = st.wait_seconds;
+  v[5 * W + r] = static_cast<double>(st.budget_bytes);
   v = t_.process_connector_->AllReduceSum(std::move(v));
   AsyncCheckpointStats& total = t_.async_checkpoint_stats_;
   AsyncCheckpointStats out;  // this save
@@ -78,10 +81,14 @@ void internal::CheckpointConnector::FinishAsyncSave() {
     out.write_seconds = std::max(out.write_seconds, v[W + i]);
     out.units_copied += static_cast<int64_t>(v[2 * W + i]);
     out.units += static_cast<int64_t>(v[3 * W + i]);
+    out.wait_seconds = std::max(out.wait_seconds, v[4 * W + i]);
+    out.budget_bytes = std::max(out.budget_bytes, static_cast<int64_t>(v[5 * W + i]));
   }
   total.path = path;
   ++total.saves;
   total.write_seconds = out.write_seconds;
+  total.wait_seconds += out.wait_seconds;
+  total.budget_bytes = std::max(total.budget_bytes, out.budget_bytes);
   total.units += out.units;
   total.units_copied += out.units_copied;
   total.peak_extra_bytes = std::max(total.peak_extra_bytes, out.peak_extra_bytes);
@@ -90,7 +97,9 @@ void internal::CheckpointConnector::FinishAsyncSave() {
     msg << "wrote sharded checkpoint '" << path << "' in the background in " << std::fixed << std::setprecision(2)
         << out.write_seconds << " s; copied aside before the optimizer changed them: " << out.units_copied << " of "
         << out.units << " unit shards, at most " << std::setprecision(1)
-        << static_cast<double>(out.peak_extra_bytes) / (1 << 20) << " MiB on a rank";
+        << static_cast<double>(out.peak_extra_bytes) / (1 << 20) << " MiB on a rank (budget "
+        << static_cast<double>(out.budget_bytes) / (1 << 20) << " MiB); the optimizer waited for it "
+        << std::setprecision(2) << out.wait_seconds << " s";
     ST_LOG(INFO) << msg.str();
   }
   for (auto& fn : deferred) fn();

@@ -167,6 +167,13 @@ int64_t DcpRankWriter::CopyAside(int u) {
   return bytes;
 }
 
+int64_t DcpRankWriter::UnitBytes(int u) const {
+  const Unit& unit = units_.at(u);
+  int64_t bytes = unit.shard.defined() ? unit.shard.nbytes() : 0;
+  for (const auto& [key, t] : unit.ostate) bytes += t.defined() ? t.nbytes() : 0;
+  return bytes;
+}
+
 void DcpRankWriter::ForEachPiece(const Unit& unit, const PieceFn& fn) const {
   const at::Tensor shard = unit.shard.to(at::kFloat);  // no copy when it is float32
   for (const ShardPart& p : unit.parts) {

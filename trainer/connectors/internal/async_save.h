@@ -5,13 +5,16 @@
 // The checkpoint is the state at the step boundary where the save began:
 // the writer streams each unit from the live shards and optimizer state,
 // and only the optimizer step changes those, so the step goes unit by unit
-// (StepOptimizer) and calls BeforeUnitStep first: a unit the writer
-// has written is stepped at once, one it is writing is waited for, and one
-// it has not reached is copied aside (copy-on-write) and the writer takes
-// the copy. Extra memory is therefore the units the optimizer reaches before
-// the writer, each freed once written, never a staging copy of the whole
-// state. The writer never communicates: the training thread finds out in
-// the step's one collective whether every rank's writer finished or failed
+// (StepOptimizer), in the order the writer allows (NextUnit): first the
+// units the writer has written; then units it has not reached, copied aside
+// (copy-on-write: the writer takes the copy) while the copies held stay
+// within the budget, the units it will reach last first; then it waits for
+// the writer. Extra memory is therefore at most the budget
+// (TrainerOptions::async_checkpoint_max_extra_memory, a fraction of what the
+// rank writes), each copy freed once written, never a staging copy of the
+// whole state; a unit larger than the budget is waited for, never copied.
+// The writer never communicates: the training thread finds out in the
+// step's one collective whether every rank's writer finished or failed
 // (checkpoint_connector.h).
 #ifndef SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_ASYNC_SAVE_H_
 #define SHARDTRAIN_TRAINER_CONNECTORS_INTERNAL_ASYNC_SAVE_H_
@@ -44,13 +47,17 @@ struct AsyncSaveStats {
   int units = 0;                 // units written
   int units_copied = 0;          // of which copied aside first
   int64_t peak_extra_bytes = 0;  // the most held aside at once
+  int64_t budget_bytes = 0;      // what it could hold aside
+  double wait_seconds = 0;       // the optimizer's waits for the writer
 };
 
 class AsyncSave {
  public:
   // Starts writing on a new thread. `meta` is what rank 0 writes as meta.pt
-  // when every rank's writer has finished.
-  AsyncSave(std::unique_ptr<DcpRankWriter> writer, std::string path, CheckpointData meta);
+  // when every rank's writer has finished. `max_extra_fraction`: the copies
+  // held aside at once stay within this fraction of the bytes this rank
+  // writes (0: none, the optimizer waits for the writer instead).
+  AsyncSave(std::unique_ptr<DcpRankWriter> writer, std::string path, CheckpointData meta, double max_extra_fraction);
   // Waits for the writer (its file stays in the temporary directory).
   ~AsyncSave();
   AsyncSave(const AsyncSave&) = delete;
@@ -58,7 +65,7 @@ class AsyncSave {
 
   // optimizer.step() while this save is in flight: unit by unit with
   // copy-on-write (an optimizer over tensors of no single unit: every unit
-  // not yet written copied first); a plain step once the writer finished or
+  // written or copied first); a plain step once the writer finished or
   // where this rank writes no units.
   void StepOptimizer(torch::optim::Optimizer& opt);
   // The writer has returned (written everything, or failed).
@@ -73,8 +80,10 @@ class AsyncSave {
  private:
   enum class UnitState { kPending, kWriting, kWritten };
   void Run();
-  // Before the optimizer changes unit u (in the writer's numbering; -1: all units).
-  void BeforeUnitStep(int u);
+  // Which of `todo` (units in the writer's numbering) the optimizer may
+  // change now: written, or copied aside here; waits for the writer when
+  // none is.
+  int NextUnit(const std::vector<int>& todo);
   void CopyAsideLocked(int u);
 
   std::unique_ptr<DcpRankWriter> writer_;
@@ -85,6 +94,7 @@ class AsyncSave {
   std::condition_variable cv_;
   std::vector<UnitState> state_;
   std::vector<int64_t> aside_bytes_;  // per unit, while held aside
+  std::vector<int64_t> unit_bytes_;   // what a copy of each unit takes
   AsyncSaveStats stats_;
   int64_t extra_bytes_ = 0;
   std::string error_;
@@ -94,11 +104,12 @@ class AsyncSave {
 
 // optimizer.step() one unit at a time: the tensors of unit u (unit_of[i] for
 // the optimizer's i-th tensor, OptimizerParams' order) keep their gradients
-// and the others' are hidden, after before(u); tensors without a gradient
-// are skipped as step() skips them. The same update as one step() for
-// optimizers that update each tensor on its own (Adam, AdamW, SGD).
+// and the others' are hidden; next(todo) picks the unit to step among those
+// left with a gradient (it may wait). Tensors without a gradient are skipped
+// as step() skips them. The same update as one step(), in any order of the
+// units, for optimizers that update each tensor on its own (Adam, AdamW, SGD).
 void StepOptimizerByUnit(torch::optim::Optimizer& opt, const std::vector<int>& unit_of,
-                         const std::function<void(int)>& before);
+                         const std::function<int(const std::vector<int>& todo)>& next);
 
 // Milliseconds the writer waits before each unit: SHARDTRAIN_ASYNC_SAVE_UNIT_DELAY_MS
 // (0 when unset). A diagnostic knob that slows the writer so that the optimizer

@@ -91,6 +91,8 @@ class DcpRankWriter {
   // Replaces unit u's tensors by copies (before something changes the live
   // ones); returns the bytes copied.
   int64_t CopyAside(int u);
+  // What CopyAside(u) would copy, in bytes.
+  int64_t UnitBytes(int u) const;
   // Writes unit u's chunks, then drops its tensors (and copies).
   void WriteUnit(int u);
   // The rest (buffers, groups, archive), the file, and this rank's part of
