@@ -8,7 +8,9 @@ Time a save cost a run = (the steps after it + the time the save call held the
 training thread + the wait at the end of training), slowest rank, minus the
 same in the run without a save. Extra memory = the after_save phase's peak
 minus the before_save phase's (the same steps' peak), largest rank, minus the
-same difference without a save. The rank's state = parameters + AdamW's two
+same difference without a save. "bare write" (ShardTrain's rows) is the
+control: no save, the same bytes written with O_DIRECT by a bare thread from
+the save on — what the disk alone costs the steps. The rank's state = parameters + AdamW's two
 moments, fp32, / W. With several rounds (async_save.sh's ROUNDS), each round's
 sync and async runs are compared with that round's run without a save and the
 table gives the medians over the rounds.
@@ -64,8 +66,9 @@ def runs(rows):
 def table(rows):
     r = runs(rows)
     lines = ["| implementation | W | step (s) | sync save: time lost (s) | async: time lost (s) | async / sync |"
+             " bare write: time lost (s) | bare / sync |"
              " sync: extra MiB | async: extra MiB | async extra / rank state |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for impl in IMPL:
         for w in sorted({k[1] for k in r if k[0] == impl}):
             none, sync, asy = (r.get((impl, w, s)) for s in ("none", "sync", "async"))
@@ -74,10 +77,12 @@ def table(rows):
             def lost(run, key):
                 return median([a - b for a, b in zip(run[key], none[key])])
             lost_s, lost_a = lost(sync, "t"), lost(asy, "t")
+            bare = r.get((impl, w, "bare_write"))
+            lost_b = f"{lost(bare, 't'):.2f} | {lost(bare, 't') / lost_s:.0%}" if bare else "- | -"
             ex_s, ex_a = lost(sync, "extra"), lost(asy, "extra")
             state = 12 * PARAMS.get(none["label"], 0) / w / 2**20
             lines.append(f"| {IMPL[impl]} | {w} | {none['step']:.2f} | {lost_s:.2f} | {lost_a:.2f} | "
-                         f"{lost_a / lost_s:.0%} | {ex_s:.0f} | {ex_a:.0f} | "
+                         f"{lost_a / lost_s:.0%} | {lost_b} | {ex_s:.0f} | {ex_a:.0f} | "
                          + (f"{ex_a / state:.0%} of {state:.0f} MiB |" if state else "- |"))
     return "\n".join(lines)
 

@@ -5,6 +5,8 @@
 # background — through ShardTrain (fsdp_native FULL_SHARD,
 # TrainerOptions::async_checkpoint: copy-on-write per unit) and Python PyTorch
 # (FSDP2, dcp.save / dcp.async_save, which stages a copy of the rank's state).
+# And the control: no save, the same bytes written with O_DIRECT by a bare
+# thread (memory_bench --save=bare_write), what the disk alone costs the steps.
 # Reports the training time the save cost (steps after it + the time the save
 # call held the training thread + the wait at the end, minus the same without a
 # save) and the extra peak memory (the save's window minus the steps' before
@@ -21,7 +23,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 STEPS=(--steps=6 --save_at=2)
 for W in ${WORLDS:-2 4}; do
   for round in $(seq "${ROUNDS:-3}"); do
-    for save in none sync async; do
+    for save in none sync async bare_write; do
       echo "[bench/memory/async_save] ShardTrain $LABEL W=$W save=$save round $round" >&2
       rm -rf "$WORK/st"
       "$BIN" --mode=save_during_training --save=$save --devices=$W --dir="$WORK/st" --out="$RESULTS" --label=$LABEL \

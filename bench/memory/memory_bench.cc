@@ -18,19 +18,22 @@
 //       it) and after_save (the save and the steps after it, to the end of
 //       Fit, which waits for the writer), and one "timing" line per rank: each
 //       step's time, the time SaveCheckpoint held the training thread, Fit's.
+//       --save=bare_write: no save, the same bytes written by a bare O_DIRECT
+//       thread (what the disk alone costs the steps).
 #include <ATen/ATen.h>
 #include <fcntl.h>
 #include <gflags/gflags.h>
+#include <sys/mman.h>
 #include <torch/optim/adamw.h>
 #include <unistd.h>
-
-#include <sys/mman.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -46,8 +49,11 @@
 DEFINE_string(mode, "train",
               "train | load_full | load_sharded | save_during_training | self_test (does the peak method see a 256 "
               "MiB transient?)");
-DEFINE_string(save, "async", "save_during_training: none | sync | async");
+DEFINE_string(save, "async",
+              "save_during_training: none | sync | async | bare_write (the control: the same bytes written "
+              "with O_DIRECT by a bare thread)");
 DEFINE_int32(save_at, 2, "save_during_training: save after this step");
+DEFINE_double(async_max_extra, 0.2, "save_during_training: TrainerOptions::async_checkpoint_max_extra_memory");
 DEFINE_string(dir, "", "checkpoints are written to / read from here (full.ckpt, sharded/)");
 DEFINE_string(out, "", "append one JSON line per rank and phase to this file");
 DEFINE_string(label, "", "model label in the output");
@@ -172,8 +178,41 @@ void AppendLine(const std::string& line) {
 double Now() { return SecondsSinceStart(); }
 
 // --mode=save_during_training: times each step, saves after --save_at.
+// --save=bare_write: the control. A thread writes `bytes` (what a rank's
+// sharded save writes) with O_DIRECT from one buffer while training goes on:
+// no ShardTrain code, just the disk's own cost to the steps.
+class BareWrite {
+ public:
+  BareWrite(const std::string& path, int64_t bytes) {
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+    thread_ = std::thread([path, bytes] {
+      constexpr size_t kBlock = size_t{8} << 20;
+      void* buf = std::aligned_alloc(4096, kBlock);
+      std::memset(buf, 1, kBlock);
+      const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_DIRECT | O_CLOEXEC, 0644);
+      auto fail = [&] {  // a bench: stop loudly
+        std::perror(path.c_str());
+        std::abort();
+      };
+      if (fd < 0) fail();
+      for (int64_t done = 0; done < bytes; done += kBlock) {
+        if (::write(fd, buf, kBlock) != static_cast<ssize_t>(kBlock)) fail();
+      }
+      ::fsync(fd);
+      ::close(fd);
+      ::unlink(path.c_str());
+      std::free(buf);
+    });
+  }
+  ~BareWrite() { thread_.join(); }
+
+ private:
+  std::thread thread_;
+};
+
 class SaveDuringTraining : public trainer::Callback {
  public:
+  explicit SaveDuringTraining(int64_t rank_state_bytes) : rank_state_bytes_(rank_state_bytes) {}
   void on_train_batch_start(trainer::Trainer&, trainer::TrainingModule&, const trainer::Batch&, int64_t) override {
     start_ = Now();
   }
@@ -183,11 +222,16 @@ class SaveDuringTraining : public trainer::Callback {
     if (t.global_step() != FLAGS_save_at) return;
     Record("before_save");
     const double t0 = Now();
-    if (FLAGS_save != "none") t.SaveCheckpoint(FLAGS_dir + "/sharded", trainer::CheckpointFormat::kSharded);
+    if (FLAGS_save == "bare_write") {
+      bare_ = std::make_unique<BareWrite>(FLAGS_dir + "/bare_write." + std::to_string(g_rank), rank_state_bytes_);
+    } else if (FLAGS_save != "none") {
+      t.SaveCheckpoint(FLAGS_dir + "/sharded", trainer::CheckpointFormat::kSharded);
+    }
     save_call_s_ = Now() - t0;
     last_end_ = Now();
   }
   void on_fit_end(trainer::Trainer& t, trainer::TrainingModule&) override {
+    bare_.reset();                                  // waits for it, as Fit waits for a background save
     const double final_wait_s = Now() - last_end_;  // the end of Fit: waiting for the writer, completing the save
     Record("after_save");
     std::ostringstream s;
@@ -197,11 +241,14 @@ class SaveDuringTraining : public trainer::Callback {
     for (size_t i = 0; i < step_s_.size(); ++i) s << (i ? "," : "") << step_s_[i];
     const auto& st = t.async_checkpoint_stats();
     s << "],\"writer_s\":" << st.write_seconds << ",\"units_copied\":" << st.units_copied << ",\"units\":" << st.units
-      << ",\"aside_peak_mib\":" << st.peak_extra_bytes / 1048576.0 << "}\n";
+      << ",\"aside_peak_mib\":" << st.peak_extra_bytes / 1048576.0 << ",\"optimizer_wait_s\":" << st.wait_seconds
+      << "}\n";
     AppendLine(s.str());
   }
 
  private:
+  int64_t rank_state_bytes_;
+  std::unique_ptr<BareWrite> bare_;
   double start_ = 0, save_call_s_ = 0, last_end_ = 0;
   std::vector<double> step_s_;
 };
@@ -257,8 +304,8 @@ int Run() {
                    FLAGS_mode == "save_during_training",
                "--mode must be train, load_full, load_sharded, save_during_training or self_test, got '", FLAGS_mode,
                "'");
-  ST_CHECK_ARG(FLAGS_save == "none" || FLAGS_save == "sync" || FLAGS_save == "async",
-               "--save must be none, sync or async, got '", FLAGS_save, "'");
+  ST_CHECK_ARG(FLAGS_save == "none" || FLAGS_save == "sync" || FLAGS_save == "async" || FLAGS_save == "bare_write",
+               "--save must be none, sync, async or bare_write, got '", FLAGS_save, "'");
   ST_CHECK_ARG(!FLAGS_dir.empty() && !FLAGS_out.empty(), "--dir and --out are required");
   g_baseline_kb = testing::ProcStatusKb("VmRSS");
   trainer::TrainerOptions o;
@@ -282,7 +329,9 @@ int Run() {
   o.seed = 1;
   if (FLAGS_mode == "save_during_training") {
     o.async_checkpoint = FLAGS_save == "async";
-    o.callbacks.push_back(std::make_shared<SaveDuringTraining>());
+    o.async_checkpoint_max_extra_memory = FLAGS_async_max_extra;
+    // What a rank's sharded save writes: parameters and AdamW's two moments, fp32.
+    o.callbacks.push_back(std::make_shared<SaveDuringTraining>(12 * c.NumParameters() / plan.devices));
   }
   const int64_t n = 64;
   at::Tensor tokens = at::randint(FLAGS_vocab, {n, FLAGS_block_size + 1}, at::kLong);
